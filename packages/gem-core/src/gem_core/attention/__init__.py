@@ -1,0 +1,19 @@
+"""One jagged attention API for the three shapes of the GEM model.
+
+* self-attention over a history: ``q``/``k``/``v`` share offsets; causal, optional local window,
+  contextual prefix tokens and target tokens at the tail (see :mod:`gem_core.attention.masks`);
+* cross-attention, long query over a short K/V of the same sample;
+* PMA, a few queries per sample over that sample's whole history.
+
+Backends are registered through ``gem_register_attention_backends``; ``reference`` lives here.
+"""
+
+from gem_core.attention.api import AttentionBackend, AttentionParams, validate_attention_inputs
+from gem_core.attention.reference import reference_attention
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionParams",
+    "reference_attention",
+    "validate_attention_inputs",
+]

@@ -1,0 +1,121 @@
+"""The attention call signature every backend implements, and its parameters."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Protocol
+
+import attrs
+import torch
+from torch import Tensor
+
+from gem_core.jagged import check_offsets
+
+Normalization = Literal["softmax", "silu"]
+
+
+def _non_negative_or_none(instance: object, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must be None or >= 0, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class AttentionParams:
+    """What to compute; the same for every backend. See :mod:`gem_core.attention.masks`."""
+
+    causal: bool = False
+    """Self-attention only: a history token sees itself and earlier history tokens only."""
+
+    window: int | None = attrs.field(default=None, validator=_non_negative_or_none)
+    """Self-attention only: a history token sees at most ``window`` earlier history tokens (and
+    itself); a target token sees the last ``window`` history tokens. None means unlimited."""
+
+    num_prefix: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Self-attention only: the first ``num_prefix`` tokens of each sequence are contextual: they
+    see the whole history and every token sees them, regardless of causality and window."""
+
+    normalization: Normalization = attrs.field(
+        default="softmax", validator=attrs.validators.in_(("softmax", "silu"))
+    )
+    """``softmax`` or HSTU-style pointwise ``silu(scale * q.k) / n`` with ``n`` the number of keys
+    of the sample (not the batch maximum, so a sample's output never depends on its batch)."""
+
+    scale: float | None = None
+    """Multiplier of ``q.k``; None means ``1 / sqrt(head_dim)``."""
+
+    @property
+    def is_self_attention_only(self) -> bool:
+        return self.causal or self.window is not None or self.num_prefix > 0
+
+    def resolved_scale(self, head_dim: int) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+class AttentionBackend(Protocol):
+    """A jagged attention implementation.
+
+    ``q``: ``(total_q, heads, head_dim)`` with ``q_offsets`` ``(batch + 1,)``; ``k``, ``v``:
+    ``(total_kv, heads, head_dim)`` with ``kv_offsets``. Returns ``(total_q, heads, head_dim)`` in
+    ``q.dtype``. ``num_targets`` ``(batch,)`` counts target tokens at the tail of each sequence
+    (self-attention only). ``max_q_len``/``max_kv_len`` are upper bounds a kernel may use to size
+    its grid without a device sync. A sample with no keys outputs zeros.
+    """
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_offsets: Tensor,
+        kv_offsets: Tensor,
+        *,
+        params: AttentionParams,
+        num_targets: Tensor | None = None,
+        max_q_len: int | None = None,
+        max_kv_len: int | None = None,
+    ) -> Tensor: ...
+
+
+def validate_attention_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Tensor,
+    params: AttentionParams,
+    num_targets: Tensor | None,
+) -> None:
+    """Raise ValueError with a one-sentence reason for inputs no backend should accept."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            f"q, k, v must be (tokens, heads, head_dim), got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree")
+    check_offsets(q_offsets, q.shape[0], "q_offsets")
+    check_offsets(kv_offsets, k.shape[0], "kv_offsets")
+    if q_offsets.numel() != kv_offsets.numel():
+        raise ValueError(
+            f"q_offsets has {q_offsets.numel() - 1} samples but kv_offsets has "
+            f"{kv_offsets.numel() - 1}"
+        )
+    is_self = q_offsets.shape == kv_offsets.shape and bool(torch.equal(q_offsets, kv_offsets))
+    if (params.is_self_attention_only or num_targets is not None) and not is_self:
+        raise ValueError(
+            "causal, window, num_prefix and num_targets need self-attention (q_offsets equal to "
+            "kv_offsets)"
+        )
+    if num_targets is not None:
+        if num_targets.shape != (q_offsets.numel() - 1,):
+            raise ValueError(
+                f"num_targets must have one entry per sample ({q_offsets.numel() - 1}), got "
+                f"{tuple(num_targets.shape)}"
+            )
+        lengths = q_offsets[1:] - q_offsets[:-1]
+        bad = (num_targets < 0) | (num_targets > lengths)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"num_targets[{row}] = {int(num_targets[row])} is outside [0, {int(lengths[row])}]"
+            )

@@ -1,0 +1,31 @@
+"""Run configuration: attrs classes, presets and overrides."""
+
+from gem_core.config.loading import (
+    DEFAULT_PRESET,
+    load_config,
+    preset_names,
+    structure,
+    to_toml,
+    unstructure,
+)
+from gem_core.config.schema import (
+    BackendsConfig,
+    DataConfig,
+    GemConfig,
+    ModelConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "DEFAULT_PRESET",
+    "BackendsConfig",
+    "DataConfig",
+    "GemConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "load_config",
+    "preset_names",
+    "structure",
+    "to_toml",
+    "unstructure",
+]

@@ -1,0 +1,207 @@
+"""Turning presets, TOML files and ``--set`` overrides into a validated :class:`GemConfig`."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+import attrs
+
+from gem_core.config.schema import GemConfig
+from gem_core.errors import GemConfigError
+
+T = TypeVar("T")
+
+DEFAULT_PRESET = "tiny"
+
+
+def preset_names() -> list[str]:
+    presets = importlib.resources.files("gem_core") / "presets"
+    return sorted(p.name[: -len(".toml")] for p in presets.iterdir() if p.name.endswith(".toml"))
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    names = preset_names()
+    if name not in names:
+        raise GemConfigError(f"unknown preset {name!r}; presets: {', '.join(names)}")
+    text = (importlib.resources.files("gem_core") / "presets" / f"{name}.toml").read_text()
+    return tomllib.loads(text)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise GemConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise GemConfigError(f"config file {path} is not valid TOML: {error}") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.steps=20"`` -> ``(["train", "steps"], 20)``; values are TOML literals or strings."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise GemConfigError(f"--set {text!r}: expected dotted.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word such as softmax is a string
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    merged = json.loads(json.dumps(data))  # deep copy of plain TOML data
+    for override in overrides:
+        path, value = parse_override(override)
+        node = merged
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise GemConfigError(f"--set {override!r}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return merged
+
+
+def load_config(
+    *, preset: str | None = None, path: str | Path | None = None, overrides: Iterable[str] = ()
+) -> GemConfig:
+    """A preset (default ``tiny``) or a TOML file, with overrides applied, validated."""
+    if preset is not None and path is not None:
+        raise GemConfigError("give either a preset or a config file, not both")
+    if path is not None:
+        data = read_toml(path)
+        data.setdefault("name", Path(path).stem)
+    else:
+        name = preset or DEFAULT_PRESET
+        data = read_preset(name)
+        data.setdefault("name", name)
+    return structure(GemConfig, apply_overrides(data, overrides))
+
+
+def structure(cls: type[T], data: Any, path: str = "") -> T:
+    """Build the attrs class ``cls`` from plain data, naming the dotted key of any problem."""
+    where = path or "config"
+    if not isinstance(data, dict):
+        raise GemConfigError(f"{where} must be a table, got {data!r}")
+    fields = {f.name: f for f in attrs.fields(attrs.resolve_types(cls))}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise GemConfigError(
+            f"unknown key {_join(path, unknown[0])!r}; allowed keys"
+            f"{' in ' + path if path else ''}: {', '.join(fields)}"
+        )
+    values = {}
+    for name, value in data.items():
+        field = fields[name]
+        key = _join(path, name)
+        value = _convert(field.type, value, key)
+        if field.converter is not None:
+            value = field.converter(value)
+        if field.validator is not None:
+            try:
+                field.validator(None, field, value)
+            except (ValueError, TypeError) as error:
+                raise GemConfigError(_keyed(str(error), name, key)) from None
+        values[name] = value
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:  # cross-field checks in __attrs_post_init__
+        raise GemConfigError(f"{where}: {error}") from None
+
+
+def _keyed(message: str, name: str, key: str) -> str:
+    return key + message[len(name):] if message.startswith(name) else f"{key}: {message}"
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert(annotation: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if attrs.has(annotation):
+        return structure(annotation, value, key)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, key)
+            except GemConfigError as error:
+                errors.append(str(error))
+        raise GemConfigError(errors[0])
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise GemConfigError(f"{key} must be true or false; got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GemConfigError(f"{key} must be an integer; got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GemConfigError(f"{key} must be a number; got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise GemConfigError(f"{key} must be a string; got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise GemConfigError(f"{key} must be a list; got {value!r}")
+        item_type = typing.get_args(annotation)[0]
+        return tuple(_convert(item_type, item, f"{key}[{i}]") for i, item in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise GemConfigError(f"{key} must be a table; got {value!r}")
+        return dict(value)
+    return value
+
+
+def unstructure(config: Any) -> dict[str, Any]:
+    """Plain, JSON- and TOML-ready data (tuples become lists)."""
+    return attrs.asdict(config)
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for configuration data: scalars, lists of scalars, nested tables."""
+    lines: list[str] = []
+    _write_table(data, [], lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _write_table(table: dict[str, Any], path: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if path and (scalars or not tables):
+        lines.append(f"\n[{'.'.join(path)}]")
+    for key, value in scalars.items():
+        lines.append(f"{key} = {_literal(value)}")
+    for key, value in tables.items():
+        _write_table(value, [*path, key], lines)
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if value is None:
+        raise GemConfigError("TOML has no null; leave the key out instead")
+    raise GemConfigError(f"cannot write {value!r} as TOML")

@@ -1,0 +1,155 @@
+"""The run configuration: frozen, keyword-only attrs classes, one per TOML section.
+
+Presets (``gem_core/presets/*.toml``) and ``--set dotted.key=value`` overrides are turned into
+these by :func:`gem_core.config.loading.structure`, which names the key of any bad value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from gem_core.config.validators import at_least, between, choice, each, greater_than
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """Sizes and switches of the GEM model. Nothing in the model is hard-wired to one size."""
+
+    embedding_dim: int = attrs.field(default=32, validator=greater_than(0))
+    """Width of every token: embeddings, attention and interaction inputs."""
+
+    num_heads: int = attrs.field(default=2, validator=greater_than(0))
+    """Attention heads; ``embedding_dim`` must be divisible by it."""
+
+    num_layers: int = attrs.field(default=2, validator=at_least(0))
+    """Jagged self-attention layers of the sequence tower."""
+
+    normalization: str = attrs.field(default="softmax", validator=choice("softmax", "silu"))
+    """Attention normalisation of the sequence layers: softmax, or HSTU-style pointwise SiLU."""
+
+    window: int = attrs.field(default=0, validator=at_least(0))
+    """Local attention window of the sequence layers (earlier events a token sees); 0: unlimited."""
+
+    mlp_ratio: float = attrs.field(default=2.0, validator=greater_than(0))
+    """Hidden width of the sequence layers' SwiGLU MLP, as a multiple of ``embedding_dim``."""
+
+    time_buckets: int = attrs.field(default=24, validator=greater_than(1))
+    """Log-spaced buckets of the age of an event relative to the request."""
+
+    interaction_dims: tuple[int, ...] = attrs.field(
+        default=(128, 64), converter=tuple, validator=each(greater_than(0))
+    )
+    """Hidden widths of the feature-interaction MLP above the towers."""
+
+    dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
+    """Dropout on the interaction MLP during training."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.embedding_dim % self.num_heads:
+            raise ValueError(f"embedding_dim ({self.embedding_dim}) must be divisible by "
+                             f"num_heads ({self.num_heads})")
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    """Where batches come from."""
+
+    source: str = "synthetic"
+    """Registered data source name (``gem plugins`` lists them)."""
+
+    path: str = ""
+    """Data set location for file-backed sources; unused by generated data."""
+
+    max_seq_len: int = attrs.field(default=256, validator=greater_than(0))
+    """Histories are truncated to their most recent ``max_seq_len`` events."""
+
+    eval_rows: int = attrs.field(default=8192, validator=greater_than(0))
+    """Size of the held-out evaluation split."""
+
+    options: dict[str, Any] = attrs.field(factory=dict)
+    """Source-specific options; each source validates its own (see its documentation)."""
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    """The optimisation loop."""
+
+    steps: int = attrs.field(default=300, validator=greater_than(0))
+    """Optimizer steps of the run."""
+
+    seed: int = attrs.field(default=0, validator=at_least(0))
+    """Seed of model initialisation and data order."""
+
+    batch_size: int = attrs.field(default=256, validator=greater_than(0))
+    """Global batch size (samples per optimizer step, summed over ranks)."""
+
+    lr: float = attrs.field(default=3e-3, validator=greater_than(0))
+    """Peak learning rate of AdamW (dense) and of the embedding tables."""
+
+    weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
+    """AdamW weight decay on dense matrices (not on embeddings, norms or biases)."""
+
+    warmup_steps: int = attrs.field(default=20, validator=at_least(0))
+    """Linear warm-up steps before cosine decay to 10 % of ``lr``."""
+
+    grad_clip: float = attrs.field(default=1.0, validator=at_least(0))
+    """Global gradient-norm clip; 0 disables clipping."""
+
+    eval_every: int = attrs.field(default=100, validator=at_least(0))
+    """Evaluate every N steps (and always at the end); 0: only at the end."""
+
+    checkpoint_every: int = attrs.field(default=100, validator=at_least(0))
+    """Checkpoint every N steps (and at the end); 0: only at the end."""
+
+    keep_checkpoints: int = attrs.field(default=2, validator=greater_than(0))
+    """Number of most recent checkpoints kept."""
+
+    log_every: int = attrs.field(default=1, validator=greater_than(0))
+    """Write a ``metrics.jsonl`` line every N steps."""
+
+    eval_batch_size: int = attrs.field(default=1024, validator=greater_than(0))
+    """Batch size of evaluation passes."""
+
+    device: str = attrs.field(default="auto", validator=choice("auto", "cpu", "cuda"))
+    """Device type; ``auto`` picks cuda when available."""
+
+    deterministic: bool = False
+    """Ask torch for deterministic algorithms (slower; exact resume tests need it)."""
+
+
+@attrs.frozen(kw_only=True)
+class BackendsConfig:
+    """Implementation chosen for each pluggable part, by registered name or ``auto``."""
+
+    attention: str = "auto"
+    """Jagged attention backend (``--attention``)."""
+
+    embedding: str = "auto"
+    """Embedding lookup backend."""
+
+    dense_sharding: str = "auto"
+    """Dense-parameter parallelism (``--sharding``)."""
+
+    embedding_sharding: str = "auto"
+    """Embedding-table sharding (``--embedding-sharding``)."""
+
+    precision: str = "auto"
+    """Precision recipe (``--precision``)."""
+
+    balancer: str = "auto"
+    """Batch balancer across data-parallel ranks."""
+
+
+@attrs.frozen(kw_only=True)
+class GemConfig:
+    """A whole run."""
+
+    name: str = "custom"
+    """Preset name, or a label of the user's choosing."""
+
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    data: DataConfig = attrs.field(factory=DataConfig)
+    train: TrainConfig = attrs.field(factory=TrainConfig)
+    backends: BackendsConfig = attrs.field(factory=BackendsConfig)

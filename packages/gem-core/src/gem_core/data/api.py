@@ -1,0 +1,77 @@
+"""What a data source gives the trainer: a schema, a resumable training stream, an eval split."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import torch
+
+from gem_core.batch import JaggedBatch
+from gem_core.schema import FeatureSchema
+
+Balancer = Callable[[Sequence[float], int], list[list[int]]]
+"""``(per-sample costs, number of ranks) -> sample indices per rank``; see the balancer hook."""
+
+
+class TrainStream(Protocol):
+    """This rank's share of each global training batch, in a deterministic order.
+
+    ``state_dict()`` is the position after the last batch returned; loading it into a stream
+    built with the same arguments continues with the exact next batch (resume).
+    """
+
+    def __iter__(self) -> Iterator[JaggedBatch]: ...
+
+    def __next__(self) -> JaggedBatch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class DataSource(Protocol):
+    """Built by a registered factory ``(config: DataConfig, *, seed: int) -> DataSource``."""
+
+    schema: FeatureSchema
+
+    def train_stream(
+        self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
+        cost_fn: Callable[[JaggedBatch], Sequence[float]],
+    ) -> TrainStream:
+        """Global batches of ``batch_size`` samples, split across ranks by ``balancer`` applied
+        to ``cost_fn(global_batch)``; yields this rank's share."""
+        ...
+
+    def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
+        """The whole held-out split, the same on every rank, in a fixed order."""
+        ...
+
+
+def contiguous_balancer(costs: Sequence[float], num_ranks: int) -> list[list[int]]:
+    """The reference balancer: equal-count contiguous slices, ignoring cost (what a naive loader
+    does). The first ``len(costs) % num_ranks`` ranks get one sample more."""
+    n = len(costs)
+    base, extra = divmod(n, num_ranks)
+    shares, start = [], 0
+    for rank in range(num_ranks):
+        size = base + (1 if rank < extra else 0)
+        shares.append(list(range(start, start + size)))
+        start += size
+    return shares
+
+
+def local_share(
+    batch: JaggedBatch, *, rank: int, world_size: int, balancer: Balancer,
+    cost_fn: Callable[[JaggedBatch], Sequence[float]],
+) -> JaggedBatch:
+    """This rank's samples of a global batch, checking the balancer lost or repeated none."""
+    if world_size == 1:
+        return batch
+    shares = balancer(cost_fn(batch), world_size)
+    assigned = sorted(i for share in shares for i in share)
+    if len(shares) != world_size or assigned != list(range(batch.batch_size)):
+        raise RuntimeError(
+            f"batch balancer returned an invalid assignment: {len(shares)} shares for "
+            f"{world_size} ranks covering {len(assigned)} of {batch.batch_size} samples"
+        )
+    return batch.select(torch.tensor(shares[rank], dtype=torch.int64))

@@ -1,0 +1,248 @@
+"""``synthetic``: a small generated ads log whose labels depend on candidate x history.
+
+Items belong to interest clusters and have Zipf popularity; every user prefers a few clusters, and
+their history (heavy-tailed length, some empty) is drawn mostly from those. The click probability
+of an impression grows with the share of the user's recent history in the candidate's cluster
+(weighted by action: clicks and conversions count more), plus dense and sparse effects; conversion
+is drawn among clicks. So a model that attends from the candidate to the history can beat one that
+ignores it. Every batch is a pure function of ``(seed, split, index)``: resumable and repeatable.
+
+gem-data provides the full generator and on-disk formats; this one exists so that gem-core alone
+trains end to end.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from gem_core.batch import JaggedBatch
+from gem_core.config import DataConfig, structure
+from gem_core.config.validators import at_least, between, greater_than
+from gem_core.data.api import Balancer, local_share
+from gem_core.jagged import Jagged
+from gem_core.schema import FeatureSchema, SparseFeature
+
+NUM_ACTIONS = 3  # view, click, conversion
+_TRAIN, _EVAL = 1, 2
+
+
+@attrs.frozen(kw_only=True)
+class SyntheticOptions:
+    """``[data.options]`` of the ``synthetic`` source."""
+
+    num_items: int = attrs.field(default=2000, validator=greater_than(10))
+    """Item id space (history items and candidates)."""
+
+    num_users: int = attrs.field(default=5000, validator=greater_than(0))
+    """Distinct users whose interests are fixed by the seed."""
+
+    num_clusters: int = attrs.field(default=20, validator=greater_than(1))
+    """Interest clusters items belong to."""
+
+    zipf_exponent: float = attrs.field(default=1.1, validator=greater_than(0))
+    """Item popularity ~ rank^-exponent."""
+
+    mean_length: float = attrs.field(default=40.0, validator=greater_than(0))
+    """Median history length (lognormal) before truncation to ``data.max_seq_len``."""
+
+    empty_fraction: float = attrs.field(default=0.05, validator=between(0.0, 1.0))
+    """Share of impressions with no history at all."""
+
+    click_bias: float = attrs.field(default=-4.6, validator=between(-20.0, 20.0))
+    """Intercept of the click logit (sets the base rate, about 3-4 % by default)."""
+
+    history_weight: float = attrs.field(default=5.0, validator=at_least(0))
+    """Effect of candidate-cluster affinity of the history on the click logit."""
+
+    conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
+    """Intercept of the conversion-given-click logit."""
+
+
+class SyntheticSource:
+    """The ``synthetic`` data source. Build with ``SyntheticSource(config, seed=...)``."""
+
+    def __init__(self, config: DataConfig, *, seed: int) -> None:
+        self.config = config
+        self.options = structure(SyntheticOptions, config.options, "data.options")
+        self.seed = seed
+        o = self.options
+        world = np.random.default_rng([seed, 0])
+        self.item_cluster = world.integers(0, o.num_clusters, o.num_items)
+        popularity = 1.0 / np.arange(1, o.num_items + 1) ** o.zipf_exponent
+        self.item_popularity = world.permutation(popularity / popularity.sum())
+        # Per cluster, its items and their popularity (for drawing in-interest events).
+        order = np.argsort(self.item_cluster, kind="stable")
+        self._cluster_items = order
+        self._cluster_starts = np.searchsorted(self.item_cluster[order], np.arange(o.num_clusters + 1))
+        self.user_clusters = world.integers(0, o.num_clusters, (o.num_users, 3))
+        self.user_segment = world.integers(0, 64, (o.num_users, 2))
+        self.advertiser = world.integers(0, 100, o.num_items)
+        self.schema = FeatureSchema(
+            num_items=o.num_items,
+            num_actions=NUM_ACTIONS,
+            sparse_features=(
+                SparseFeature(name="user_segment", num_embeddings=64),
+                SparseFeature(name="context", num_embeddings=16),
+            ),
+            candidate_features=(
+                SparseFeature(name="advertiser", num_embeddings=100),
+                SparseFeature(name="category", num_embeddings=o.num_clusters),
+            ),
+            num_dense=4,
+            tasks=("click", "conversion"),
+            max_seq_len=config.max_seq_len,
+        )
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def train_stream(
+        self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
+        cost_fn: Callable[[JaggedBatch], Sequence[float]],
+    ) -> _SyntheticStream:
+        return _SyntheticStream(self, batch_size, rank, world_size, balancer, cost_fn)
+
+    def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
+        rows = self.config.eval_rows
+        for index, start in enumerate(range(0, rows, batch_size)):
+            yield self.generate(min(batch_size, rows - start), split=_EVAL, index=index)
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generate(self, n: int, *, split: int, index: int) -> JaggedBatch:
+        o = self.options
+        rng = np.random.default_rng([self.seed, split, index])
+        users = rng.integers(0, o.num_users, n)
+        lengths = np.minimum(
+            np.round(rng.lognormal(np.log(o.mean_length), 1.0, n)).astype(np.int64),
+            self.config.max_seq_len,
+        )
+        lengths[rng.random(n) < o.empty_fraction] = 0
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        row = np.repeat(np.arange(n), lengths)
+
+        # History events: 75 % from one of the user's clusters, the rest from global popularity.
+        in_interest = rng.random(total) < 0.75
+        chosen_cluster = self.user_clusters[users[row], rng.integers(0, 3, total)]
+        items = rng.choice(o.num_items, size=total, p=self.item_popularity)
+        items[in_interest] = self._draw_from_clusters(rng, chosen_cluster[in_interest])
+        actions = rng.choice(NUM_ACTIONS, size=total, p=[0.8, 0.17, 0.03])
+
+        request_ts = 1_700_000_000 + rng.integers(0, 30 * 86400, n)
+        # Gaps back in time, oldest first within a row: cumulative sums of exponential gaps.
+        gaps = rng.exponential(3600.0, total)
+        age_from_end = _reverse_cumsum_per_row(gaps, offsets)
+        timestamps = request_ts[row] - age_from_end.astype(np.int64)
+
+        # Candidates: half from the user's interests, half by popularity.
+        candidate = rng.choice(o.num_items, size=n, p=self.item_popularity)
+        from_interest = rng.random(n) < 0.5
+        candidate[from_interest] = self._draw_from_clusters(
+            rng, self.user_clusters[users[from_interest], rng.integers(0, 3, int(from_interest.sum()))]
+        )
+        candidate_cluster = self.item_cluster[candidate]
+
+        # Planted label model: affinity of the recent history to the candidate's cluster.
+        recency = np.exp(-_position_from_end(offsets) / 32.0)
+        weight = recency * np.array([1.0, 3.0, 6.0])[actions]
+        match = (self.item_cluster[items] == candidate_cluster[row]) * weight
+        affinity = _row_sums(match, row, n) / np.maximum(_row_sums(weight, row, n), 1e-9)
+        dense = rng.standard_normal((n, 4)).astype(np.float32)
+        segment = self.user_segment[users]
+        segment_effect = np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
+        context = rng.integers(0, 16, n)
+        click_logit = (o.click_bias + o.history_weight * affinity + 0.5 * dense[:, 0]
+                       + segment_effect + 0.3 * (context == 3))
+        click = rng.random(n) < _sigmoid(click_logit)
+        conversion_logit = o.conversion_bias + 2.0 * affinity + 0.8 * dense[:, 1]
+        conversion = click & (rng.random(n) < _sigmoid(conversion_logit))
+
+        segment_lengths = rng.integers(1, 3, n)
+        segment_ids = np.where(np.arange(2)[None, :] < segment_lengths[:, None], segment, -1)
+        segment_values = segment_ids[segment_ids >= 0]
+        t = torch.from_numpy
+        return JaggedBatch(
+            seq_offsets=t(offsets),
+            seq_item_ids=t(items.astype(np.int64)),
+            seq_action_ids=t(actions.astype(np.int64)),
+            seq_timestamps=t(timestamps),
+            request_timestamps=t(request_ts.astype(np.int64)),
+            candidate_item_ids=t(candidate.astype(np.int64)),
+            labels={
+                "click": t(click.astype(np.float32)),
+                "conversion": t(conversion.astype(np.float32)),
+            },
+            sparse={
+                "user_segment": Jagged(t(segment_values.astype(np.int64)),
+                                       t(np.concatenate([[0], np.cumsum(segment_lengths)]))),
+                "context": Jagged(t(context.astype(np.int64)), torch.arange(n + 1)),
+            },
+            candidate_sparse={
+                "advertiser": t(self.advertiser[candidate].astype(np.int64)),
+                "category": t(candidate_cluster.astype(np.int64)),
+            },
+            dense=t(dense),
+        )
+
+    def _draw_from_clusters(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
+        starts = self._cluster_starts[clusters]
+        sizes = self._cluster_starts[clusters + 1] - starts
+        # Within a cluster, favour its first (arbitrary but fixed) items: squared uniform.
+        pick = (rng.random(clusters.size) ** 2 * sizes).astype(np.int64)
+        return self._cluster_items[starts + np.minimum(pick, np.maximum(sizes - 1, 0))]
+
+
+class _SyntheticStream:
+    def __init__(self, source: SyntheticSource, batch_size: int, rank: int, world_size: int,
+                 balancer: Balancer, cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> None:
+        self.source, self.batch_size = source, batch_size
+        self.rank, self.world_size = rank, world_size
+        self.balancer, self.cost_fn = balancer, cost_fn
+        self.next_index = 0
+
+    def __iter__(self) -> _SyntheticStream:
+        return self
+
+    def __next__(self) -> JaggedBatch:
+        batch = self.source.generate(self.batch_size, split=_TRAIN, index=self.next_index)
+        self.next_index += 1
+        return local_share(batch, rank=self.rank, world_size=self.world_size,
+                           balancer=self.balancer, cost_fn=self.cost_fn)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_index": self.next_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_index = int(state["next_index"])
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _row_sums(values: np.ndarray, row: np.ndarray, n: int) -> np.ndarray:
+    return np.bincount(row, weights=values, minlength=n)
+
+
+def _position_from_end(offsets: np.ndarray) -> np.ndarray:
+    lengths = np.diff(offsets)
+    row = np.repeat(np.arange(lengths.size), lengths)
+    position = np.arange(int(offsets[-1])) - offsets[:-1][row]
+    return (lengths[row] - 1 - position).astype(np.float64)
+
+
+def _reverse_cumsum_per_row(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """For each element, the sum of itself and the later elements of its row."""
+    if values.size == 0:
+        return values
+    total = np.cumsum(values[::-1])[::-1]
+    lengths = np.diff(offsets)
+    row = np.repeat(np.arange(lengths.size), lengths)
+    end = offsets[1:][row]
+    after_row = np.where(end < values.size, np.append(total, 0.0)[end], 0.0)
+    return total - after_row

@@ -1,0 +1,17 @@
+"""Errors the user can act on. The CLI prints their message without a traceback."""
+
+
+class GemError(Exception):
+    """Base of every error the GEM trainer raises on purpose."""
+
+
+class GemConfigError(GemError, ValueError):
+    """A configuration value, preset, override or backend name is not acceptable."""
+
+
+class GemPluginError(GemError, RuntimeError):
+    """A plugin is broken: it failed to import, registered a duplicate name, or cannot load."""
+
+
+class GemDataError(GemError, ValueError):
+    """Input data is malformed; the message names the file, row, feature and value."""

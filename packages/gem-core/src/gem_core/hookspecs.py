@@ -1,0 +1,162 @@
+"""Every hook of the GEM trainer, in one place. The docstring of each hook is its contract.
+
+Plugins implement these with ``@gem_core.hookimpl`` in a module named by an entry point of the
+``gem`` group (``[project.entry-points.gem]`` in the plugin's pyproject). gem-core's own reference
+implementations are plugins too (``gem_core.builtin_plugin``).
+
+Two families of hooks:
+
+* ``gem_register_*(register)``: every plugin may contribute implementations of one kind by calling
+  ``register(ImplementationSpec(...))`` once per implementation. Names are unique per kind across
+  all plugins; a duplicate is an error at start-up that names both plugins. ``load`` must be lazy:
+  registering must not import heavy libraries (triton, deepspeed, torchrec, torchao), because
+  ``gem --help`` and ``gem plugins`` call every registration hook.
+* ``gem_default_*(context)``: ``firstresult`` hooks that answer what ``auto`` means for one kind in
+  a given :class:`~gem_core.registry.AutoContext`. Return the registered name of an implementation
+  and a one-line reason, as ``(name, reason)``, or ``None`` to let the next plugin answer. gem-core
+  answers last (``trylast=True``) with its reference choice, so ``auto`` always resolves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from gem_core.registry import AutoContext, ImplementationSpec
+
+PROJECT_NAME = "gem"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+Register = Callable[["ImplementationSpec"], None]
+DefaultChoice = tuple[str, str] | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration hooks (all plugins answer).
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def gem_register_attention_backends(register: Register) -> None:
+    """Register jagged attention backends (kind ``attention``).
+
+    ``load()`` returns an object satisfying :class:`gem_core.attention.AttentionBackend`: a callable
+    ``(q, k, v, q_offsets, kv_offsets, *, params, num_targets=None, max_q_len=None,
+    max_kv_len=None) -> Tensor`` that computes the same function as the reference backend
+    (``gem_core.attention.reference``) for every mask, normalisation and shape it declares, with
+    gradients for q, k and v when ``supports_backward`` is true. It must pass
+    :class:`gem_core.testing.AttentionConformance`.
+    """
+
+
+@hookspec
+def gem_register_embedding_backends(register: Register) -> None:
+    """Register embedding backends (kind ``embedding``).
+
+    ``load()`` returns an object with ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module``.
+    The module's ``forward(features: Mapping[str, Jagged]) -> dict[str, Tensor]`` looks up every
+    table's feature: pooled tables give ``(batch, dim)``, unpooled tables give ``(total_ids, dim)``.
+    Ids outside ``[0, num_embeddings)`` raise an error naming the table and the id.
+    """
+
+
+@hookspec
+def gem_register_dense_sharding(register: Register) -> None:
+    """Register dense-parameter parallelism strategies (kind ``dense_sharding``).
+
+    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext,
+    make_optimizer) -> Engine``. The strategy wraps or shards the model's dense parameters for the
+    process group in ``ctx``, builds the optimizer with ``make_optimizer(params)`` (or owns the
+    optimizer itself, as DeepSpeed does) and returns an :class:`gem_core.engine.Engine` whose
+    ``backward``/``step``/``state_dict`` the trainer drives. Gradients must equal, within float
+    tolerance, those of a single process on the union of the ranks' batches.
+    """
+
+
+@hookspec
+def gem_register_embedding_sharding(register: Register) -> None:
+    """Register embedding-table sharding strategies (kind ``embedding_sharding``).
+
+    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext) -> nn.Module`` that
+    places the model's embedding tables (the module at ``model.embeddings``) across the process
+    group, returning the model with the same forward semantics. It runs before dense sharding.
+    """
+
+
+@hookspec
+def gem_register_precision_recipes(register: Register) -> None:
+    """Register precision recipes (kind ``precision``).
+
+    ``load()`` returns an object satisfying :class:`gem_core.precision.PrecisionRecipe`:
+    ``convert(model, ctx) -> model`` (module swaps such as FP8 linears; runs first in
+    ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
+    ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
+    weights, loss and metrics stay in float32.
+    """
+
+
+@hookspec
+def gem_register_data_sources(register: Register) -> None:
+    """Register data sources (kind ``data``).
+
+    ``load()`` returns a factory ``(config: DataConfig, *, seed: int) -> DataSource`` (see
+    :class:`gem_core.data.DataSource`): a feature schema, a deterministic stream of global training
+    batches with a resumable position, and a fixed held-out evaluation split.
+    """
+
+
+@hookspec
+def gem_register_batch_balancers(register: Register) -> None:
+    """Register batch balancers (kind ``balancer``).
+
+    ``load()`` returns a callable ``(costs: Sequence[float], num_ranks: int) -> list[list[int]]``
+    that assigns every sample index of a global batch to exactly one rank (each index once, none
+    lost), deterministically for the same input. The goal is to even out the per-rank cost.
+    """
+
+
+@hookspec
+def gem_register_cli_commands(register: Register) -> None:
+    """Register ``gem`` sub-commands (kind ``cli``).
+
+    ``load()`` returns a ``click.Command`` (or ``click.Group``); ``name`` is the word after ``gem``
+    and ``description`` its one-line help. The command is imported only when it is invoked.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# `auto` resolution hooks (first non-None answer wins; gem-core answers last).
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def gem_default_attention(context: AutoContext) -> DefaultChoice:
+    """Name the attention backend ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_embedding(context: AutoContext) -> DefaultChoice:
+    """Name the embedding backend ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_dense_sharding(context: AutoContext) -> DefaultChoice:
+    """Name the dense sharding strategy ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_embedding_sharding(context: AutoContext) -> DefaultChoice:
+    """Name the embedding sharding strategy ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_precision(context: AutoContext) -> DefaultChoice:
+    """Name the precision recipe ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_balancer(context: AutoContext) -> DefaultChoice:
+    """Name the batch balancer ``auto`` means in ``context``, with a reason, or None."""

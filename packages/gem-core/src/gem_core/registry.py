@@ -1,0 +1,164 @@
+"""Registries of named implementations, one per kind, filled by the ``gem_register_*`` hooks."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import attrs
+
+from gem_core.errors import GemConfigError, GemPluginError
+
+#: Every kind of implementation, with the registration hook that fills it and, where ``auto`` is
+#: allowed, the default hook that resolves it.
+KINDS: dict[str, tuple[str, str | None]] = {
+    "attention": ("gem_register_attention_backends", "gem_default_attention"),
+    "embedding": ("gem_register_embedding_backends", "gem_default_embedding"),
+    "dense_sharding": ("gem_register_dense_sharding", "gem_default_dense_sharding"),
+    "embedding_sharding": ("gem_register_embedding_sharding", "gem_default_embedding_sharding"),
+    "precision": ("gem_register_precision_recipes", "gem_default_precision"),
+    "data": ("gem_register_data_sources", None),
+    "balancer": ("gem_register_batch_balancers", "gem_default_balancer"),
+    "cli": ("gem_register_cli_commands", None),
+}
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value or value == "auto" or not all(c.isalnum() or c in "-_." for c in value):
+        raise ValueError(
+            f"{attribute.name} must be a non-empty word of letters, digits, '-', '_' or '.' "
+            f"other than 'auto', got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ImplementationSpec:
+    """One registered implementation of a kind: what it is called, what it can do, how to load it."""
+
+    name: str = attrs.field(validator=_check_name)
+    """Unique name within its kind; what users pass on the command line (``--attention triton``)."""
+
+    load: Callable[[], Any]
+    """Imports and returns the implementation. Called only when a run selects it."""
+
+    description: str = ""
+    """One line shown by ``gem plugins``."""
+
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Device types it runs on."""
+
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    """Floating-point dtypes it accepts."""
+
+    supports_backward: bool = True
+    """Whether gradients flow through it."""
+
+    requires: tuple[str, ...] = ()
+    """Importable module names it needs; ``gem plugins`` checks them without importing them."""
+
+    kind: str = ""
+    """Filled in by the registry from the hook that registered it."""
+
+    plugin: str = ""
+    """Filled in by the registry: the plugin (entry-point name) that registered it."""
+
+    distribution: str = ""
+    """Filled in by the registry: the installed distribution (package) of that plugin."""
+
+    version: str = ""
+    """Filled in by the registry: that distribution's version."""
+
+    def missing_requirements(self) -> list[str]:
+        """Required modules that cannot be found, checked without importing them."""
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+
+@attrs.frozen(kw_only=True)
+class AutoContext:
+    """What the ``gem_default_*`` hooks may base their answer on."""
+
+    device: str
+    """Device type of this run: ``cpu`` or ``cuda``."""
+
+    world_size: int = 1
+    """Number of ranks in the run."""
+
+    dtype: str = "float32"
+    """Compute dtype the precision recipe asks for."""
+
+
+@attrs.frozen(kw_only=True)
+class PluginFailure:
+    """A plugin whose module failed to import; fatal only if a run selects something it provides."""
+
+    plugin: str
+    distribution: str
+    error: str
+
+
+class Registry:
+    """Named implementations of one kind. A duplicate name is an error; so is an unknown one."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise GemPluginError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        self.kind = kind
+        self._specs: dict[str, ImplementationSpec] = {}
+        self.failures: list[PluginFailure] = []
+
+    def add(self, spec: ImplementationSpec) -> None:
+        if not isinstance(spec, ImplementationSpec):
+            raise GemPluginError(
+                f"plugin {spec!r} registered a {type(spec).__name__} as a {self.kind}; "
+                "register an ImplementationSpec"
+            )
+        existing = self._specs.get(spec.name)
+        if existing is not None:
+            raise GemPluginError(
+                f"duplicate {self.kind} name {spec.name!r}: registered by plugin "
+                f"{existing.plugin!r} ({existing.distribution}) and by plugin {spec.plugin!r} "
+                f"({spec.distribution}); rename one or disable a plugin with GEM_DISABLE_PLUGINS"
+            )
+        self._specs[spec.name] = spec
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[ImplementationSpec]:
+        return [self._specs[n] for n in self.names()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._specs
+
+    def get(self, name: str) -> ImplementationSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise GemConfigError(self._unknown_message(name)) from None
+
+    def _unknown_message(self, name: str) -> str:
+        message = (
+            f"unknown {self.kind} implementation {name!r}; installed: "
+            f"{', '.join(self.names()) or '(none)'}"
+        )
+        if self.failures:
+            broken = "; ".join(f"{f.plugin} ({f.distribution}): {f.error}" for f in self.failures)
+            message += f". Plugins that failed to import and may provide it: {broken}"
+        return message
+
+    def load(self, name: str) -> Any:
+        """Load the named implementation; a missing requirement or import error is fatal here."""
+        spec = self.get(name)
+        missing = spec.missing_requirements()
+        if missing:
+            raise GemPluginError(
+                f"{self.kind} {name!r} from {spec.distribution or spec.plugin} needs "
+                f"{', '.join(missing)}, which is not installed"
+            )
+        try:
+            return spec.load()
+        except ImportError as error:
+            raise GemPluginError(
+                f"{self.kind} {name!r} from {spec.distribution or spec.plugin} failed to load: "
+                f"{error}"
+            ) from error
