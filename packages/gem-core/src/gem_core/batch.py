@@ -131,6 +131,16 @@ class JaggedBatch:
                 row = int(torch.nonzero(bad)[0])
                 raise GemDataError(f"{where}: row {row}: label {task!r} = {float(label[row])}, "
                                    "expected 0 or 1")
+        if schema.seq_dense_dim:
+            expected = (self.num_events, schema.seq_dense_dim)
+            if self.seq_dense is None or tuple(self.seq_dense.shape) != expected:
+                raise GemDataError(f"{where}: history content vectors must be {expected}")
+            bad = ~torch.isfinite(self.seq_dense).all(dim=1)
+            if bool(bad.any()):
+                event = int(torch.nonzero(bad)[0])
+                row = int(torch.searchsorted(self.seq_offsets, event, right=True)) - 1
+                raise GemDataError(f"{where}: row {row}: history event {event} has a non-finite "
+                                   "content vector")
         if schema.num_dense:
             if self.dense is None or self.dense.shape != (b, schema.num_dense):
                 raise GemDataError(f"{where}: dense features must be ({b}, {schema.num_dense})")

@@ -69,7 +69,7 @@ def gem_register_dense_sharding(register: Register) -> None:
 
     ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext,
     make_optimizer) -> Engine``. The strategy wraps or shards the model's dense parameters for the
-    process group in ``ctx``, builds the optimizer with ``make_optimizer(params)`` (or owns the
+    process group in ``ctx``, builds the optimizer with ``make_optimizer(module)`` (or owns the
     optimizer itself, as DeepSpeed does) and returns an :class:`gem_core.engine.Engine` whose
     ``backward``/``step``/``state_dict`` the trainer drives. Gradients must equal, within float
     tolerance, those of a single process on the union of the ranks' batches.

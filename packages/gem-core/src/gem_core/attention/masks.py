@@ -20,28 +20,40 @@ from torch import Tensor
 from gem_core.attention.api import AttentionParams
 
 
-def self_attention_mask(
-    length: int, num_targets: int, params: AttentionParams, device: torch.device | None = None
+def self_attention_masks(
+    lengths: Tensor, num_targets: Tensor, params: AttentionParams, width: int
 ) -> Tensor:
-    """Boolean ``(length, length)`` mask: ``mask[i, j]`` is True when query ``i`` sees key ``j``."""
-    history = length - num_targets
-    idx = torch.arange(length, device=device)
-    i = idx[:, None]
-    j = idx[None, :]
-    query_pos = torch.where(i < history, i, torch.full_like(i, history))
-    allowed = torch.ones(length, length, dtype=torch.bool, device=device)
+    """Boolean ``(B, width, width)`` masks for sequences padded to ``width``: ``mask[b, i, j]`` is
+    True when query ``i`` of sample ``b`` sees key ``j``. Padding rows and columns are False."""
+    device = lengths.device
+    idx = torch.arange(width, device=device)
+    i = idx[None, :, None]
+    j = idx[None, None, :]
+    length = lengths.to(torch.int64)[:, None, None]
+    history = length - num_targets.to(torch.int64)[:, None, None]
+    query_pos = torch.where(i < history, i, history)
+    allowed = torch.ones(lengths.numel(), width, width, dtype=torch.bool, device=device)
     if params.causal:
-        allowed &= j <= query_pos
+        allowed = allowed & (j <= query_pos)
     if params.window is not None:
         distance = query_pos - j
-        allowed &= (distance <= params.window) if params.causal else (distance.abs() <= params.window)
+        allowed = allowed & ((distance <= params.window) if params.causal
+                             else (distance.abs() <= params.window))
     prefix = params.num_prefix
     if prefix > 0:
         # Prefix keys are seen by every query; prefix queries see every history key.
-        allowed |= (j < history) & ((j < prefix) | ((i < prefix) & (i < history)))
-    key_is_target = j >= history
-    allowed = torch.where(key_is_target, i == j, allowed)
-    return allowed
+        allowed = allowed | ((j < history) & ((j < prefix) | ((i < prefix) & (i < history))))
+    allowed = torch.where(j >= history, i == j, allowed)  # targets: only themselves
+    return allowed & (i < length) & (j < length)
+
+
+def self_attention_mask(
+    length: int, num_targets: int, params: AttentionParams, device: torch.device | None = None
+) -> Tensor:
+    """Boolean ``(length, length)`` mask of one sample (see :func:`self_attention_masks`)."""
+    lengths = torch.tensor([length], device=device)
+    targets = torch.tensor([num_targets], device=device)
+    return self_attention_masks(lengths, targets, params, length)[0]
 
 
 def count_visible_keys(

@@ -32,6 +32,15 @@ def reference_attention(
 ) -> Tensor:
     """See :class:`gem_core.attention.AttentionBackend`."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
+    # The backend does its own float32 (or float64) math; an enclosing bf16 autocast must
+    # not recast its matmuls.
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _reference_attention_fp(q, k, v, q_offsets, kv_offsets, params, num_targets)
+
+
+def _reference_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
+                            kv_offsets: Tensor, params: AttentionParams,
+                            num_targets: Tensor | None) -> Tensor:
     compute = _compute_dtype(q.dtype)
     scale = params.resolved_scale(q.shape[-1])
     is_self = torch.equal(q_offsets, kv_offsets)

@@ -61,6 +61,10 @@ class SyntheticOptions:
     conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
     """Intercept of the conversion-given-click logit."""
 
+    content_dim: int = attrs.field(default=8, validator=at_least(0))
+    """Width of each item's dense content vector (its cluster's centroid plus noise), carried
+    by every history event as ``seq_dense``; 0 leaves it out."""
+
 
 class SyntheticSource:
     """The ``synthetic`` data source. Build with ``SyntheticSource(config, seed=...)``."""
@@ -81,6 +85,9 @@ class SyntheticSource:
         self.user_clusters = world.integers(0, o.num_clusters, (o.num_users, 3))
         self.user_segment = world.integers(0, 64, (o.num_users, 2))
         self.advertiser = world.integers(0, 100, o.num_items)
+        centroids = world.standard_normal((o.num_clusters, max(o.content_dim, 1)))
+        self.item_content = (centroids[self.item_cluster] + 0.5 * world.standard_normal(
+            (o.num_items, max(o.content_dim, 1))))[:, :o.content_dim].astype(np.float32)
         self.schema = FeatureSchema(
             num_items=o.num_items,
             num_actions=NUM_ACTIONS,
@@ -93,6 +100,7 @@ class SyntheticSource:
                 SparseFeature(name="category", num_embeddings=o.num_clusters),
             ),
             num_dense=4,
+            seq_dense_dim=o.content_dim,
             tasks=("click", "conversion"),
             max_seq_len=config.max_seq_len,
         )
@@ -187,6 +195,7 @@ class SyntheticSource:
                 "category": t(candidate_cluster.astype(np.int64)),
             },
             dense=t(dense),
+            seq_dense=t(self.item_content[items]) if o.content_dim else None,
         )
 
     def _draw_from_clusters(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:

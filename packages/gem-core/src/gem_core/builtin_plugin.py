@@ -1,0 +1,166 @@
+"""gem-core's own implementations, registered like any plugin's. Every ``load`` imports lazily."""
+
+from __future__ import annotations
+
+from gem_core import hookimpl
+from gem_core.registry import AutoContext, ImplementationSpec
+
+
+def _reference_attention():
+    from gem_core.attention.reference import ReferenceAttention
+
+    return ReferenceAttention()
+
+
+def _bucketed_attention():
+    from gem_core.attention.bucketed import BucketedAttention
+
+    return BucketedAttention()
+
+
+@hookimpl
+def gem_register_attention_backends(register) -> None:
+    register(ImplementationSpec(
+        name="reference", load=_reference_attention, dtypes=("float32", "bfloat16", "float16",
+                                                              "float64"),
+        description="one sample at a time with dense masks; the oracle for every backend",
+    ))
+    register(ImplementationSpec(
+        name="bucketed", load=_bucketed_attention, dtypes=("float32", "bfloat16", "float16",
+                                                            "float64"),
+        description="pure PyTorch, batched over geometric length buckets (padding <= 1.25x)",
+    ))
+
+
+def _reference_embedding():
+    from gem_core.embedding import ReferenceEmbeddingBackend
+
+    return ReferenceEmbeddingBackend()
+
+
+@hookimpl
+def gem_register_embedding_backends(register) -> None:
+    register(ImplementationSpec(
+        name="reference", load=_reference_embedding, dtypes=("float32",),
+        description="torch.nn.Embedding per table; embedding_bag for pooled features",
+    ))
+
+
+def _single_process():
+    from gem_core.engine import SingleProcess
+
+    return SingleProcess()
+
+
+@hookimpl
+def gem_register_dense_sharding(register) -> None:
+    register(ImplementationSpec(
+        name="none", load=_single_process,
+        description="one process, no wrapping (the reference for every parallel strategy)",
+    ))
+
+
+class _Replicated:
+    """Tables stay ordinary parameters, replicated and synchronised by the dense strategy."""
+
+    def apply(self, model, *, ctx):
+        return model
+
+
+@hookimpl
+def gem_register_embedding_sharding(register) -> None:
+    register(ImplementationSpec(
+        name="replicated", load=_Replicated,
+        description="every rank holds every table; gradients are reduced with the dense ones",
+    ))
+
+
+def _fp32():
+    from gem_core.precision import Float32Recipe
+
+    return Float32Recipe()
+
+
+@hookimpl
+def gem_register_precision_recipes(register) -> None:
+    register(ImplementationSpec(name="fp32", load=_fp32, dtypes=("float32",),
+                                description="float32 everywhere"))
+
+
+def _synthetic():
+    from gem_core.data.synthetic import SyntheticSource
+
+    return SyntheticSource
+
+
+@hookimpl
+def gem_register_data_sources(register) -> None:
+    register(ImplementationSpec(
+        name="synthetic", load=_synthetic,
+        description="small generated ads log with a planted candidate-x-history label model",
+    ))
+
+
+def _contiguous():
+    from gem_core.data.api import contiguous_balancer
+
+    return contiguous_balancer
+
+
+@hookimpl
+def gem_register_batch_balancers(register) -> None:
+    register(ImplementationSpec(
+        name="contiguous", load=_contiguous,
+        description="equal-count contiguous slices, ignoring cost (what a naive loader does)",
+    ))
+
+
+def _command(module: str, attribute: str):
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), attribute)
+
+    return load
+
+
+@hookimpl
+def gem_register_cli_commands(register) -> None:
+    register(ImplementationSpec(name="plugins", load=_command("gem_core.cli.plugins", "plugins"),
+                                description="List every registered implementation by kind."))
+    register(ImplementationSpec(name="train", load=_command("gem_core.cli.train", "train"),
+                                description="Train a GEM model and write a run directory."))
+    register(ImplementationSpec(name="config", load=_command("gem_core.cli.config", "config"),
+                                description="Show presets and resolved configurations."))
+
+
+# `auto`: gem-core answers last, with its reference choices.
+
+@hookimpl(trylast=True)
+def gem_default_attention(context: AutoContext):
+    return "bucketed", "gem-core's fastest pure-PyTorch backend (no kernel plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_embedding(context: AutoContext):
+    return "reference", "gem-core's embedding backend (no plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_dense_sharding(context: AutoContext):
+    return "none", "a single process (no plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_embedding_sharding(context: AutoContext):
+    return "replicated", "tables replicated on every rank (no plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_precision(context: AutoContext):
+    return "fp32", "float32 is exact and runs everywhere (no plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_balancer(context: AutoContext):
+    return "contiguous", "equal-count slices (no plugin chose)"

@@ -1,0 +1,1 @@
+"""The ``gem`` command line. Sub-commands are plugins (kind ``cli``), loaded when invoked."""

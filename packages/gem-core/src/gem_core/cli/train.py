@@ -1,0 +1,109 @@
+"""``gem train``: train a preset or config file into a run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from gem_core.config import DEFAULT_PRESET, load_config
+
+# Command-line shortcuts for the most used keys; each is the same as --set KEY=VALUE.
+SHORTCUTS = {
+    "attention": "backends.attention",
+    "sharding": "backends.dense_sharding",
+    "embedding_sharding": "backends.embedding_sharding",
+    "precision": "backends.precision",
+    "balancer": "backends.balancer",
+    "data": "data.source",
+}
+
+
+@click.command("train")
+@click.option("--preset", default=None, help=f"Preset name (default: {DEFAULT_PRESET}).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="A TOML config file instead of a preset.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a key, e.g. --set train.steps=20 (repeatable).")
+@click.option("--attention", default=None, help="Attention backend (gem plugins lists them).")
+@click.option("--sharding", default=None, help="Dense sharding strategy.")
+@click.option("--embedding-sharding", default=None, help="Embedding sharding strategy.")
+@click.option("--precision", default=None, help="Precision recipe.")
+@click.option("--balancer", default=None, help="Batch balancer across ranks.")
+@click.option("--data", default=None, help="Data source.")
+@click.option("--nproc-per-node", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Ranks to launch on this node through torchrun (gloo on CPU, nccl on GPU).")
+@click.option("--max-restarts", default=0, show_default=True, type=click.IntRange(min=0),
+              help="With --nproc-per-node: times torchrun restarts a failed group.")
+@click.option("--out", "out", default=None, type=click.Path(file_okay=False),
+              help="Run directory (default: runs/<preset>-<time>). Resumes from its latest "
+                   "complete checkpoint.")
+@click.option("--until-step", default=None, type=click.IntRange(min=1),
+              help="Stop after this step (checkpointed) without changing the schedule of "
+                   "train.steps; run again to continue.")
+@click.option("--fresh", is_flag=True, help="Ignore existing checkpoints in --out; start over.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def train(preset, config_file, overrides, attention, sharding, embedding_sharding, precision,
+          balancer, data, nproc_per_node, max_restarts, out, until_step, fresh,
+          no_progress) -> None:
+    """Train a GEM model. With no options: the default preset on generated data on CPU."""
+    shortcuts = {"attention": attention, "sharding": sharding,
+                 "embedding_sharding": embedding_sharding, "precision": precision,
+                 "balancer": balancer, "data": data}
+    all_overrides = list(overrides) + [f"{SHORTCUTS[k]}={v}" for k, v in shortcuts.items() if v]
+    config = load_config(preset=preset, path=config_file, overrides=all_overrides)
+    if out is None:
+        out = str(Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(out).resolve()
+
+    if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        _launch(nproc_per_node, max_restarts, run_dir, preset, config_file, all_overrides, fresh,
+                until_step)
+        _print_result(run_dir)
+        return
+
+    from gem_core.cli.main import CATALOG
+    from gem_core.train import train as run_training
+
+    result = run_training(config, CATALOG.plugins, run_dir, fresh=fresh,
+                          progress=not no_progress, until_step=until_step)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _print_result(result.run_dir)
+
+
+def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, overrides,
+            fresh: bool, until_step: int | None) -> None:
+    """Re-run this command under torchrun; every rank then joins the group from its environment."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            "-m", "gem_core.cli.main", "train", "--out", str(run_dir), "--no-progress"]
+    if preset:
+        args += ["--preset", preset]
+    if config_file:
+        args += ["--config", str(Path(config_file).resolve())]
+    for override in overrides:
+        args += ["--set", override]
+    if fresh:
+        args.append("--fresh")
+    if until_step:
+        args += ["--until-step", str(until_step)]
+    completed = subprocess.run(args, check=False)
+    if completed.returncode != 0:
+        raise click.ClickException(
+            f"torchrun with {nproc} ranks exited with status {completed.returncode}; "
+            "the ranks' errors are printed above"
+        )
+
+
+def _print_result(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tasks = ", ".join(f"{task} NE {values['ne']:.4f} AUC {values['auc']:.4f}"
+                      for task, values in summary["eval"].items())
+    click.echo(f"run directory: {run_dir}")
+    click.echo(f"steps {summary['run']['steps']}: {tasks}; "
+               f"{summary['throughput']['samples_per_s']:.0f} samples/s")

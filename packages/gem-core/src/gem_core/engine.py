@@ -1,0 +1,73 @@
+"""What a dense sharding strategy hands the trainer: the model plus how to step it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+"""Builds the optimizer for a (wrapped or sharded) module; strategies call it after wrapping."""
+
+
+class Engine:
+    """Forward, backward and optimizer step of a (possibly wrapped or sharded) model.
+
+    Strategies that own the optimizer step themselves (DeepSpeed) subclass this and override
+    ``backward``, ``step`` and the state-dict methods.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 unwrapped: nn.Module | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.unwrapped = unwrapped if unwrapped is not None else model
+        """The model without wrappers: for FLOP counting and state dicts."""
+
+    def __call__(self, batch: Any) -> Any:
+        return self.model(batch)
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip to ``max_norm`` (0: only measure) and return the global gradient norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if max_norm > 0:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model and optimizer state, meaningful on rank 0."""
+        return {"model": self.unwrapped.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.unwrapped.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class SingleProcess:
+    """The ``none`` dense strategy: one process, no wrapping."""
+
+    def apply(self, model: nn.Module, *, ctx, make_optimizer: Callable) -> Engine:
+        if ctx.world_size > 1:
+            raise RuntimeError(
+                f"dense_sharding 'none' runs one process but this run has {ctx.world_size} ranks; "
+                "choose a data-parallel strategy (e.g. --sharding ddp from gem-parallel)"
+            )
+        return Engine(model, make_optimizer(model))

@@ -1,0 +1,34 @@
+"""FLOP counting from the real jagged lengths, and the padded-to-max count for comparison.
+
+Counts are of multiply-adds x 2 in the forward pass; training is counted as 3 x forward (the
+backward computes two products per forward product). Embedding lookups and elementwise work are
+memory-bound and not counted, as is usual for MFU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+TRAIN_FACTOR = 3
+
+
+def causal_window_pairs(lengths: Tensor, window: int | None) -> Tensor:
+    """(query, key) pairs of causal self-attention where each token sees itself and at most
+    ``window`` earlier tokens, per sample (int64). Closed form of the mask in attention.masks."""
+    n = lengths.to(torch.int64)
+    full = n * (n + 1) // 2
+    if window is None:
+        return full
+    head = int(window) + 1  # keys a token sees once its past is longer than the window
+    capped = head * (head + 1) // 2 + (n - head) * head
+    return torch.where(n <= head, full, capped)
+
+
+def linear_flops(tokens: int | Tensor, in_features: int, out_features: int) -> Tensor | int:
+    return 2 * tokens * in_features * out_features
+
+
+def attention_flops(pairs: int | Tensor, head_dim_total: int) -> Tensor | int:
+    """QK^T and PV over ``pairs`` (query, key) pairs with all heads together."""
+    return 4 * pairs * head_dim_total

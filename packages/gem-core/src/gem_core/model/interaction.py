@@ -1,0 +1,28 @@
+"""Feature interaction above the towers: pairwise dot products of tokens, then an MLP."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class DotInteractionMLP(nn.Module):
+    """DLRM-style: the upper triangle of the token Gram matrix, concatenated with the tokens."""
+
+    def __init__(self, num_tokens: int, dim: int, hidden: tuple[int, ...], dropout: float) -> None:
+        super().__init__()
+        rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
+        self.register_buffer("pair_rows", rows, persistent=False)
+        self.register_buffer("pair_cols", cols, persistent=False)
+        width = num_tokens * dim + rows.numel()
+        layers: list[nn.Module] = [nn.LayerNorm(width)]
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.SiLU(), nn.Dropout(dropout)]
+            width = size
+        self.mlp = nn.Sequential(*layers)
+        self.out_dim = width
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        gram = torch.bmm(tokens, tokens.transpose(1, 2))
+        pairs = gram[:, self.pair_rows, self.pair_cols]
+        return self.mlp(torch.cat([tokens.flatten(1), pairs], dim=1))

@@ -1,0 +1,34 @@
+"""The one place where a model is made ready for its devices, in a fixed order."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from gem_core.distributed import ParallelContext
+from gem_core.engine import Engine
+from gem_core.precision import PrecisionRecipe
+
+
+def parallelize(
+    model: nn.Module,
+    *,
+    ctx: ParallelContext,
+    precision: PrecisionRecipe,
+    embedding_sharding: Any,
+    dense_sharding: Any,
+    make_optimizer: Callable,
+) -> Engine:
+    """Apply precision, embedding sharding and dense sharding to ``model``; return its Engine."""
+    model = model.to(ctx.device)
+    # 1. Precision conversion first: module swaps (FP8 linears) must see the plain modules, and
+    #    sharding must then shard the converted parameters (FP8 all-gather needs that order).
+    model = precision.convert(model, ctx)
+    # 2. Embedding sharding: the tables leave the replicated parameter set before the dense
+    #    strategy wraps what remains.
+    model = embedding_sharding.apply(model, ctx=ctx)
+    # 3. Activation checkpointing and 4. compile belong here, between embedding and dense
+    #    sharding, so that checkpointed regions and compiled graphs are what FSDP wraps.
+    # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
+    return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer)

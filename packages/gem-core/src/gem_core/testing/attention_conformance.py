@@ -1,0 +1,419 @@
+"""The attention conformance suite: subclass it to prove a backend computes the reference function.
+
+Usage, in a backend's own tests::
+
+    class TestMyAttention(AttentionConformance):
+        dtypes = (torch.float32, torch.bfloat16)
+        max_tokens = 128            # keep small for slow interpreters
+
+        def make_backend(self):
+            return MyAttention()
+
+Every test draws jagged batches with hypothesis (lengths 0 and 1, just below, at and above
+``block_size``, windows smaller and larger than the sequences, contextual prefix and target tokens)
+for the three shapes of the GEM model (self-attention, cross-attention with a long query over a
+short K/V, PMA with a short query over a long K/V) and both normalisations, and compares the output
+and the gradients of q, k and v with the reference backend computed in float64 on the same
+(already rounded) inputs. Tolerances are per dtype (:attr:`AttentionConformance.tolerances`).
+
+Capabilities a backend does not declare are not drawn; instead the suite checks that asking for
+them raises an error whose message names the missing capability (no silent fallback).
+
+pytest and hypothesis are imported inside the tests, so :meth:`AttentionConformance.check_case`
+also serves scripts on machines without them (``python -m gem_kernels.bench.gpu_check``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+from torch import Tensor
+
+from gem_core.attention.api import AttentionParams
+from gem_core.attention.reference import reference_attention
+from gem_core.jagged import offsets_from_lengths
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
+
+SHAPES = ("self", "cross", "pma")
+NORMALIZATIONS = ("softmax", "silu")
+MASK_FEATURES = ("causal", "window", "prefix", "targets")
+
+
+@attrs.frozen
+class Tolerance:
+    """``|out - ref| <= atol * max(1, max|ref|) + rtol * |ref|``, elementwise.
+
+    ``atol`` is scaled by the reference's largest magnitude so one table fits outputs and
+    gradients, whose scales differ.
+    """
+
+    atol: float
+    rtol: float
+
+
+# Inputs are rounded to the dtype before the float64 reference sees them, so these bound only the
+# backend's arithmetic: fp32 accumulation plus, for 16-bit inputs, probabilities rounded to the
+# input dtype before the P @ V product (what every fused kernel does) and the rounded output.
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(atol=1e-9, rtol=1e-9),
+    torch.float32: Tolerance(atol=2e-4, rtol=2e-4),
+    torch.float16: Tolerance(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: Tolerance(atol=3e-2, rtol=3e-2),
+}
+
+
+@attrs.frozen(kw_only=True)
+class AttentionCase:
+    """One drawn batch: everything needed to rebuild the inputs and say what failed."""
+
+    shape: str
+    q_lengths: tuple[int, ...]
+    kv_lengths: tuple[int, ...]
+    params: AttentionParams
+    num_targets: tuple[int, ...] | None
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    seed: int
+
+
+def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: AttentionCase) -> None:
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    got64 = got.detach().to("cpu", torch.float64)
+    want64 = want.detach().to("cpu", torch.float64)
+    assert torch.isfinite(got64).all(), f"{name} has non-finite values for {case}"
+    if want64.numel() == 0:
+        return
+    scale = max(1.0, float(want64.abs().max()))
+    err = (got64 - want64).abs()
+    bound = tol.atol * scale + tol.rtol * want64.abs()
+    if bool((err > bound).any()):
+        worst = int(torch.argmax(err - bound))
+        raise AssertionError(
+            f"{name} differs from the float64 reference: max abs error {float(err.max()):.3e}, "
+            f"worst element {worst} got {float(got64.flatten()[worst]):.6e} want "
+            f"{float(want64.flatten()[worst]):.6e} (atol {tol.atol} x {scale:.3g}, rtol "
+            f"{tol.rtol}); case {case}"
+        )
+
+
+class AttentionConformance:
+    """Base class of an attention backend's conformance tests. Override :meth:`make_backend`.
+
+    Class attributes declare what the backend supports and size the drawn cases; override them in
+    the subclass. Keep ``max_tokens`` and ``max_examples`` small for interpreted kernels.
+    """
+
+    dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    """Input dtypes the backend accepts; each drawn case picks one."""
+
+    device: ClassVar[str] = "cpu"
+    shapes: ClassVar[tuple[str, ...]] = SHAPES
+    normalizations: ClassVar[tuple[str, ...]] = NORMALIZATIONS
+    mask_features: ClassVar[tuple[str, ...]] = MASK_FEATURES
+    """Self-attention mask features supported: ``causal``, ``window``, ``prefix``, ``targets``."""
+
+    supports_backward: ClassVar[bool] = True
+    max_tokens: ClassVar[int] = 160
+    """Upper bound of the q tokens and of the kv tokens of one drawn batch."""
+
+    max_batch: ClassVar[int] = 4
+    block_size: ClassVar[int] = 32
+    """The backend's tile size: drawn lengths cluster around it and its multiples."""
+
+    head_dims: ClassVar[tuple[int, ...]] = (16, 32)
+    max_heads: ClassVar[int] = 2
+    max_examples: ClassVar[int] = 10
+    """Hypothesis examples per test; raise it for a thorough local run."""
+
+    derandomize: ClassVar[bool] = True
+    """Draw the same examples every run, so CI failures reproduce."""
+
+    tolerances: ClassVar[dict[torch.dtype, Tolerance]] = DEFAULT_TOLERANCES
+
+    def make_backend(self) -> Any:
+        """Return the backend callable under test (see :class:`gem_core.attention.AttentionBackend`)."""
+        raise NotImplementedError("subclasses of AttentionConformance must override make_backend")
+
+    # ----------------------------------------------------------------------------------------
+    # Drawing cases.
+    # ----------------------------------------------------------------------------------------
+
+    def _length(self, data: st.DataObject, max_len: int, label: str) -> int:
+        from hypothesis import strategies as st
+
+        block = self.block_size
+        special = [n for n in (0, 1, 2, block - 1, block, block + 1, 2 * block + 1) if n <= max_len]
+        return data.draw(st.one_of(st.sampled_from(special), st.integers(0, max_len)), label=label)
+
+    def _lengths(self, data: st.DataObject, batch: int, max_len: int, label: str) -> list[int]:
+        return [self._length(data, max_len, f"{label}[{b}]") for b in range(batch)]
+
+    def _params(self, data: st.DataObject, shape: str, max_len: int) -> AttentionParams:
+        from hypothesis import strategies as st
+
+        normalization = data.draw(st.sampled_from(self.normalizations), label="normalization")
+        scale = data.draw(st.sampled_from([None, None, 0.5]), label="scale")
+        if shape != "self":
+            return AttentionParams(normalization=normalization, scale=scale)
+        features = self.mask_features
+        causal = data.draw(st.booleans(), label="causal") if "causal" in features else False
+        window = None
+        if "window" in features:
+            block = self.block_size
+            window = data.draw(
+                st.one_of(
+                    st.none(),
+                    st.sampled_from([0, 1, 3, block - 1, block + 3, max_len + 5]),
+                    st.integers(0, max_len + 2),
+                ),
+                label="window",
+            )
+        prefix = 0
+        if "prefix" in features:
+            prefix = data.draw(
+                st.one_of(st.just(0), st.integers(1, 4), st.just(self.block_size + 1)),
+                label="num_prefix",
+            )
+        return AttentionParams(
+            causal=causal, window=window, num_prefix=prefix, normalization=normalization,
+            scale=scale,
+        )
+
+    def _draw_case(self, data: st.DataObject, shape: str) -> AttentionCase:
+        from hypothesis import strategies as st
+
+        batch = data.draw(st.integers(1, self.max_batch), label="batch")
+        long_len = max(1, self.max_tokens // batch)
+        short_len = min(4, long_len)
+        if shape == "self":
+            q_lengths = self._lengths(data, batch, long_len, "lengths")
+            kv_lengths = q_lengths
+        elif shape == "cross":  # every history token attends to a few feature tokens
+            q_lengths = self._lengths(data, batch, long_len, "q_lengths")
+            kv_lengths = [data.draw(st.integers(0, short_len), label=f"kv_lengths[{b}]")
+                          for b in range(batch)]
+        else:  # PMA: a few queries over the whole history
+            q_lengths = [data.draw(st.integers(0, short_len), label=f"q_lengths[{b}]")
+                         for b in range(batch)]
+            kv_lengths = self._lengths(data, batch, long_len, "kv_lengths")
+        params = self._params(data, shape, long_len)
+        num_targets = None
+        if shape == "self" and "targets" in self.mask_features and data.draw(st.booleans()):
+            num_targets = tuple(
+                data.draw(st.integers(0, min(n, 4)), label=f"num_targets[{b}]")
+                for b, n in enumerate(q_lengths)
+            )
+        return AttentionCase(
+            shape=shape,
+            q_lengths=tuple(q_lengths),
+            kv_lengths=tuple(kv_lengths),
+            params=params,
+            num_targets=num_targets,
+            heads=data.draw(st.integers(1, self.max_heads), label="heads"),
+            head_dim=data.draw(st.sampled_from(self.head_dims), label="head_dim"),
+            dtype=data.draw(st.sampled_from(self.dtypes), label="dtype"),
+            seed=data.draw(st.integers(0, 2**31 - 1), label="seed"),
+        )
+
+    def _settings(self) -> Any:
+        from hypothesis import HealthCheck, settings
+
+        return settings(
+            max_examples=self.max_examples,
+            deadline=None,
+            derandomize=self.derandomize,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Running and comparing one case.
+    # ----------------------------------------------------------------------------------------
+
+    def _inputs(self, case: AttentionCase) -> dict[str, Tensor]:
+        gen = torch.Generator().manual_seed(case.seed)
+        total_q, total_kv = sum(case.q_lengths), sum(case.kv_lengths)
+        width = (case.heads, case.head_dim)
+        # randn is never all zeros, so a backend that ignores its inputs cannot pass.
+        tensors = {
+            "q": torch.randn(total_q, *width, generator=gen, dtype=torch.float64),
+            "k": torch.randn(total_kv, *width, generator=gen, dtype=torch.float64),
+            "v": torch.randn(total_kv, *width, generator=gen, dtype=torch.float64),
+            "grad_out": torch.randn(total_q, *width, generator=gen, dtype=torch.float64),
+        }
+        # Round once to the tested dtype so the float64 reference sees exactly the same values.
+        return {name: t.to(case.dtype).to(self.device) for name, t in tensors.items()}
+
+    def _offsets(self, case: AttentionCase) -> tuple[Tensor, Tensor, Tensor | None]:
+        q_offsets = offsets_from_lengths(torch.tensor(case.q_lengths, dtype=torch.int64))
+        kv_offsets = (
+            q_offsets if case.shape == "self"
+            else offsets_from_lengths(torch.tensor(case.kv_lengths, dtype=torch.int64))
+        )
+        targets = (
+            torch.tensor(case.num_targets, dtype=torch.int64) if case.num_targets is not None
+            else None
+        )
+        move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+        return move(q_offsets), move(kv_offsets), move(targets)
+
+    @staticmethod
+    def _forward_backward(
+        backend: Any, inputs: dict[str, Tensor], offsets: tuple, case: AttentionCase,
+        dtype: torch.dtype, backward: bool,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        q, k, v = (inputs[n].to(dtype).detach().requires_grad_(backward) for n in ("q", "k", "v"))
+        q_offsets, kv_offsets, num_targets = offsets
+        out = backend(
+            q, k, v, q_offsets, kv_offsets, params=case.params, num_targets=num_targets,
+            max_q_len=max(case.q_lengths, default=0), max_kv_len=max(case.kv_lengths, default=0),
+        )
+        if not backward:
+            return out, None
+        if not out.requires_grad:  # nothing attends to anything (every sample is empty)
+            return out, [torch.zeros_like(t) for t in (q, k, v)]
+        loss = (out.to(dtype) * inputs["grad_out"].to(dtype)).sum()
+        grads = torch.autograd.grad(loss, (q, k, v), allow_unused=True)
+        return out, [torch.zeros_like(t) if g is None else g for t, g in zip((q, k, v), grads)]
+
+    def check_case(self, case: AttentionCase) -> None:
+        """Compare the backend with the float64 reference on ``case``; raise AssertionError."""
+        backend = self.make_backend()
+        inputs = self._inputs(case)
+        offsets = self._offsets(case)
+        backward = self.supports_backward
+        out, grads = self._forward_backward(backend, inputs, offsets, case, case.dtype, backward)
+        assert out.dtype == case.dtype, f"output dtype {out.dtype} != input dtype {case.dtype}"
+        assert out.device.type == torch.device(self.device).type, f"output on {out.device}"
+        ref_out, ref_grads = self._forward_backward(
+            reference_attention, inputs, offsets, case, torch.float64, backward
+        )
+        tol = self.tolerances[case.dtype]
+        _close("output", out, ref_out, tol, case)
+        if backward:
+            for name, got, want in zip(("grad q", "grad k", "grad v"), grads, ref_grads):
+                _close(name, got, want, tol, case)
+
+    def _run_drawn(self, shape: str) -> None:
+        import pytest
+        from hypothesis import given
+        from hypothesis import strategies as st
+
+        if shape not in self.shapes:
+            pytest.skip(f"backend does not declare the {shape} shape")
+
+        @self._settings()
+        @given(data=st.data())
+        def run(data: st.DataObject) -> None:
+            self.check_case(self._draw_case(data, shape))
+
+        run()
+
+    # ----------------------------------------------------------------------------------------
+    # The tests.
+    # ----------------------------------------------------------------------------------------
+
+    def test_self_attention(self) -> None:
+        self._run_drawn("self")
+
+    def test_cross_attention(self) -> None:
+        self._run_drawn("cross")
+
+    def test_pma(self) -> None:
+        self._run_drawn("pma")
+
+    def test_every_mask_feature_at_once(self) -> None:
+        """A fixed case with everything on, across block boundaries, in every normalisation."""
+        import pytest
+
+        if "self" not in self.shapes:
+            pytest.skip("backend does not declare the self shape")
+        features = self.mask_features
+        block = self.block_size
+        lengths = (block + 5, 0, 1, 2 * block + 3)
+        lengths = tuple(min(n, self.max_tokens // len(lengths)) for n in lengths)
+        for normalization in self.normalizations:
+            params = AttentionParams(
+                causal="causal" in features,
+                window=block // 2 + 1 if "window" in features else None,
+                num_prefix=3 if "prefix" in features else 0,
+                normalization=normalization,
+            )
+            self.check_case(AttentionCase(
+                shape="self", q_lengths=lengths, kv_lengths=lengths, params=params,
+                num_targets=tuple(min(2, n) for n in lengths) if "targets" in features else None,
+                heads=self.max_heads, head_dim=self.head_dims[0], dtype=self.dtypes[0], seed=7,
+            ))
+
+    def test_empty_sequences_give_zeros(self) -> None:
+        """Samples without tokens (or without keys) are valid: zeros out, finite gradients."""
+        for shape in self.shapes:
+            q_lengths, kv_lengths = (0, 3, 0), (0, 3, 0)
+            if shape == "cross":
+                q_lengths, kv_lengths = (5, 3, 0), (0, 2, 0)
+            elif shape == "pma":
+                q_lengths, kv_lengths = (2, 0, 0), (0, 0, 5)
+            for normalization in self.normalizations:
+                self.check_case(AttentionCase(
+                    shape=shape, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                    params=AttentionParams(normalization=normalization), num_targets=None,
+                    heads=1, head_dim=self.head_dims[0], dtype=self.dtypes[0], seed=3,
+                ))
+        # A batch with no tokens at all.
+        self.check_case(AttentionCase(
+            shape="self", q_lengths=(0, 0), kv_lengths=(0, 0), params=AttentionParams(),
+            num_targets=None, heads=1, head_dim=self.head_dims[0], dtype=self.dtypes[0], seed=0,
+        ))
+
+    def test_rejects_mismatched_batches(self) -> None:
+        import pytest
+
+        backend = self.make_backend()
+        dtype = self.dtypes[0]
+        q = torch.randn(4, 1, self.head_dims[0], dtype=dtype, device=self.device)
+        with pytest.raises(ValueError):
+            backend(q, q, q, torch.tensor([0, 4], device=self.device),
+                    torch.tensor([0, 2, 4], device=self.device), params=AttentionParams())
+
+    def test_undeclared_capabilities_raise_naming_them(self) -> None:
+        """What a backend does not declare must fail loudly, never fall back silently."""
+        import pytest
+
+        backend = self.make_backend()
+        dtype = self.dtypes[0]
+        d = self.head_dims[0]
+        lengths = torch.tensor([0, 5, 9], device=self.device)
+        x = torch.randn(9, 1, d, dtype=dtype, device=self.device)
+        short = torch.tensor([0, 2, 3], device=self.device)
+        y = torch.randn(3, 1, d, dtype=dtype, device=self.device)
+        unsupported: list[tuple[str, tuple, dict]] = []
+        for feature, params, targets in (
+            ("causal", AttentionParams(causal=True), None),
+            ("window", AttentionParams(window=2), None),
+            ("prefix", AttentionParams(num_prefix=1), None),
+            ("targets", AttentionParams(), torch.tensor([1, 1], device=self.device)),
+        ):
+            if feature not in self.mask_features and "self" in self.shapes:
+                unsupported.append((feature, (x, x, x, lengths, lengths),
+                                    {"params": params, "num_targets": targets}))
+        for normalization in NORMALIZATIONS:
+            if normalization not in self.normalizations:
+                unsupported.append((normalization, (x, x, x, lengths, lengths),
+                                    {"params": AttentionParams(normalization=normalization)}))
+        if "cross" not in self.shapes:
+            unsupported.append(("cross", (x, y, y, lengths, short), {"params": AttentionParams()}))
+        if "pma" not in self.shapes:
+            unsupported.append(("pma", (y, x, x, short, lengths), {"params": AttentionParams()}))
+        if not unsupported:
+            pytest.skip("backend declares every capability the suite knows")
+        for name, args, kwargs in unsupported:
+            with pytest.raises((NotImplementedError, ValueError, TypeError)) as caught:
+                backend(*args, **kwargs)
+            assert name in str(caught.value), (
+                f"unsupported {name!r} raised {caught.value!r}, which does not name it"
+            )

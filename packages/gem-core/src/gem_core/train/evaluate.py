@@ -1,0 +1,39 @@
+"""Evaluation on the held-out split, shared across ranks, metrics from all predictions."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from gem_core.distributed import ParallelContext, all_gather_tensors
+from gem_core.metrics import task_report
+
+
+@torch.no_grad()
+def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batch_size: int,
+             precision) -> dict[str, Any]:
+    """NE, AUC and calibration per task over the whole eval split.
+
+    Rank ``r`` computes eval batches ``r, r + W, ...``; predictions are gathered so every sample
+    counts exactly once, whatever the number of ranks.
+    """
+    logits: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
+    labels: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
+    for index, batch in enumerate(source.eval_batches(batch_size=batch_size)):
+        if index % ctx.world_size != ctx.rank:
+            continue
+        batch = batch.to(ctx.device)
+        with precision.autocast(ctx.device.type):
+            out = engine(batch)
+        for task in tasks:
+            logits[task].append(out[task].float().cpu())
+            labels[task].append(batch.labels[task].cpu())
+    report: dict[str, Any] = {}
+    for task in tasks:
+        local_logits = torch.cat(logits[task]) if logits[task] else torch.zeros(0)
+        local_labels = torch.cat(labels[task]) if labels[task] else torch.zeros(0)
+        all_logits = torch.cat(all_gather_tensors(local_logits, ctx))
+        all_labels = torch.cat(all_gather_tensors(local_labels, ctx))
+        report[task] = task_report(all_logits, all_labels)
+    return report

@@ -1,0 +1,316 @@
+"""The training loop. Every backend is resolved once here and injected; nothing is global."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gem_core.batch import JaggedBatch
+from gem_core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gem_core.config import GemConfig, unstructure
+from gem_core.distributed import (
+    ParallelContext,
+    all_reduce_sum,
+    init_from_environment,
+    shutdown,
+)
+from gem_core.errors import GemConfigError
+from gem_core.flops import causal_window_pairs
+from gem_core.model import build_model
+from gem_core.parallelize import parallelize
+from gem_core.plugins import GemPlugins
+from gem_core.train.backends import RunBackends, resolve_backends
+from gem_core.train.evaluate import evaluate
+from gem_core.train.optim import learning_rate, make_adamw
+from gem_core.train.peak import measure_matmul_peak
+from gem_core.train.progress import Progress
+from gem_core.train.run_dir import RunDirectory
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS_EXCLUDED = 3  # first steps pay one-off costs; throughput figures leave them out
+
+
+@attrs.frozen(kw_only=True)
+class TrainResult:
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool = False,
+          progress: bool = True, until_step: int | None = None) -> TrainResult:
+    """Train ``config`` into ``run_dir`` (resuming from its latest checkpoint unless ``fresh``).
+
+    ``until_step`` stops (with a checkpoint) after that step, with the schedule of the whole run
+    unchanged, so that running again continues exactly where it stopped.
+    """
+    ctx = init_from_environment(config.train.device)
+    try:
+        trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh, progress=progress)
+        return trainer.run(until_step)
+    finally:
+        shutdown(ctx)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class _Trainer:
+    def __init__(self, config: GemConfig, plugins: GemPlugins, run_dir: Path,
+                 ctx: ParallelContext, *, fresh: bool, progress: bool) -> None:
+        self.config, self.ctx = config, ctx
+        self.tc = config.train
+        if self.tc.deterministic:
+            torch.use_deterministic_algorithms(True)
+        if ctx.is_main and fresh and run_dir.exists():
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        self.run_dir = RunDirectory(run_dir, enabled=ctx.is_main)
+        self.backends: RunBackends = resolve_backends(config, plugins, ctx)
+        self.show_progress = progress
+        seed_everything(self.tc.seed)
+        self.source = self.backends.data.impl(config.data, seed=self.tc.seed)
+        self.schema = self.source.schema
+        self.model = build_model(config.model, self.schema,
+                                 attention=self.backends.attention.impl,
+                                 embedding_backend=self.backends.embedding.impl)
+        self.engine = parallelize(
+            self.model, ctx=ctx, precision=self.backends.precision.impl,
+            embedding_sharding=self.backends.embedding_sharding.impl,
+            dense_sharding=self.backends.dense_sharding.impl,
+            make_optimizer=make_adamw(self.tc),
+        )
+        window = config.model.window or None
+        self.stream = self.source.train_stream(
+            batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
+            balancer=self.backends.balancer.impl,
+            cost_fn=lambda b: causal_window_pairs(b.seq_lengths(), window).tolist(),
+        )
+        self.step = 0
+        self.eval_history: list[dict[str, Any]] = []
+        self.step_times: list[float] = []
+        self.totals = {"samples": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
+                       "padded_flops": 0.0, "padded_attention_flops": 0.0}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        found = latest_checkpoint(self.run_dir.path)
+        if found is None:
+            return
+        step, path = found
+        state = load_checkpoint(path)
+        saved = state["config"]
+        current = unstructure(self.config)
+        for section in ("model", "data"):
+            if saved[section] != current[section]:
+                changed = sorted(k for k in current[section]
+                                 if saved[section].get(k) != current[section][k])
+                raise GemConfigError(
+                    f"{path} was trained with a different [{section}] ({', '.join(changed)}); "
+                    "use --fresh to start over or another --out"
+                )
+        if state["world_size"] != self.ctx.world_size:
+            raise GemConfigError(
+                f"{path} was written by {state['world_size']} ranks and this run has "
+                f"{self.ctx.world_size}; resharding on resume is not supported yet"
+            )
+        self.engine.load_state_dict(state["engine"])
+        self.stream.load_state_dict(state["data"][self.ctx.rank])
+        _set_rng_state(state["rng"][self.ctx.rank])
+        self.step = step
+        self.totals = state["totals"]
+        self.eval_history = state["eval_history"]
+        self.run_dir.truncate_metrics(after_step=step)
+        log.info("resumed from %s at step %d", path, step)
+
+    def _save(self) -> None:
+        data_states = _gather_objects(self.stream.state_dict(), self.ctx)
+        rng_states = _gather_objects(_rng_state(), self.ctx)
+        engine_state = self.engine.state_dict()
+        if self.ctx.is_main:
+            save_checkpoint(self.run_dir.path, self.step, {
+                "step": self.step, "engine": engine_state, "data": data_states,
+                "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
+                "config": unstructure(self.config), "world_size": self.ctx.world_size,
+            }, keep=self.tc.keep_checkpoints)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self, until_step: int | None = None) -> TrainResult:
+        self._resume()
+        stop = min(self.tc.steps, until_step) if until_step else self.tc.steps
+        self.run_dir.write_config(self.config)
+        peak = measure_matmul_peak(self.ctx.device)
+        start_step, started = self.step, time.perf_counter()
+        bar = Progress(total=self.tc.steps, initial=self.step,
+                       enabled=self.show_progress and self.ctx.is_main)
+        if self.ctx.is_main:
+            for kind, info in self.backends.describe().items():
+                log.info("%s: %s (%s)", kind, info["name"], info["reason"])
+        self.engine.train()
+        while self.step < stop:
+            record = self._train_step(next(self.stream), peak)
+            self.step += 1
+            if self.step % self.tc.log_every == 0 or self.step == self.tc.steps:
+                self.run_dir.append_metrics(record)
+            bar.update(record)
+            last = self.step == stop
+            if last or (self.tc.eval_every and self.step % self.tc.eval_every == 0):
+                self._evaluate()
+            if last or (self.tc.checkpoint_every and self.step % self.tc.checkpoint_every == 0):
+                self._save()
+        bar.close()
+        if not self.eval_history or self.eval_history[-1]["step"] != self.step:
+            self._evaluate()  # a resumed run that had nothing left to train
+            self._save()
+        summary = self._summary(peak, start_step, time.perf_counter() - started)
+        self.run_dir.write_summary(summary)
+        return TrainResult(run_dir=self.run_dir.path, summary=summary)
+
+    def _train_step(self, batch: JaggedBatch, peak: float) -> dict[str, Any]:
+        tc, ctx = self.tc, self.ctx
+        started = time.perf_counter()
+        batch = batch.to(ctx.device)
+        lr = learning_rate(tc, self.step)
+        self.engine.set_lr(lr)
+        with self.backends.precision.impl.autocast(ctx.device.type):
+            logits = self.engine(batch)
+        # Sum over the local samples, divided by the global batch and multiplied by the world
+        # size: averaging gradients across ranks then gives the gradient of the global mean.
+        task_sums = torch.stack([
+            F.binary_cross_entropy_with_logits(logits[t].float(), batch.labels[t],
+                                               reduction="sum")
+            for t in self.schema.tasks
+        ])
+        loss = task_sums.sum() * (ctx.world_size / tc.batch_size)
+        self.engine.backward(loss)
+        grad_norm = self.engine.clip_grad_norm(tc.grad_clip)
+        self.engine.step()
+        flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu())
+        local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
+                              batch.num_events, flops["total"], flops["attention"],
+                              flops["padded_total"], flops["padded_attention"]],
+                             dtype=torch.float64)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        step_time = time.perf_counter() - started
+        reduced = all_reduce_sum(local, ctx).tolist()
+        num_tasks = len(self.schema.tasks)
+        task_loss = [x / tc.batch_size for x in reduced[:num_tasks]]
+        samples, tokens, total, attention, padded, padded_attention = reduced[num_tasks:]
+        self.totals["samples"] += int(samples)
+        self.totals["tokens"] += int(tokens)
+        self.totals["flops"] += total
+        self.totals["attention_flops"] += attention
+        self.totals["padded_flops"] += padded
+        self.totals["padded_attention_flops"] += padded_attention
+        self.step_times.append(step_time)
+        record = {
+            "step": self.step + 1,
+            "loss": sum(task_loss),
+            **{f"loss_{t}": v for t, v in zip(self.schema.tasks, task_loss)},
+            "samples": self.totals["samples"],
+            "tokens": self.totals["tokens"],
+            "step_time_s": step_time,
+            "samples_per_s": samples / step_time,
+            "tokens_per_s": tokens / step_time,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "flops": total,
+            "mfu": total / (ctx.world_size * step_time * peak),
+        }
+        return record
+
+    def _evaluate(self) -> None:
+        was_training = self.engine.model.training
+        self.engine.train(False)
+        report = evaluate(self.engine, self.source, self.schema.tasks, self.ctx,
+                          batch_size=self.tc.eval_batch_size,
+                          precision=self.backends.precision.impl)
+        self.engine.train(was_training)
+        entry = {"step": self.step, **report}
+        self.eval_history.append(entry)
+        if self.ctx.is_main:
+            self.run_dir.append_eval(entry)
+            log.info("eval at step %d: %s", self.step, {
+                t: round(report[t]["ne"], 4) for t in self.schema.tasks})
+
+    def _summary(self, peak: float, start_step: int, wall_s: float) -> dict[str, Any]:
+        timed = self.step_times[WARMUP_STEPS_EXCLUDED:] or self.step_times
+        median_step = statistics.median(timed) if timed else float("nan")
+        steps = max(self.step, 1)
+        t = self.totals
+        flops_per_step = t["flops"] / steps
+        local_mfu = flops_per_step / (self.ctx.world_size * median_step * peak) if timed else None
+        scaling = 1.0 if self.ctx.world_size == 1 else None
+        final = self.eval_history[-1]
+        return {
+            "run": {"name": self.config.name, "steps": self.step, "resumed_from": start_step,
+                    "finished": self.step >= self.tc.steps,
+                    "world_size": self.ctx.world_size, "device": str(self.ctx.device),
+                    "wall_time_s": wall_s},
+            "eval": {task: final[task] for task in self.schema.tasks},
+            "eval_history": self.eval_history,
+            "throughput": {
+                "step_time_s_median": median_step,
+                "samples_per_s": self.tc.batch_size / median_step,
+                "tokens_per_s": (t["tokens"] / steps) / median_step,
+                "steps_timed": len(timed),
+            },
+            "flops": {"per_step": flops_per_step, "attention_per_step": t["attention_flops"] / steps,
+                      "padded_per_step": t["padded_flops"] / steps,
+                      "counting": "3 x forward multiply-adds x 2 over the real jagged lengths"},
+            "padding_saved": {
+                "total": 1 - t["flops"] / t["padded_flops"] if t["padded_flops"] else 0.0,
+                "attention": (1 - t["attention_flops"] / t["padded_attention_flops"]
+                              if t["padded_attention_flops"] else 0.0),
+            },
+            "mfu": {
+                "local": local_mfu, "peak_flops_per_device": peak,
+                "peak_source": f"measured dense matmul on {self.ctx.device.type}",
+                "scaling_ratio": scaling,
+                "scaling_ratio_source": ("single process" if scaling is not None else
+                                         "not measured in this run (gem bench scaling)"),
+                "e2e": local_mfu * scaling if (local_mfu is not None and scaling) else None,
+            },
+            "backends": self.backends.describe(),
+            "data": getattr(self.source, "report", lambda: {})(),
+            "config": unstructure(self.config),
+        }
+
+
+def _gather_objects(obj: Any, ctx: ParallelContext) -> list[Any]:
+    if not ctx.is_distributed:
+        return [obj]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+

@@ -1,0 +1,112 @@
+"""``manifest.json``: what a data set directory holds (schema, files per split, row counts, id spaces).
+
+The manifest is written last by :class:`gem_data.writer.DatasetWriter`, so a directory without one
+is an incomplete data set. Paths inside it are relative to the directory, so data sets can move.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from gem_core.errors import GemDataError
+from gem_core.schema import FeatureSchema
+
+from gem_data.format import id_spaces, schema_from_dict, schema_to_dict
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@attrs.frozen(kw_only=True)
+class FileEntry:
+    """One Parquet file of a split."""
+
+    path: str
+    """Location relative to the data set directory."""
+
+    rows: int
+    """Rows (impressions) in the file."""
+
+    row_groups: tuple[int, ...] = attrs.field(converter=tuple)
+    """Rows of each row group, in file order; they sum to ``rows``."""
+
+    tokens: int = 0
+    """History events in the file (before truncation to ``max_seq_len``)."""
+
+
+@attrs.frozen(kw_only=True)
+class Manifest:
+    """A data set: its schema and, per split (``train``, ``eval``), its files."""
+
+    schema: FeatureSchema
+    """The features every file holds."""
+
+    splits: dict[str, tuple[FileEntry, ...]]
+    """Files of each split. ``eval`` may be absent: the source then holds out trailing row groups."""
+
+    info: dict[str, Any] = attrs.field(factory=dict)
+    """Provenance: which generator or adapter wrote it, with its options and seed."""
+
+    def rows(self, split: str) -> int:
+        return sum(f.rows for f in self.splits.get(split, ()))
+
+    def tokens(self, split: str) -> int:
+        return sum(f.tokens for f in self.splits.get(split, ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "schema": schema_to_dict(self.schema),
+            "id_spaces": id_spaces(self.schema),
+            "splits": {
+                name: {"rows": self.rows(name), "tokens": self.tokens(name),
+                       "files": [attrs.asdict(f) for f in files]}
+                for name, files in self.splits.items()
+            },
+            "info": self.info,
+        }
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    path = Path(directory) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n")
+    tmp.replace(path)  # atomic: a reader never sees half a manifest
+    return path
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    """The manifest of a data set directory; GemDataError naming the problem if it is unusable."""
+    path = Path(directory) / MANIFEST_NAME
+    if not Path(directory).is_dir():
+        raise GemDataError(f"data set directory {directory} does not exist")
+    if not path.is_file():
+        raise GemDataError(f"{path} is missing: {directory} is not a GEM data set "
+                           "(make one with `gem data synth` or `gem data fetch`)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise GemDataError(f"{path} is not valid JSON: {error}") from None
+    if data.get("format_version") != FORMAT_VERSION:
+        raise GemDataError(f"{path}: format_version {data.get('format_version')!r} is not "
+                           f"{FORMAT_VERSION}")
+    try:
+        schema = schema_from_dict(data["schema"])
+        splits = {
+            name: tuple(FileEntry(**entry) for entry in split["files"])
+            for name, split in data["splits"].items()
+        }
+    except (KeyError, TypeError, ValueError) as error:
+        raise GemDataError(f"{path}: malformed manifest ({type(error).__name__}: {error})") from None
+    for name, files in splits.items():
+        for entry in files:
+            if sum(entry.row_groups) != entry.rows:
+                raise GemDataError(f"{path}: split {name!r} file {entry.path}: row groups sum to "
+                                   f"{sum(entry.row_groups)} but rows is {entry.rows}")
+    if not splits.get("train"):
+        raise GemDataError(f"{path}: the data set has no training files")
+    return Manifest(schema=schema, splits=splits, info=data.get("info", {}))

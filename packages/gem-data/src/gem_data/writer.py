@@ -1,0 +1,107 @@
+"""Writing a data set directory: Parquet files per split in row groups, then the manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gem_core.batch import JaggedBatch
+from gem_core.errors import GemDataError
+from gem_core.schema import FeatureSchema
+
+from gem_data import format as fmt
+from gem_data.arrow_io import batch_to_table
+from gem_data.manifest import FileEntry, Manifest, write_manifest
+
+SPLITS = ("train", "eval")
+
+
+class DatasetWriter:
+    """Appends batches to one Parquet file per split; ``close()`` writes the manifest.
+
+    Each ``write`` becomes whole row groups of at most ``row_group_rows`` rows, so the loader's
+    unit of reading, sharding and resuming is known from the manifest without opening a file.
+    """
+
+    def __init__(self, directory: str | Path, schema: FeatureSchema, *, row_group_rows: int = 16384,
+                 info: dict[str, Any] | None = None) -> None:
+        self.directory = Path(directory)
+        self.schema = schema
+        self.row_group_rows = row_group_rows
+        self.info = dict(info or {})
+        self.arrow_schema = fmt.arrow_schema(schema)
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._entries: dict[str, dict[str, Any]] = {}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stale = self.directory / "manifest.json"
+        if stale.exists():
+            stale.unlink()  # the directory is being rewritten: it is not a data set until close()
+
+    def write(self, split: str, data: JaggedBatch | Any) -> None:
+        """Append a JaggedBatch or a table with the data set's arrow schema to ``split``."""
+        if split not in SPLITS:
+            raise GemDataError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
+        table = batch_to_table(data, self.schema) if isinstance(data, JaggedBatch) else data
+        if not table.schema.equals(self.arrow_schema):
+            raise GemDataError(f"table written to {split!r} does not have the data set's schema:\n"
+                               f"{table.schema}\nexpected\n{self.arrow_schema}")
+        if table.num_rows == 0:
+            return
+        if split not in self._writers:
+            name = f"{split}-00000.parquet"
+            self._writers[split] = pq.ParquetWriter(
+                self.directory / name, self.arrow_schema, compression="lz4", use_dictionary=False,
+                column_encoding=_encodings(self.arrow_schema))
+            self._entries[split] = {"path": name, "rows": 0, "row_groups": [], "tokens": 0}
+        self._writers[split].write_table(table, row_group_size=self.row_group_rows)
+        entry = self._entries[split]
+        full, rest = divmod(table.num_rows, self.row_group_rows)
+        entry["row_groups"] += [self.row_group_rows] * full + ([rest] if rest else [])
+        entry["rows"] += table.num_rows
+        lengths = pc.list_value_length(table.column(fmt.HISTORY_ITEM))
+        entry["tokens"] += int(pc.sum(lengths).as_py() or 0)
+
+    def close(self) -> Manifest:
+        for writer in self._writers.values():
+            writer.close()
+        manifest = Manifest(
+            schema=self.schema,
+            splits={s: (FileEntry(**e),) for s, e in self._entries.items()},
+            info=self.info,
+        )
+        if not manifest.splits.get("train"):
+            raise GemDataError(f"no training rows were written to {self.directory}")
+        self._check_row_groups(manifest)
+        write_manifest(self.directory, manifest)
+        return manifest
+
+    def _check_row_groups(self, manifest: Manifest) -> None:
+        # The manifest's row-group sizes are what the loader shards and resumes by: make sure the
+        # writer really produced them rather than trusting our arithmetic.
+        for files in manifest.splits.values():
+            for entry in files:
+                meta = pq.ParquetFile(self.directory / entry.path).metadata
+                actual = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+                if actual != entry.row_groups:
+                    raise GemDataError(f"{entry.path}: wrote row groups {actual[:8]}..., expected "
+                                       f"{entry.row_groups[:8]}...")
+
+
+
+def _encodings(schema: Any) -> dict[str, str]:
+    """Per leaf column, the encoding that decodes fastest (measured on 2-core CPUs, 22 M events:
+    three history columns read at 13 M events/s with dictionaries, 20-26 M with these): delta
+    bit-packing for integers (ids and rising timestamps pack well), plain for floats."""
+    encodings = {}
+    for field in schema:
+        leaf = field.type
+        path = field.name
+        while pa.types.is_list(leaf) or pa.types.is_fixed_size_list(leaf):
+            leaf = leaf.value_type
+            path += ".list.element"
+        encodings[path] = "DELTA_BINARY_PACKED" if pa.types.is_integer(leaf) else "PLAIN"
+    return encodings

@@ -1,0 +1,50 @@
+"""The ``triton`` attention backend object: checks the call and launches the custom op."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gem_core.attention.api import AttentionParams
+from gem_kernels.attention.common import MAX_WINDOW, checked_inputs, max_length
+from gem_kernels.attention.triton_op import check_device, jagged_attention_fwd
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class TritonAttention:
+    """Jagged attention on Triton kernels: every shape, mask and normalisation, with backward.
+
+    ``block_m``/``block_n`` are the query/key tile sizes (powers of two, at least 16).
+    """
+
+    name = "triton"
+
+    def __init__(self, block_m: int = 64, block_n: int = 64) -> None:
+        for label, size in (("block_m", block_m), ("block_n", block_n)):
+            if size < 16 or size & (size - 1):
+                raise ValueError(f"{label} must be a power of two >= 16, got {size}")
+        self.block_m = block_m
+        self.block_n = block_n
+
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
+        params: AttentionParams, num_targets: Tensor | None = None,
+        max_q_len: int | None = None, max_kv_len: int | None = None,
+    ) -> Tensor:
+        is_self = checked_inputs("triton", DTYPES, q, k, v, q_offsets, kv_offsets, params,
+                                 num_targets)
+        check_device(q)
+        if num_targets is None:
+            num_targets = torch.zeros(q_offsets.numel() - 1, dtype=torch.int64, device=q.device)
+        window = -1 if params.window is None else min(params.window, MAX_WINDOW)
+        out, _ = jagged_attention_fwd(
+            q.contiguous(), k.contiguous(), v.contiguous(),
+            q_offsets.to(torch.int64).contiguous(), kv_offsets.to(torch.int64).contiguous(),
+            num_targets.to(torch.int64).contiguous(),
+            is_self, params.causal, window, params.num_prefix,
+            params.normalization == "silu", params.resolved_scale(q.shape[-1]),
+            max_length(q_offsets, max_q_len), max_length(kv_offsets, max_kv_len),
+            self.block_m, self.block_n,
+        )
+        return out

@@ -1,0 +1,157 @@
+"""The Triton kernels as ``torch.library`` custom ops with autograd, so they compose with autograd
+and ``torch.compile`` (the compiler sees one opaque op with a fake implementation for shapes).
+
+``gem_kernels::jagged_attention_fwd`` returns ``(out, lse)``; ``lse`` (fp32, per query and head)
+is what the softmax backward needs and is not differentiable. ``gem_kernels::jagged_attention_bwd``
+returns ``(dq, dk, dv)``. Registering the ops happens when this module is imported, which only the
+lazy ``load`` of the ``triton`` backend does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gem_kernels.attention import triton_kernels as kernels
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+NUM_WARPS = 4
+
+
+def kernels_are_interpreted() -> bool:
+    """True when triton was imported with TRITON_INTERPRET=1 (kernels run as numpy on the CPU)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernels.jagged_attention_fwd_kernel, InterpretedFunction)
+
+
+def check_device(t: Tensor) -> None:
+    """Raise unless the kernels can run on ``t``'s device; never fall back to another backend."""
+    if t.device.type == "cuda" and not kernels_are_interpreted():
+        return
+    if t.device.type == "cpu" and kernels_are_interpreted():
+        return
+    if t.device.type == "cpu":
+        raise RuntimeError(
+            "the triton attention backend got CPU tensors but triton kernels run on CPU only "
+            "under the interpreter: set TRITON_INTERPRET=1 before anything imports triton (slow, "
+            "for tests), or choose the 'reference' or 'fbgemm' attention backend on CPU"
+        )
+    raise RuntimeError(
+        f"the triton attention backend cannot run on {t.device}: it needs CUDA tensors (or CPU "
+        "tensors with TRITON_INTERPRET=1)"
+    )
+
+
+def _dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
+    # The interpreter computes bf16/fp16 on raw bits, so every dot runs in fp32 there. On a GPU,
+    # 16-bit operands go to the tensor cores as they are; fp32 stays exact ("ieee", not tf32).
+    if kernels_are_interpreted() or dtype == torch.float32:
+        return tl.float32, "ieee"
+    return _TL_DTYPES[dtype], "ieee"
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _constexprs(q: Tensor, is_self: bool, causal: bool, window: int, silu: bool,
+                block_m: int, block_n: int) -> dict:
+    dot_dtype, precision = _dot_config(q.dtype)
+    return dict(
+        IS_SELF=is_self, CAUSAL=causal, HAS_WINDOW=window >= 0, SILU=silu,
+        DOT_DTYPE=dot_dtype, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=_block_d(q.shape[-1]), num_warps=NUM_WARPS,
+    )
+
+
+@torch.library.custom_op("gem_kernels::jagged_attention_fwd", mutates_args=())
+def jagged_attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor,
+    is_self: bool, causal: bool, window: int, num_prefix: int, silu: bool, scale: float,
+    max_q_len: int, max_kv_len: int, block_m: int, block_n: int,
+) -> tuple[Tensor, Tensor]:
+    """Jagged attention forward. ``window < 0`` means no window. Inputs must be contiguous."""
+    check_device(q)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    batch, heads = q_offsets.numel() - 1, q.shape[1]
+    grid = (triton.cdiv(max_q_len, block_m), batch, heads)
+    if q.shape[0] == 0 or grid[0] == 0 or batch == 0:
+        out.zero_()
+        return out, lse.zero_()
+    kernels.jagged_attention_fwd_kernel[grid](
+        q, k, v, out, lse, q_offsets, kv_offsets, num_targets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        scale, num_prefix, max(window, 0), q.shape[-1],
+        **_constexprs(q, is_self, causal, window, silu, block_m, block_n),
+    )
+    return out, lse
+
+
+@jagged_attention_fwd.register_fake
+def _(q, k, v, q_offsets, kv_offsets, num_targets, is_self, causal, window, num_prefix, silu,
+      scale, max_q_len, max_kv_len, block_m, block_n):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("gem_kernels::jagged_attention_bwd", mutates_args=())
+def jagged_attention_bwd(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor,
+    is_self: bool, causal: bool, window: int, num_prefix: int, silu: bool, scale: float,
+    max_q_len: int, max_kv_len: int, block_m: int, block_n: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of q, k, v: one kernel per key block for dK/dV, one per query block for dQ (no
+    atomics, so the result is deterministic)."""
+    check_device(q)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    batch, heads = q_offsets.numel() - 1, q.shape[1]
+    if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
+        return dq, dk, dv
+    # delta = rowsum(dO * O) of the softmax backward, in fp32; unused (but cheap) for SiLU.
+    delta = (grad_out.float() * out.float()).sum(-1).contiguous()
+    meta = _constexprs(q, is_self, causal, window, silu, block_m, block_n)
+    common = (scale, num_prefix, max(window, 0), q.shape[-1])
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               grad_out.stride(0), grad_out.stride(1), lse.stride(0), lse.stride(1))
+    kernels.jagged_attention_bwd_dkdv_kernel[(triton.cdiv(max_kv_len, block_n), batch, heads)](
+        q, k, v, grad_out, lse, delta, dk, dv, q_offsets, kv_offsets, num_targets,
+        *strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *common, **meta,
+    )
+    kernels.jagged_attention_bwd_dq_kernel[(triton.cdiv(max_q_len, block_m), batch, heads)](
+        q, k, v, grad_out, lse, delta, dq, q_offsets, kv_offsets, num_targets,
+        *strides, dq.stride(0), dq.stride(1), *common, **meta,
+    )
+    return dq, dk, dv
+
+
+@jagged_attention_bwd.register_fake
+def _(grad_out, q, k, v, out, lse, q_offsets, kv_offsets, num_targets, is_self, causal, window,
+      num_prefix, silu, scale, max_q_len, max_kv_len, block_m, block_n):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, q_offsets, kv_offsets, num_targets, *options = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, num_targets)
+    ctx.options = options
+
+
+def _backward(ctx, grad_out: Tensor, grad_lse: Tensor | None):
+    q, k, v, out, lse, q_offsets, kv_offsets, num_targets = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gem_kernels.jagged_attention_bwd(
+        grad_out.contiguous(), q, k, v, out, lse, q_offsets, kv_offsets, num_targets,
+        *ctx.options,
+    )
+    return (dq, dk, dv) + (None,) * (3 + len(ctx.options))
+
+
+torch.library.register_autograd(
+    "gem_kernels::jagged_attention_fwd", _backward, setup_context=_setup_context
+)

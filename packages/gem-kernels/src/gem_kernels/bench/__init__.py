@@ -1,0 +1,1 @@
+"""Benchmarks of gem-kernels, exposed as ``gem bench ...`` commands through the plugin."""

@@ -1,0 +1,69 @@
+"""gem-kernels's plugin module, named by its `gem` entry point. Registration only: no heavy imports.
+
+Every ``load`` imports its module when a run (or ``gem bench``) selects it, so ``gem --help`` and
+``gem plugins`` never import triton or fbgemm_gpu.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from gem_core import hookimpl
+from gem_core.registry import AutoContext, ImplementationSpec
+
+
+def _load_triton():
+    from gem_kernels.attention.triton_backend import TritonAttention
+
+    return TritonAttention()
+
+
+def _load_fbgemm():
+    from gem_kernels.attention.fbgemm_backend import FbgemmAttention
+
+    return FbgemmAttention()
+
+
+def _load_bench_attention():
+    from gem_kernels.bench.cli import bench_attention
+
+    return bench_attention
+
+
+@hookimpl
+def gem_register_attention_backends(register) -> None:
+    register(ImplementationSpec(
+        name="triton",
+        load=_load_triton,
+        requires=("triton",),
+        # CPU tensors work only under TRITON_INTERPRET=1 (tests); a run on CPU must pick another.
+        devices=("cuda",),
+        dtypes=("float32", "bfloat16", "float16"),
+        supports_backward=True,
+        description="Triton jagged attention kernels (fwd+bwd, block-skipping windows/causality)",
+    ))
+    register(ImplementationSpec(
+        name="fbgemm",
+        load=_load_fbgemm,
+        requires=("fbgemm_gpu",),
+        devices=("cpu", "cuda"),
+        dtypes=("float32", "bfloat16", "float16"),
+        supports_backward=True,
+        description="FBGEMM compiled jagged operators (jagged_dense_bmm, jagged_to_padded_dense)",
+    ))
+
+
+@hookimpl
+def gem_register_cli_commands(register) -> None:
+    register(ImplementationSpec(
+        name="bench.attention",
+        load=_load_bench_attention,
+        description="time jagged attention backends against padded SDPA at Zipf lengths",
+    ))
+
+
+@hookimpl
+def gem_default_attention(context: AutoContext):
+    if context.device == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton", "CUDA device and triton is installed"
+    return None

@@ -1,0 +1,21 @@
+"""``ddp``: torch DistributedDataParallel over the process group torchrun started."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gem_core.distributed import ParallelContext
+from gem_core.engine import Engine
+
+
+class DistributedDataParallelStrategy:
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable) -> Engine:
+        if not ctx.is_distributed:
+            # One rank: DDP would only add a no-op all-reduce; keep the exact single-process math.
+            return Engine(model, make_optimizer(model))
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+        return Engine(wrapped, make_optimizer(wrapped), unwrapped=model)

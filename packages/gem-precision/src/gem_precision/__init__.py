@@ -1,0 +1,8 @@
+"""gem-precision: see README.md."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("gem-precision")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"
