@@ -1,14 +1,14 @@
-"""``gem bench attention --json`` on tiny sizes: one JSON object whose fields name what it measured."""
+"""``gem bench attention --json`` on tiny sizes: one JSON object naming what it measured."""
 
 import json
 
 from click.testing import CliRunner
 
+from gem_core.attention.api import AttentionParams
+from gem_core.attention.masks import count_visible_keys
 from gem_kernels.bench.cli import bench_attention
 from gem_kernels.bench.flops import causal_window_pairs
 from gem_kernels.bench.lengths import sample_lengths
-from gem_core.attention.api import AttentionParams
-from gem_core.attention.masks import count_visible_keys
 
 
 def test_json_output_on_tiny_sizes():

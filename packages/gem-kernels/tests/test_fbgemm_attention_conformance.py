@@ -1,4 +1,4 @@
-"""The fbgemm backend (FBGEMM's compiled jagged operators, CPU build) passes the conformance suite."""
+"""The fbgemm backend (FBGEMM's compiled jagged operators, CPU build) passes the suite."""
 
 import pytest
 import torch

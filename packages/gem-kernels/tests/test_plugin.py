@@ -15,7 +15,7 @@ def _collect(hook):
 
 def test_attention_backends_are_registered():
     specs = _collect(plugin.gem_register_attention_backends)
-    assert set(specs) == {"triton", "fbgemm"}
+    assert set(specs) == {"triton", "fbgemm", "torch-sdpa"}
     assert specs["triton"].requires == ("triton",)
     assert specs["triton"].devices == ("cuda",)
     assert specs["fbgemm"].requires == ("fbgemm_gpu",)

@@ -15,7 +15,7 @@ class TestTritonConformance(AttentionConformance):
     block_size = BLOCK
     max_tokens = 140
     max_batch = 3
-    max_examples = 10
+    max_examples = 20
 
     def make_backend(self):
         return TritonAttention(block_m=BLOCK, block_n=BLOCK)

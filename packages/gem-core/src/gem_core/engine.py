@@ -28,6 +28,11 @@ class Engine:
     def __call__(self, batch: Any) -> Any:
         return self.model(batch)
 
+    def predict(self, batch: Any) -> Any:
+        """Forward for evaluation (no gradients). Ranks may see different numbers of eval
+        batches, so this must not run collectives; wrappers that do override it."""
+        return self.model(batch)
+
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)
 

@@ -20,28 +20,51 @@ from gem_core.schema import FeatureSchema
 from gem_data import format as fmt
 
 
+def single_array(column: Any) -> Any:
+    """One arrow Array of a column; ``combine_chunks`` copies even a single chunk, this does not."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()
+
+
+def numpy_view(array: Any) -> np.ndarray:
+    """A numpy view of a primitive arrow array's data buffer, without a copy.
+
+    Parquet readers attach a validity bitmap to list elements even when nothing is null, and
+    ``to_numpy`` then copies (about 1.3 ms per million values here, a third of the loader's
+    time); reading the data buffer directly avoids that. Arrays that do hold nulls are rejected
+    by validation first; for them this falls back to arrow's (copying) conversion.
+    """
+    if array.null_count or not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array),
+                         offset=array.offset * dtype.itemsize)
+
+
 def list_parts(column: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(values, offsets)`` of a list column (ChunkedArray or ListArray), offsets from 0, int64.
 
     A sliced array's offsets do not start at 0 and its ``values`` is the unsliced child, so the
-    values are cut to the slice; a one-chunk column costs no copy.
+    values are cut to the slice; a one-chunk column costs no copy of the values.
     """
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = single_array(column)
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
-        values = array.flatten().to_numpy(zero_copy_only=False)
+        values = numpy_view(array.flatten())
         return values, np.arange(len(array) + 1, dtype=np.int64) * width
-    offsets = array.offsets.to_numpy()
+    offsets = numpy_view(array.offsets)
     start, end = int(offsets[0]), int(offsets[-1])
-    values = array.values.slice(start, end - start).to_numpy(zero_copy_only=False)
+    values = numpy_view(array.values.slice(start, end - start))
     if start:
         offsets = offsets - start
     return values, offsets.astype(np.int64, copy=False)
 
 
 def scalar_parts(column: Any) -> np.ndarray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.to_numpy(zero_copy_only=False)
+    return numpy_view(single_array(column))
 
 
 def truncate_recent(offsets: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -58,7 +81,7 @@ def truncate_recent(offsets: np.ndarray, max_len: int) -> tuple[np.ndarray, np.n
     return new_offsets, np.arange(int(new_offsets[-1]), dtype=np.int64) + shift
 
 
-def _tensor(array: np.ndarray) -> torch.Tensor:
+def tensor_view(array: np.ndarray) -> torch.Tensor:
     # Arrow buffers are immutable, so numpy marks them read-only and torch warns on wrapping
     # them. Batches are inputs that nothing writes in place; sharing the buffer saves a copy.
     with warnings.catch_warnings():
@@ -69,7 +92,7 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 def table_to_batch(table: Any, schema: FeatureSchema, max_seq_len: int | None = None) -> JaggedBatch:
     """A JaggedBatch of every row of ``table`` (already validated), histories cut to the most
     recent ``max_seq_len`` events."""
-    t = _tensor
+    t = tensor_view
     items, offsets = list_parts(table.column(fmt.HISTORY_ITEM))
     actions, _ = list_parts(table.column(fmt.HISTORY_ACTION))
     stamps, _ = list_parts(table.column(fmt.HISTORY_TIMESTAMP))

@@ -84,6 +84,10 @@ class DatasetReader:
         self.columns = fmt.arrow_schema(self.schema).names
         self._handles: dict[str, Any] = {}
 
+    def opened(self, file: str) -> bool:
+        """Whether ``file`` passed the file-level checks (it has been opened)."""
+        return file in self._handles
+
     def handle(self, file: str) -> Any:
         if file not in self._handles:
             self._handles[file] = open_parquet(self.directory / file, self.schema)

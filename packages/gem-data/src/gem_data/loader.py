@@ -55,7 +55,7 @@ class ParquetStream:
     """An iterator of JaggedBatch over one split, with ``state_dict``/``load_state_dict``."""
 
     def __init__(self, reader: DatasetReader, units: list[Unit], *, batch_size: int,
-                 seed: int, token_budget: int = 0, shuffle: bool = True, shuffle_window: int = 4,
+                 seed: int, token_budget: int = 0, shuffle: bool = True, shuffle_window: int = 1,
                  prefetch: int = 2, shard: tuple[int, int] | None = None,
                  epochs: int | None = None,
                  post: Callable[[JaggedBatch], JaggedBatch] | None = None) -> None:
@@ -98,7 +98,7 @@ class ParquetStream:
                                         (window + 1) * self.shuffle_window]
         table = pa.concat_tables([self.reader.read(u) for u in units])
         # Decode once per window (in this background thread); batches then gather rows with
-        # torch indexing, which is several times faster than arrow's take on list columns.
+        # numpy take, several times faster than arrow's take on list columns.
         batch = table_to_batch(table, self.reader.schema, self.reader.max_seq_len)
         order = None
         if self.shuffle:
@@ -117,6 +117,8 @@ class ParquetStream:
         upcoming = self._pending[-1][0]
         while len(self._pending) < self.prefetch + 1:
             upcoming = self._next_key(upcoming)
+            if self.epochs is not None and upcoming[0] >= self.epochs:
+                break  # a finite stream (eval, benchmarks) reads nothing past its end
             self._pending.append((upcoming, self._executor.submit(self._read_window, *upcoming)))
         window = self._pending.popleft()[1].result()
         self._window = (key, window)

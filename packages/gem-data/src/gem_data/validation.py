@@ -29,7 +29,7 @@ from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
 
 from gem_data import format as fmt
-from gem_data.arrow_io import list_parts
+from gem_data.arrow_io import list_parts, scalar_parts, single_array
 
 CHECKS = ("structure", "ids", "dense", "labels")
 
@@ -139,11 +139,22 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
         if column.null_count:
             nulls = np.asarray(column.is_null(), dtype=bool)
             reject("structure", nulls, lambda row, name=name: f"feature {name!r} value null")
+        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+            flat = single_array(column).flatten()  # the values of the rows, in row order
+            if flat.null_count:
+                _, offsets = list_parts(column)
+                rows = _rows_of(np.asarray(flat.is_null(), dtype=bool), offsets, n)
+                reject("structure", rows,
+                       lambda row, name=name: f"feature {name!r} has a null value in its list")
 
-    item_lengths = np.diff(list_parts(table.column(fmt.HISTORY_ITEM))[1])
+    item_offsets = list_parts(table.column(fmt.HISTORY_ITEM))[1]
+    item_lengths = np.diff(item_offsets)
     for name in fmt.HISTORY_ID_COLUMNS[1:] + ((fmt.HISTORY_DENSE,) if schema.seq_dense_dim else ()):
         width = schema.seq_dense_dim if name == fmt.HISTORY_DENSE else 1
-        lengths = np.diff(list_parts(table.column(name))[1])
+        offsets = list_parts(table.column(name))[1]
+        if width == 1 and np.array_equal(offsets, item_offsets):
+            continue  # one pass over the offsets, no temporaries, in the common case
+        lengths = np.diff(offsets)
         bad = lengths != item_lengths * width
         if bad.any():
             reject("structure", bad, lambda row, name=name, lengths=lengths, width=width: (
@@ -155,9 +166,10 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
         column = columns[name]
         is_list = pa.types.is_list(column.type)
         values, offsets = list_parts(column) if is_list else (_scalars(column), None)
-        bad_values = (values < 0) | (values >= size)
-        if not bad_values.any():
+        # Fast path: two reductions and no temporaries when every id is in range (the norm).
+        if values.size == 0 or (values.min() >= 0 and values.max() < size):
             continue
+        bad_values = (values < 0) | (values >= size)
         rows = _rows_of(bad_values, offsets, n)
         first = int(np.flatnonzero(bad_values)[0])
         if policy.ids == "clamp":
@@ -207,8 +219,7 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
 
 
 def _scalars(column: Any) -> np.ndarray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.to_numpy(zero_copy_only=False)
+    return scalar_parts(column)
 
 
 def _rows_of(bad_values: np.ndarray, offsets: np.ndarray | None, n: int) -> np.ndarray:
@@ -221,3 +232,36 @@ def _rows_of(bad_values: np.ndarray, offsets: np.ndarray | None, n: int) -> np.n
     out = np.zeros(n, dtype=bool)
     out[rows] = True
     return out
+
+
+def check_batch(batch: Any, schema: FeatureSchema, where: str = "batch") -> None:
+    """Strict checks of an in-memory JaggedBatch (one built by hand or from another library):
+    every offsets vector starts at 0, never goes backwards and ends at its values' length, the
+    per-event and per-sample fields have matching sizes; then gem-core's id, label and dense
+    checks. Raises GemDataError naming the feature, row and value."""
+    import torch
+
+    from gem_core.jagged import check_offsets
+
+    jagged = {"history": (batch.seq_offsets, batch.seq_item_ids.numel())}
+    jagged.update({f"sparse.{k}": (v.offsets, v.values.numel()) for k, v in batch.sparse.items()})
+    for name, (offsets, total) in jagged.items():
+        try:
+            check_offsets(offsets, total, f"{where}: feature {name!r}")
+        except ValueError as error:
+            raise GemDataError(str(error)) from None
+        if offsets.numel() - 1 != batch.batch_size:
+            raise GemDataError(f"{where}: feature {name!r} has {offsets.numel() - 1} rows, "
+                               f"the batch has {batch.batch_size}")
+    events = batch.seq_item_ids.numel()
+    for name in ("seq_action_ids", "seq_timestamps"):
+        if getattr(batch, name).numel() != events:
+            raise GemDataError(f"{where}: feature {name!r} has {getattr(batch, name).numel()} "
+                               f"values but the history has {events} events")
+    per_sample = {"request_timestamps": batch.request_timestamps,
+                  "candidate_item_ids": batch.candidate_item_ids, **batch.candidate_sparse}
+    for name, tensor in per_sample.items():
+        if tensor.shape != torch.Size([batch.batch_size]):
+            raise GemDataError(f"{where}: feature {name!r} has shape {tuple(tensor.shape)}, "
+                               f"expected ({batch.batch_size},)")
+    batch.validate(schema, where)

@@ -24,6 +24,12 @@ def _load_fbgemm():
     return FbgemmAttention()
 
 
+def _load_torch_sdpa():
+    from gem_kernels.attention.sdpa_backend import TorchSdpaAttention
+
+    return TorchSdpaAttention()
+
+
 def _load_bench_attention():
     from gem_kernels.bench.cli import bench_attention
 
@@ -50,6 +56,14 @@ def gem_register_attention_backends(register) -> None:
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
         description="FBGEMM compiled jagged operators (jagged_dense_bmm, jagged_to_padded_dense)",
+    ))
+    register(ImplementationSpec(
+        name="torch-sdpa",
+        load=_load_torch_sdpa,
+        devices=("cpu", "cuda"),
+        dtypes=("float32", "bfloat16", "float16"),
+        supports_backward=True,
+        description="PyTorch fused SDPA per sample, unpadded (softmax only; fast path on CPU)",
     ))
 
 

@@ -17,5 +17,13 @@ class DistributedDataParallelStrategy:
             # One rank: DDP would only add a no-op all-reduce; keep the exact single-process math.
             return Engine(model, make_optimizer(model))
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
-        return Engine(wrapped, make_optimizer(wrapped), unwrapped=model)
+        # The model's buffers are constants (no running statistics): broadcasting them at every
+        # forward would only add a collective.
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        return _DdpEngine(wrapped, make_optimizer(wrapped), unwrapped=model)
+
+
+class _DdpEngine(Engine):
+    def predict(self, batch):
+        # Evaluation shards batches unevenly across ranks; the replica alone runs no collective.
+        return self.unwrapped(batch)

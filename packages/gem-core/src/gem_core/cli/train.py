@@ -64,8 +64,7 @@ def train(preset, config_file, overrides, attention, sharding, embedding_shardin
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         _launch(nproc_per_node, max_restarts, run_dir, preset, config_file, all_overrides, fresh,
                 until_step)
-        _print_result(run_dir)
-        return
+        return  # rank 0 of the launched group printed the result
 
     from gem_core.cli.main import CATALOG
     from gem_core.train import train as run_training

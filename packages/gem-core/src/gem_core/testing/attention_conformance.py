@@ -136,7 +136,7 @@ class AttentionConformance:
     tolerances: ClassVar[dict[torch.dtype, Tolerance]] = DEFAULT_TOLERANCES
 
     def make_backend(self) -> Any:
-        """Return the backend callable under test (see :class:`gem_core.attention.AttentionBackend`)."""
+        """Return the backend under test (see :class:`gem_core.attention.AttentionBackend`)."""
         raise NotImplementedError("subclasses of AttentionConformance must override make_backend")
 
     # ----------------------------------------------------------------------------------------

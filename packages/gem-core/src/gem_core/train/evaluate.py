@@ -25,7 +25,7 @@ def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batc
             continue
         batch = batch.to(ctx.device)
         with precision.autocast(ctx.device.type):
-            out = engine(batch)
+            out = engine.predict(batch)
         for task in tasks:
             logits[task].append(out[task].float().cpu())
             labels[task].append(batch.labels[task].cpu())

@@ -15,17 +15,22 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class TritonAttention:
     """Jagged attention on Triton kernels: every shape, mask and normalisation, with backward.
 
-    ``block_m``/``block_n`` are the query/key tile sizes (powers of two, at least 16).
+    ``block_m``/``block_n`` are the query/key tile sizes (powers of two, at least 16); None picks
+    64, or 32 for fp32 inputs with head_dim > 64, whose fp32 tiles would not fit in shared memory.
     """
 
     name = "triton"
 
-    def __init__(self, block_m: int = 64, block_n: int = 64) -> None:
+    def __init__(self, block_m: int | None = None, block_n: int | None = None) -> None:
         for label, size in (("block_m", block_m), ("block_n", block_n)):
-            if size < 16 or size & (size - 1):
+            if size is not None and (size < 16 or size & (size - 1)):
                 raise ValueError(f"{label} must be a power of two >= 16, got {size}")
         self.block_m = block_m
         self.block_n = block_n
+
+    def _blocks(self, q: Tensor) -> tuple[int, int]:
+        default = 32 if q.dtype == torch.float32 and q.shape[-1] > 64 else 64
+        return self.block_m or default, self.block_n or default
 
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
@@ -38,6 +43,7 @@ class TritonAttention:
         if num_targets is None:
             num_targets = torch.zeros(q_offsets.numel() - 1, dtype=torch.int64, device=q.device)
         window = -1 if params.window is None else min(params.window, MAX_WINDOW)
+        block_m, block_n = self._blocks(q)
         out, _ = jagged_attention_fwd(
             q.contiguous(), k.contiguous(), v.contiguous(),
             q_offsets.to(torch.int64).contiguous(), kv_offsets.to(torch.int64).contiguous(),
@@ -45,6 +51,6 @@ class TritonAttention:
             is_self, params.causal, window, params.num_prefix,
             params.normalization == "silu", params.resolved_scale(q.shape[-1]),
             max_length(q_offsets, max_q_len), max_length(kv_offsets, max_kv_len),
-            self.block_m, self.block_n,
+            block_m, block_n,
         )
         return out

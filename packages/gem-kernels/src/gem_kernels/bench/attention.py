@@ -20,7 +20,13 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_core.jagged import Jagged, offsets_from_lengths
-from gem_kernels.bench.flops import jagged_pairs, padded_pairs, pair_flops
+from gem_kernels.bench.flops import (
+    causal_window_pairs,
+    jagged_pairs,
+    min_bytes_fwd_bwd,
+    padded_pairs,
+    pair_flops,
+)
 from gem_kernels.bench.lengths import sample_lengths
 
 SDPA_MASKED = "sdpa_padded_masked"
@@ -163,9 +169,17 @@ def run_attention_bench(cfg: BenchConfig, backends: dict[str, Any]) -> dict[str,
         jagged = pair_flops(jagged_pairs(x.q_lengths, x.kv_lengths, x.params, x.is_self),
                             cfg.heads, cfg.head_dim)
         padded = pair_flops(padded_pairs(x.q_lengths, x.kv_lengths), cfg.heads, cfg.head_dim)
+        min_bytes = min_bytes_fwd_bwd(sum(x.q_lengths), sum(x.kv_lengths), cfg.heads,
+                                      cfg.head_dim, x.q.element_size())
         times = {name: _median_seconds(step, cfg) for name, step in _sdpa_steps(x).items()}
         for name, backend in backends.items():
             times[name] = _median_seconds(_jagged_step(backend, x), cfg)
+        if SDPA_CAUSAL in times:
+            # is_causal SDPA skips the blocks above the diagonal: half the padded square.
+            causal_pairs = len(x.q_lengths) * causal_window_pairs(max(x.q_lengths), None)
+            padded_causal = pair_flops(causal_pairs, cfg.heads, cfg.head_dim)
+        else:
+            padded_causal = None
         baseline = min(t for name, t in times.items() if name.startswith("sdpa_"))
         speedups = {name: baseline / t for name, t in times.items() if name in backends}
         best = max(speedups, key=speedups.get) if speedups else None
@@ -180,8 +194,12 @@ def run_attention_bench(cfg: BenchConfig, backends: dict[str, Any]) -> dict[str,
             "fwd_bwd_flops_jagged": jagged,
             "fwd_bwd_flops_padded": padded,
             "padded_over_jagged_flops": flop_ratio,
+            "padded_is_causal_over_jagged_flops": (padded_causal / jagged if padded_causal
+                                                   else None),
             "fwd_bwd_median_s": times,
+            "min_bytes_fwd_bwd": min_bytes,
             "jagged_tflops_per_s": {name: jagged / times[name] / 1e12 for name in backends},
+            "min_bytes_gb_per_s": {name: min_bytes / times[name] / 1e9 for name in backends},
             "speedup_over_fastest_padded_sdpa": speedups,
             "best_backend": best,
             "best_speedup_over_flop_ratio": (speedups[best] / flop_ratio) if best else None,

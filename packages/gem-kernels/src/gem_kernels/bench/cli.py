@@ -9,9 +9,8 @@ from typing import Any
 import click
 import torch
 
-from gem_core.attention.reference import ReferenceAttention
 from gem_core.errors import GemPluginError
-from gem_core.plugins import BUILTIN_PLUGIN, build_plugins, disabled_plugins_from_env
+from gem_core.plugins import build_plugins
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -20,20 +19,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def _available_backends(device: str, names: tuple[str, ...]) -> tuple[dict[str, Any], dict]:
     """Load the named (or every registered) attention backend that runs on ``device``.
 
-    ``reference`` comes straight from gem-core; the rest from the ``gem`` plugins' registry. A
-    backend named with ``--backend`` that cannot run is an error; one merely registered is listed
-    under ``skipped_backends`` with the reason.
+    A backend named with ``--backend`` that cannot run here is an error; one merely registered
+    is listed under ``skipped_backends`` with the reason.
     """
-    # gem-core's own plugin only registers ``reference``, which is imported directly above.
-    disabled = disabled_plugins_from_env() | {BUILTIN_PLUGIN}
-    registry = build_plugins(disabled=disabled).registry("attention")
-    wanted = names or ("reference", *registry.names())
+    registry = build_plugins().registry("attention")
     loaded: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    for name in dict.fromkeys(wanted):
-        if name == "reference":
-            loaded[name] = ReferenceAttention()
-            continue
+    for name in dict.fromkeys(names or registry.names()):
         spec = registry.get(name)  # unknown names raise, listing what is installed
         missing = spec.missing_requirements()
         reason = None
@@ -120,3 +112,7 @@ def bench_attention(device, dtype, batch_size, max_len, distribution, zipf_a, he
             speedup = r["speedup_over_fastest_padded_sdpa"].get(name)
             extra = f"  {speedup:.2f}x vs padded SDPA" if speedup is not None else ""
             click.echo(f"  {name:24s} {seconds * 1e3:9.2f} ms{extra}")
+
+
+if __name__ == "__main__":  # ``python -m gem_kernels.bench.cli`` where the gem CLI is not set up
+    bench_attention()

@@ -1,0 +1,111 @@
+"""`gem train` end to end on CPU: the run-directory contract, resume, several ranks."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SMALL = ["--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
+         "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
+         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=2",
+         "--set", "data.max_seq_len=48", "--no-progress"]
+
+METRIC_KEYS = {"step", "loss", "samples", "tokens", "step_time_s"}
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(gem, tmp_path):
+    result = gem("train", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("tiny-")
+    metrics = _metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 301))
+    assert all(METRIC_KEYS <= m.keys() for m in metrics)
+    assert metrics[-1]["samples"] == 300 * 256
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for task in ("click", "conversion"):
+        report = summary["eval"][task]
+        assert math.isfinite(report["ne"]) and report["ne"] < 1.0, (task, report)
+        assert 0.5 < report["auc"] <= 1.0
+        assert report["calibration"] > 0
+    assert summary["run"]["finished"] and summary["run"]["steps"] == 300
+    assert summary["throughput"]["samples_per_s"] > 0
+    assert summary["flops"]["per_step"] > 0
+    assert 0 < summary["mfu"]["local"] < 1
+    assert summary["mfu"]["scaling_ratio"] == 1.0
+    assert 0 < summary["padding_saved"]["attention"] < 1
+    assert summary["config"]["name"] == "tiny"
+    assert summary["backends"]["attention"]["reason"].startswith("auto: ")
+    assert any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())
+
+
+def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert gem("train", "--out", str(whole), *SMALL).returncode == 0
+    first = gem("train", "--out", str(parts), "--until-step", "3", *SMALL)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((parts / "summary.json").read_text())["run"]["finished"] is False
+    second = gem("train", "--out", str(parts), *SMALL)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads((parts / "summary.json").read_text())["run"]["resumed_from"] == 3
+    expected = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(whole)]
+    got = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(parts)]
+    assert got == expected
+
+
+def test_resuming_with_a_different_model_is_refused(gem, tmp_path):
+    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+    result = gem("train", "--out", str(tmp_path), *SMALL, "--set", "model.num_layers=1")
+    assert result.returncode != 0
+    assert "different [model] (num_layers)" in result.stderr and "--fresh" in result.stderr
+    assert gem("train", "--out", str(tmp_path), *SMALL, "--set", "model.num_layers=1",
+               "--fresh").returncode == 0
+
+
+def test_a_torn_checkpoint_is_ignored(gem, tmp_path):
+    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+    torn = tmp_path / "checkpoints" / "step-00000004"
+    torn.mkdir()
+    (torn / "state.pt").write_bytes(b"half a checkpoint")  # no COMPLETE marker
+    result = gem("train", "--out", str(tmp_path), *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["run"]["resumed_from"] == 2
+
+
+def test_bad_set_value_is_a_clear_error(gem, tmp_path):
+    result = gem("train", "--out", str(tmp_path), "--set", "train.steps=abc")
+    assert result.returncode != 0
+    assert "train.steps must be an integer; got 'abc'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_backend_lists_installed(gem, tmp_path):
+    result = gem("train", "--out", str(tmp_path), "--precision", "fp4-magic")
+    assert result.returncode != 0
+    assert "unknown precision implementation 'fp4-magic'; installed:" in result.stderr
+    assert "fp32" in result.stderr
+
+
+@pytest.mark.distributed
+def test_two_ranks_with_ddp_match_one_process(gem, tmp_path):
+    """DDP over gloo with the LPT balancer: the same global batches, so the same losses as one
+    process up to float summation order (tolerance 1e-4 relative over 6 steps)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert gem("train", "--out", str(one), *SMALL).returncode == 0
+    result = gem("train", "--out", str(two), "--nproc-per-node", "2", *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["run"]["world_size"] == 2
+    assert summary["backends"]["dense_sharding"]["name"] == "ddp"
+    assert summary["backends"]["balancer"]["name"] == "lpt"
+    for a, b in zip(_metrics(one), _metrics(two), strict=True):
+        assert a["samples"] == b["samples"] and a["tokens"] == b["tokens"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
