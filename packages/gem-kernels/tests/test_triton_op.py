@@ -73,7 +73,7 @@ def test_block_sizes_are_checked():
 def test_kernels_compile_for_an_h200_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
-        [sys.executable, "-m", "gem_kernels.attention.triton_aot_check", "--capability", "90"],
+        [sys.executable, "-m", "gem_kernels.triton_aot_check", "--capability", "90"],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]

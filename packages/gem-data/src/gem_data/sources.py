@@ -131,8 +131,8 @@ class ParquetSource:
     def report(self) -> dict[str, Any]:
         """Counts of checked, dropped, repaired and truncated rows, for the run's summary."""
         return {"source": self.name, "path": str(self.directory),
-                "train_rows": self.manifest.rows("train"),
-                "eval_rows": sum(u.rows for u in self.eval_units),
+                "train_split_rows": sum(u.rows for u in self.train_units),
+                "eval_split_rows": sum(u.rows for u in self.eval_units),
                 **self._report.to_dict()}
 
 

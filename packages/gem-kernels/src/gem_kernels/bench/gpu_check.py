@@ -28,6 +28,8 @@ from gem_core.attention.reference import ReferenceAttention
 from gem_core.testing.attention_conformance import AttentionCase, AttentionConformance
 from gem_kernels.attention.triton_backend import TritonAttention
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
+from gem_kernels.norms.reference import gated_norm_reference
+from gem_kernels.norms.triton_op import gated_norm
 
 SIZES = {
     # long: the long history length of the correctness cases; bench: the benchmark's settings.
@@ -81,6 +83,30 @@ def check_correctness(device: str, size: dict, dtype: torch.dtype) -> list[dict[
             except AssertionError as error:  # record every failure, then fail the whole check
                 rows.append({"backend": name, "case": label, "ok": False,
                              "error": str(error)[:400]})
+    return rows
+
+
+def check_gated_norm(device: str, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """The fused gated norm in ``dtype`` against its reference in float64, with gradients."""
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for kind in ("layer", "rms"):
+        x, gate = (torch.randn(300, 96, generator=gen) for _ in range(2))
+        weight, bias = torch.randn(96, generator=gen) + 1, torch.randn(96, generator=gen)
+        grad = torch.randn(300, 96, generator=gen)
+        errors = []
+        for compute in (dtype, torch.float64):
+            leaves = [t.to(device=device, dtype=dtype).to(compute).requires_grad_(True)
+                      for t in (x, gate, weight, bias)]
+            fn = gated_norm if compute == dtype else gated_norm_reference
+            out = fn(*leaves, kind=kind)
+            grads = torch.autograd.grad(out, leaves, grad.to(device=device, dtype=compute))
+            errors.append([t.detach().double().cpu() for t in (out, *grads)])
+        worst = max(float((a - b).abs().max() / max(1.0, float(b.abs().max())))
+                    for a, b in zip(*errors))
+        ok = worst < 3e-2
+        rows.append({"backend": "gated_norm", "case": f"{kind} norm 300x96, grads",
+                     "ok": ok, **({} if ok else {"error": f"relative error {worst:.3e}"})})
     return rows
 
 
@@ -171,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[args.size]
     dtype = torch.bfloat16
     started = time.perf_counter()
-    correctness = check_correctness(args.device, size, dtype)
+    correctness = check_correctness(args.device, size, dtype) + check_gated_norm(args.device, dtype)
     print(f"correctness done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     report = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -1,4 +1,4 @@
-"""Compile the attention kernels for an NVIDIA GPU without one (``python -m`` this module).
+"""Compile every Triton kernel of gem-kernels for an NVIDIA GPU without one (``python -m``).
 
 CI has no GPU and runs the kernels in the interpreter, which accepts code the real compiler
 rejects (and the other way round). Triton can lower a kernel all the way to a cubin on a CPU-only
@@ -18,6 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from gem_kernels.attention import triton_kernels as kernels
+from gem_kernels.norms import triton_kernels as norm_kernels
 
 KERNELS = (
     kernels.jagged_attention_fwd_kernel,
@@ -25,7 +26,7 @@ KERNELS = (
     kernels.jagged_attention_bwd_dq_kernel,
 )
 _INT64_POINTERS = ("QOff", "KOff", "NT")
-_FP32_POINTERS = ("LSE", "DELTA")
+_FP32_POINTERS = ("LSE", "DELTA", "MEAN", "RSTD", "DW_PART", "DB_PART")
 
 
 def _signature(fn, dtype: str, constexprs: dict) -> dict[str, str]:
@@ -39,7 +40,7 @@ def _signature(fn, dtype: str, constexprs: dict) -> dict[str, str]:
             signature[name] = "*fp32"
         elif name[0].isupper():  # tensors are the capitalised arguments
             signature[name] = f"*{dtype}"
-        elif name == "scale":
+        elif name in ("scale", "eps"):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
@@ -65,6 +66,22 @@ def compile_all(capability: int, variants: list[dict], head_dim: int, block: int
     return lines
 
 
+def compile_norms(capability: int, width: int) -> list[str]:
+    """Compile the gated-norm kernels (LayerNorm and RMSNorm, with bias) in bf16."""
+    lines = []
+    for rms in (False, True):
+        constexprs = dict(RMS=rms, HAS_BIAS=True, BLOCK_ROWS=16,
+                          BLOCK_D=max(16, triton.next_power_of_2(width)))
+        for fn in (norm_kernels.gated_norm_fwd_kernel, norm_kernels.gated_norm_bwd_kernel):
+            compiled = triton.compile(
+                ASTSource(fn, _signature(fn, "bf16", constexprs), constexprs=constexprs),
+                target=GPUTarget("cuda", capability, 32), options={"num_warps": 4},
+            )
+            lines.append(f"{fn.__name__} bf16 RMS={rms}: shared memory "
+                         f"{compiled.metadata.shared} bytes")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -81,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                      dict(IS_SELF=True, CAUSAL=False, HAS_WINDOW=True, SILU=True, dtype="fp32")]
     for line in compile_all(args.capability, variants, args.head_dim, args.block):
         print(line)
+    if args.all:
+        for line in compile_norms(args.capability, width=1024):
+            print(line)
     return 0
 
 
