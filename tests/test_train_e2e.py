@@ -59,6 +59,12 @@ def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
     expected = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(whole)]
     got = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(parts)]
     assert got == expected
+    # Running a finished run again trains nothing and still reports.
+    again = gem("train", "--out", str(whole), *SMALL)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["run"]["resumed_from"] == 6 and summary["run"]["finished"]
+    assert len(_metrics(whole)) == 6
 
 
 def test_resuming_with_a_different_model_is_refused(gem, tmp_path):

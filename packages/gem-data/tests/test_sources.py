@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -175,16 +176,13 @@ def test_cli_validate_reports_each_bad_row_group(make_dataset):
 def test_bench_loader_json(small_dataset):
     pytest.importorskip("torchrec")
     command = registered(plugin.gem_register_cli_commands)["bench.loader"].load()
-    # The bench pins its process to one core; keep the test runner's affinity as it was.
-    affinity = __import__("os").sched_getaffinity(0) if sys.platform == "linux" else None
-    try:
-        result = CliRunner().invoke(command, ["--path", str(small_dataset), "--json",
-                                              "--batch-size", "256"])
-    finally:
-        if affinity:
-            __import__("os").sched_setaffinity(0, affinity)
-            import pyarrow
-            pyarrow.set_cpu_count(len(affinity))
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    result = CliRunner().invoke(command, ["--path", str(small_dataset), "--json",
+                                          "--batch-size", "256"])
+    # The bench pins itself to one core while measuring and puts everything back.
+    assert torch.get_num_threads() == threads
+    assert affinity is None or os.sched_getaffinity(0) == affinity
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
     for name in ("ours_sequential", "ours_shuffled", "torchrec"):

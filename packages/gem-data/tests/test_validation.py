@@ -80,6 +80,21 @@ def test_candidate_feature_out_of_range_drop_and_clamp(make_dataset):
     assert tables[1].column("candidate.advertiser")[8].as_py() == 0
 
 
+def test_history_id_clamp_and_drop(make_dataset):
+    def mutate(batch):
+        ids = batch.seq_item_ids.clone()
+        ids[0], ids[-1] = -1, 10_000
+        return attrs.evolve(batch, seq_item_ids=ids)
+
+    bad = make_dataset(mutate=mutate)
+    reader, tables = read_all(bad, ValidationPolicy(ids="clamp"))
+    values = [t.column("history_item_id").combine_chunks().flatten().to_numpy() for t in tables]
+    assert values[0][0] == 0 and values[-1][-1] == 499
+    assert reader.report.to_dict()["rows_repaired"]["ids"] == 2
+    reader, tables = read_all(bad, ValidationPolicy(ids="drop"))
+    assert sum(t.num_rows for t in tables) == 62
+
+
 def test_sparse_bag_id_out_of_range(make_dataset):
     def mutate(batch):
         bag = batch.sparse["context"]

@@ -10,30 +10,42 @@ does) and shuffled (what training uses). Tokens are history events.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import click
 
 GOAL_TOKENS_PER_S = 20e6
 
 
-def _pin_one_core() -> str:
-    """Run every thread of this process on one core, so 'per core' means what it says."""
+@contextlib.contextmanager
+def _one_core() -> Iterator[str]:
+    """Run every thread of this process on one core, so 'per core' means what it says; the
+    previous affinity and thread counts come back afterwards."""
     import pyarrow as pa
     import torch
 
+    threads, arrow_threads = torch.get_num_threads(), pa.cpu_count()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(1)
     pa.set_cpu_count(1)
-    if hasattr(os, "sched_setaffinity"):
-        core = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {core})
-        return f"cpu {core}"
-    return "unpinned (no sched_setaffinity)"
+    try:
+        if affinity:
+            core = min(affinity)
+            os.sched_setaffinity(0, {core})
+            yield f"cpu {core}"
+        else:
+            yield "unpinned (no sched_setaffinity)"
+    finally:
+        if affinity:
+            os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+        pa.set_cpu_count(arrow_threads)
 
 
 def _measure(batches: Iterable[Any], tokens_of: Callable[[Any], int],
@@ -115,6 +127,14 @@ def _torchrec_batches(directory: Path, batch_size: int) -> Iterable[tuple[int, i
         yield convert(pa.concat_tables(pending))
 
 
+def _torchrec_import_check() -> None:
+    """Import torchrec before timing (its first import takes seconds); say so if it is missing."""
+    try:
+        import torchrec  # noqa: F401
+    except ImportError as error:
+        raise click.ClickException(f"the TorchRec peer needs torchrec: {error}") from None
+
+
 @click.command(name="loader", help=__doc__.split("\n\n")[0])
 @click.option("--path", type=click.Path(file_okay=False), default=None,
               help="Existing data set directory (default: generate one in a temp folder).")
@@ -129,16 +149,17 @@ def bench_loader(path: str | None, rows: int, batch_size: int, as_json: bool) ->
         directory = Path(path) if path else Path(tmp) / "data"
         if not path:
             synthesize(directory, rows=rows, seed=0, eval_rows=0)
-        pinned = _pin_one_core()
-        _ours(directory, batch_size, shuffle=False)  # warm the page cache for every reader
-        result: dict[str, Any] = {
-            "benchmark": "loader", "directory": str(directory), "batch_size": batch_size,
-            "pinned": pinned,
-            "ours_sequential": _ours(directory, batch_size, shuffle=False),
-            "ours_shuffled": _ours(directory, batch_size, shuffle=True),
-            "torchrec": _measure(_torchrec_batches(directory, batch_size),
-                                 lambda b: b[1], lambda b: b[0]),
-        }
+        _torchrec_import_check()
+        with _one_core() as pinned:
+            _ours(directory, batch_size, shuffle=False)  # warm the page cache for every reader
+            result: dict[str, Any] = {
+                "benchmark": "loader", "directory": str(directory), "batch_size": batch_size,
+                "pinned": pinned,
+                "ours_sequential": _ours(directory, batch_size, shuffle=False),
+                "ours_shuffled": _ours(directory, batch_size, shuffle=True),
+                "torchrec": _measure(_torchrec_batches(directory, batch_size),
+                                     lambda b: b[1], lambda b: b[0]),
+            }
     ours = result["ours_sequential"]["tokens_per_s"]
     peer = result["torchrec"]["tokens_per_s"]
     result.update({

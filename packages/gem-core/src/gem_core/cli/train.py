@@ -103,6 +103,7 @@ def _print_result(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     tasks = ", ".join(f"{task} NE {values['ne']:.4f} AUC {values['auc']:.4f}"
                       for task, values in summary["eval"].items())
+    speed = summary["throughput"]["samples_per_s"]
     click.echo(f"run directory: {run_dir}")
-    click.echo(f"steps {summary['run']['steps']}: {tasks}; "
-               f"{summary['throughput']['samples_per_s']:.0f} samples/s")
+    click.echo(f"steps {summary['run']['steps']}: {tasks}"
+               + (f"; {speed:.0f} samples/s" if speed is not None else ""))
