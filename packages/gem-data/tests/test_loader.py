@@ -33,17 +33,18 @@ def test_one_epoch_sees_every_row_once_in_a_new_order(small_dataset):
     assert sorted(second) == sorted(rows) and second != rows
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
 @pytest.mark.parametrize("stop", [1, 7, 29, 31, 45])
-def test_resume_is_exact(small_dataset, stop):
+def test_resume_is_exact(small_dataset, stop, prefetch):
     # 3000 rows / 100 per batch: stop 29..31 crosses the epoch boundary; windows end mid-batch.
-    reference = stream(small_dataset, batch_size=97)
+    reference = stream(small_dataset, batch_size=97, prefetch=prefetch)
     expected = [keys(next(reference)) for _ in range(stop + 5)]
-    first = stream(small_dataset, batch_size=97)
+    first = stream(small_dataset, batch_size=97, prefetch=prefetch)
     for _ in range(stop):
         next(first)
     state = first.state_dict()
     first.close()
-    resumed = stream(small_dataset, batch_size=97)
+    resumed = stream(small_dataset, batch_size=97, prefetch=2 - prefetch)  # either way round
     resumed.load_state_dict(state)
     assert [keys(next(resumed)) for _ in range(5)] == expected[stop:]
 

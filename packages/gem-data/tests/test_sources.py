@@ -185,7 +185,8 @@ def test_bench_loader_json(small_dataset):
     assert affinity is None or os.sched_getaffinity(0) == affinity
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    for name in ("ours_sequential", "ours_shuffled", "torchrec"):
+    for name in ("ours_sequential", "ours_shuffled", "ours_sequential_prefetch_thread",
+                 "torchrec"):
         assert data[name]["samples"] == 3000 and data[name]["tokens_per_s"] > 0
     assert data["ours_sequential"]["tokens"] == data["torchrec"]["tokens"]
 

@@ -54,6 +54,10 @@ class JaggedBatch:
     seq_dense: Tensor | None = None
     """``(total_events, seq_dense_dim)`` float32 content vectors, or None."""
 
+    candidate_dense: Tensor | None = None
+    """``(B, seq_dense_dim)`` float32 content vector of the candidate, in the same space as the
+    history's, or None."""
+
     @property
     def batch_size(self) -> int:
         return self.seq_offsets.numel() - 1
@@ -81,6 +85,7 @@ class JaggedBatch:
             candidate_sparse={k: v[indices] for k, v in self.candidate_sparse.items()},
             dense=None if self.dense is None else self.dense[indices],
             seq_dense=None if self.seq_dense is None else self.seq_dense[event_index],
+            candidate_dense=None if self.candidate_dense is None else self.candidate_dense[indices],
         )
 
     def to(self, device: torch.device | str) -> JaggedBatch:
@@ -99,6 +104,7 @@ class JaggedBatch:
             candidate_sparse={k: move(v) for k, v in self.candidate_sparse.items()},
             dense=move(self.dense),
             seq_dense=move(self.seq_dense),
+            candidate_dense=move(self.candidate_dense),
         )
 
     def validate(self, schema: FeatureSchema, where: str = "batch") -> None:
@@ -141,6 +147,14 @@ class JaggedBatch:
                 row = int(torch.searchsorted(self.seq_offsets, event, right=True)) - 1
                 raise GemDataError(f"{where}: row {row}: history event {event} has a non-finite "
                                    "content vector")
+            if self.candidate_dense is not None:
+                if tuple(self.candidate_dense.shape) != (b, schema.seq_dense_dim):
+                    raise GemDataError(f"{where}: candidate content vectors must be "
+                                       f"({b}, {schema.seq_dense_dim})")
+                bad = ~torch.isfinite(self.candidate_dense).all(dim=1)
+                if bool(bad.any()):
+                    raise GemDataError(f"{where}: row {int(torch.nonzero(bad)[0])}: candidate "
+                                       "content vector is not finite")
         if schema.num_dense:
             if self.dense is None or self.dense.shape != (b, schema.num_dense):
                 raise GemDataError(f"{where}: dense features must be ({b}, {schema.num_dense})")

@@ -6,7 +6,8 @@ window). The stream is the concatenation of the permuted windows, epoch after ep
 is the next ``batch_size`` rows of it (or as many rows as fit in ``token_budget`` history events).
 So the position after any batch is just ``(epoch, window, offset)``: a resumed stream re-reads
 that window, skips ``offset`` rows and continues with exactly the rows an uninterrupted stream
-would have produced. A background thread reads and checks the next ``prefetch`` windows.
+would have produced. A background thread reads and checks the next ``prefetch`` windows
+(``prefetch=0`` reads in the caller's thread, which is faster when the process has one core).
 
 With ``shard=(rank, world_size)`` a rank reads only units ``rank, rank + world_size, ...`` of each
 epoch's order: disjoint shards that together cover the epoch.
@@ -70,7 +71,7 @@ class ParquetStream:
         self.seed, self.shuffle, self.shuffle_window = seed, shuffle, max(1, shuffle_window)
         self.rank, self.world_size = rank, world
         self.epochs, self.post = epochs, post
-        self.prefetch = max(1, prefetch)
+        self.prefetch = max(0, prefetch)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: collections.deque[tuple[tuple[int, int], Future]] = collections.deque()
         self._window: tuple[tuple[int, int], _Window] | None = None
@@ -107,6 +108,9 @@ class ParquetStream:
 
     def _get_window(self, key: tuple[int, int]) -> _Window:
         if self._window is not None and self._window[0] == key:
+            return self._window[1]
+        if self.prefetch == 0:  # read in this thread: on one core a second thread only costs
+            self._window = (key, self._read_window(*key))
             return self._window[1]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="gem-data-prefetch")

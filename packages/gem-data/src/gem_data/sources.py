@@ -44,8 +44,9 @@ class ParquetOptions:
     """Row groups whose rows are shuffled together. One keeps gathers cache-friendly; row groups
     are already visited in a random order every epoch."""
 
-    prefetch: int = attrs.field(default=2, validator=greater_than(0))
-    """Windows read and checked ahead by the background thread."""
+    prefetch: int = attrs.field(default=2, validator=at_least(0))
+    """Windows read and checked ahead by a background thread; 0 reads in the training thread
+    (faster when the process has a single core, since nothing can overlap)."""
 
     token_budget: int = attrs.field(default=0, validator=at_least(0))
     """If > 0, a global batch is as many samples as fit in this many history events (after

@@ -54,7 +54,7 @@ class DatasetWriter:
         if split not in self._writers:
             name = f"{split}-00000.parquet"
             self._writers[split] = pq.ParquetWriter(
-                self.directory / name, self.arrow_schema, compression="lz4", use_dictionary=False,
+                self.directory / name, self.arrow_schema, compression="none", use_dictionary=False,
                 column_encoding=_encodings(self.arrow_schema))
             self._entries[split] = {"path": name, "rows": 0, "row_groups": [], "tokens": 0}
         self._writers[split].write_table(table, row_group_size=self.row_group_rows)
@@ -95,7 +95,8 @@ class DatasetWriter:
 def _encodings(schema: Any) -> dict[str, str]:
     """Per leaf column, the encoding that decodes fastest (measured on 2-core CPUs, 22 M events:
     three history columns read at 13 M events/s with dictionaries, 20-26 M with these): delta
-    bit-packing for integers (ids and rising timestamps pack well), plain for floats."""
+    bit-packing for integers (ids and rising timestamps pack well), plain for floats. Pages are
+    not compressed on top: lz4 saved 3 % of the size and cost about 5 % of the read time."""
     encodings = {}
     for field in schema:
         leaf = field.type

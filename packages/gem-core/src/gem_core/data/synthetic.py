@@ -63,7 +63,8 @@ class SyntheticOptions:
 
     content_dim: int = attrs.field(default=8, validator=at_least(0))
     """Width of each item's dense content vector (its cluster's centroid plus noise), carried
-    by every history event as ``seq_dense``; 0 leaves it out."""
+    by every history event (``seq_dense``) and by the candidate (``candidate_dense``); 0 leaves
+    it out."""
 
 
 class SyntheticSource:
@@ -196,6 +197,7 @@ class SyntheticSource:
             },
             dense=t(dense),
             seq_dense=t(self.item_content[items]) if o.content_dim else None,
+            candidate_dense=t(self.item_content[candidate]) if o.content_dim else None,
         )
 
     def _draw_from_clusters(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:

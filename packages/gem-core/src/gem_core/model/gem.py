@@ -89,6 +89,9 @@ class GEMModel(nn.Module):
         candidate = looked_up["candidate_item"]
         for feature in self.schema.candidate_features:
             candidate = candidate + looked_up[f"candidate_{feature.name}"]
+        candidate_content = self.events.content_vector(batch.candidate_dense)
+        if candidate_content is not None:
+            candidate = candidate + candidate_content
         target_summary = self.target_attention(candidate, history, offsets, max_len)
         history_mean = torch.zeros_like(candidate).index_add_(0, rows, history)
         history_mean = history_mean / lengths.clamp(min=1).unsqueeze(1).to(history.dtype)

@@ -29,10 +29,18 @@ class EventTokenizer(nn.Module):
         nn.init.normal_(self.action.weight, std=std)
         nn.init.normal_(self.age.weight, std=std)
 
+    def content_vector(self, dense: Tensor | None) -> Tensor | None:
+        """The projection of a content vector; candidates share it with history events so that
+        their similarity is visible from the first step."""
+        if self.content is None or dense is None:
+            return None
+        return self.content(dense)
+
     def forward(self, item_vectors: Tensor, actions: Tensor, ages: Tensor,
                 seq_dense: Tensor | None) -> Tensor:
         tokens = item_vectors + self.action(actions)
         tokens = tokens + self.age(log_time_buckets(ages, self.time_buckets))
-        if self.content is not None and seq_dense is not None:
-            tokens = tokens + self.content(seq_dense)
+        content = self.content_vector(seq_dense)
+        if content is not None:
+            tokens = tokens + content
         return tokens

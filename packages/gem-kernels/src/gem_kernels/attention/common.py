@@ -7,8 +7,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
 
-# Larger than any sequence, so a huge window can be handed to int32 kernel arguments unchanged
-# in meaning (a window at least as long as the sequence constrains nothing).
+# Larger than any sequence, so a huge window or prefix can be handed to int32 kernel arguments
+# unchanged in meaning (one at least as long as the sequence covers all of it).
 MAX_WINDOW = 2**30
 
 

@@ -48,7 +48,7 @@ class TritonAttention:
             q.contiguous(), k.contiguous(), v.contiguous(),
             q_offsets.to(torch.int64).contiguous(), kv_offsets.to(torch.int64).contiguous(),
             num_targets.to(torch.int64).contiguous(),
-            is_self, params.causal, window, params.num_prefix,
+            is_self, params.causal, window, min(params.num_prefix, MAX_WINDOW),
             params.normalization == "silu", params.resolved_scale(q.shape[-1]),
             max_length(q_offsets, max_q_len), max_length(kv_offsets, max_kv_len),
             block_m, block_n,

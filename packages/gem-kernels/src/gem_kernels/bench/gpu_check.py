@@ -154,6 +154,9 @@ def run_bench(device: str, size: dict, dtype: torch.dtype) -> dict[str, Any]:
         )
         for shape, result in run_attention_bench(cfg, backends).items():
             results[label if shape == "self" else shape] = result
+        # Progress on stderr, so a run cut by the time limit still says how far it got.
+        times = {k: r["fwd_bwd_median_s"] for k, r in results.items()}
+        print(f"bench {label} done: {json.dumps(times)}", file=sys.stderr)
     return results
 
 
