@@ -73,3 +73,12 @@ def test_parse_override_keeps_bare_words_as_strings():
 def test_structure_rejects_non_table():
     with pytest.raises(GemConfigError, match="model must be a table"):
         structure(GemConfig, {"model": 3})
+
+
+def test_choosing_another_data_source_drops_the_presets_source_options():
+    assert load_config().data.options  # tiny carries options of its synthetic source
+    assert load_config(overrides=["data.source=parquet"]).data.options == {}
+    kept = load_config(overrides=["data.source=parquet", "data.options.shuffle=false"])
+    assert kept.data.options == {"shuffle": False}
+    same = load_config(overrides=["data.source=synthetic"])
+    assert same.data.options == load_config().data.options

@@ -87,6 +87,19 @@ def gem_register_precision_recipes(register) -> None:
                                 description="float32 everywhere"))
 
 
+class _NoCheckpointing:
+    """Every activation is stored for the backward."""
+
+    def apply(self, model, *, ctx):
+        return model
+
+
+@hookimpl
+def gem_register_activation_checkpointing(register) -> None:
+    register(ImplementationSpec(name="none", load=_NoCheckpointing,
+                                description="store every activation (no recomputation)"))
+
+
 def _synthetic():
     from gem_core.data.synthetic import SyntheticSource
 
@@ -159,6 +172,11 @@ def gem_default_embedding_sharding(context: AutoContext):
 @hookimpl(trylast=True)
 def gem_default_precision(context: AutoContext):
     return "fp32", "float32 is exact and runs everywhere (no plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_activation_checkpointing(context: AutoContext):
+    return "none", "no recomputation (no plugin chose)"
 
 
 @hookimpl(trylast=True)

@@ -94,7 +94,21 @@ def gem_register_precision_recipes(register: Register) -> None:
     ``convert(model, ctx) -> model`` (module swaps such as FP8 linears; runs first in
     ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
     ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
-    weights, loss and metrics stay in float32.
+    weights, loss and metrics stay in float32. A recipe that must look at data first (automatic
+    FP8 layer selection) also defines ``calibration_batches: int`` and ``calibrate(model,
+    batches, loss_fn)``; the trainer calls it once, before ``convert``, with that many training
+    batches drawn from a separate stream (the training stream itself is not advanced).
+    """
+
+
+@hookspec
+def gem_register_activation_checkpointing(register: Register) -> None:
+    """Register activation-checkpointing policies (kind ``activation_checkpointing``).
+
+    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext) -> nn.Module`` that
+    wraps chosen submodules so their activations are recomputed in the backward instead of
+    stored. It runs in ``parallelize()`` after embedding sharding and before dense sharding, and
+    must leave the model's outputs and gradients unchanged (only memory and time change).
     """
 
 
@@ -155,6 +169,12 @@ def gem_default_embedding_sharding(context: AutoContext) -> DefaultChoice:
 @hookspec(firstresult=True)
 def gem_default_precision(context: AutoContext) -> DefaultChoice:
     """Name the precision recipe ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_activation_checkpointing(context: AutoContext) -> DefaultChoice:
+    """Name the activation-checkpointing policy ``auto`` means in ``context``, with a reason, or
+    None."""
 
 
 @hookspec(firstresult=True)

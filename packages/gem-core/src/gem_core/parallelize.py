@@ -17,10 +17,12 @@ def parallelize(
     ctx: ParallelContext,
     precision: PrecisionRecipe,
     embedding_sharding: Any,
+    activation_checkpointing: Any,
     dense_sharding: Any,
     make_optimizer: Callable,
 ) -> Engine:
-    """Apply precision, embedding sharding and dense sharding to ``model``; return its Engine."""
+    """Apply precision, embedding sharding, activation checkpointing and dense sharding to
+    ``model``; return its Engine."""
     model = model.to(ctx.device)
     # 1. Precision conversion first: module swaps (FP8 linears) must see the plain modules, and
     #    sharding must then shard the converted parameters (FP8 all-gather needs that order).
@@ -28,7 +30,9 @@ def parallelize(
     # 2. Embedding sharding: the tables leave the replicated parameter set before the dense
     #    strategy wraps what remains.
     model = embedding_sharding.apply(model, ctx=ctx)
-    # 3. Activation checkpointing and 4. compile belong here, between embedding and dense
-    #    sharding, so that checkpointed regions and compiled graphs are what FSDP wraps.
+    # 3. Activation checkpointing wraps blocks before dense sharding, so that FSDP shards the
+    #    checkpointed blocks (their parameters are gathered again for the recomputation).
+    model = activation_checkpointing.apply(model, ctx=ctx)
+    # 4. Compile would come here, on the checkpointed blocks, before FSDP wraps them.
     # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
     return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer)

@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str | None]] = {
     "dense_sharding": ("gem_register_dense_sharding", "gem_default_dense_sharding"),
     "embedding_sharding": ("gem_register_embedding_sharding", "gem_default_embedding_sharding"),
     "precision": ("gem_register_precision_recipes", "gem_default_precision"),
+    "activation_checkpointing": ("gem_register_activation_checkpointing",
+                                 "gem_default_activation_checkpointing"),
     "data": ("gem_register_data_sources", None),
     "balancer": ("gem_register_batch_balancers", "gem_default_balancer"),
     "cli": ("gem_register_cli_commands", None),

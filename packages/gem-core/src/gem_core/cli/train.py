@@ -19,6 +19,7 @@ SHORTCUTS = {
     "sharding": "backends.dense_sharding",
     "embedding_sharding": "backends.embedding_sharding",
     "precision": "backends.precision",
+    "activation_checkpointing": "backends.activation_checkpointing",
     "balancer": "backends.balancer",
     "data": "data.source",
 }
@@ -34,6 +35,8 @@ SHORTCUTS = {
 @click.option("--sharding", default=None, help="Dense sharding strategy.")
 @click.option("--embedding-sharding", default=None, help="Embedding sharding strategy.")
 @click.option("--precision", default=None, help="Precision recipe.")
+@click.option("--activation-checkpointing", default=None,
+              help="Activation-checkpointing policy.")
 @click.option("--balancer", default=None, help="Batch balancer across ranks.")
 @click.option("--data", default=None, help="Data source.")
 @click.option("--nproc-per-node", default=1, show_default=True, type=click.IntRange(min=1),
@@ -49,11 +52,12 @@ SHORTCUTS = {
 @click.option("--fresh", is_flag=True, help="Ignore existing checkpoints in --out; start over.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train(preset, config_file, overrides, attention, sharding, embedding_sharding, precision,
-          balancer, data, nproc_per_node, max_restarts, out, until_step, fresh,
-          no_progress) -> None:
+          activation_checkpointing, balancer, data, nproc_per_node, max_restarts, out, until_step,
+          fresh, no_progress) -> None:
     """Train a GEM model. With no options: the default preset on generated data on CPU."""
     shortcuts = {"attention": attention, "sharding": sharding,
                  "embedding_sharding": embedding_sharding, "precision": precision,
+                 "activation_checkpointing": activation_checkpointing,
                  "balancer": balancer, "data": data}
     all_overrides = list(overrides) + [f"{SHORTCUTS[k]}={v}" for k, v in shortcuts.items() if v]
     config = load_config(preset=preset, path=config_file, overrides=all_overrides)

@@ -83,7 +83,21 @@ def load_config(
         name = preset or DEFAULT_PRESET
         data = read_preset(name)
         data.setdefault("name", name)
+    overrides = list(overrides)
+    _drop_options_of_another_source(data, overrides)
     return structure(GemConfig, apply_overrides(data, overrides))
+
+
+def _drop_options_of_another_source(data: dict[str, Any], overrides: list[str]) -> None:
+    """``[data.options]`` belong to the source they were written for: when an override picks
+    another source, the base file's options are dropped (options set by overrides stay)."""
+    section = data.get("data")
+    if not isinstance(section, dict):
+        return
+    for override in overrides:
+        path, value = parse_override(override)
+        if path == ["data", "source"] and value != section.get("source", "synthetic"):
+            section.pop("options", None)
 
 
 def structure(cls: type[T], data: Any, path: str = "") -> T:

@@ -138,6 +138,9 @@ class BackendsConfig:
     precision: str = "auto"
     """Precision recipe (``--precision``)."""
 
+    activation_checkpointing: str = "auto"
+    """Activation-checkpointing policy (``--activation-checkpointing``)."""
+
     balancer: str = "auto"
     """Batch balancer across data-parallel ranks."""
 

@@ -21,6 +21,7 @@ class RunBackends:
     dense_sharding: Resolved
     embedding_sharding: Resolved
     precision: Resolved
+    activation_checkpointing: Resolved
     balancer: Resolved
     data: Resolved
 
@@ -49,6 +50,8 @@ def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContex
         dense_sharding=plugins.resolve("dense_sharding", b.dense_sharding, context),
         embedding_sharding=plugins.resolve("embedding_sharding", b.embedding_sharding, context),
         precision=precision,
+        activation_checkpointing=plugins.resolve("activation_checkpointing",
+                                                 b.activation_checkpointing, context),
         balancer=plugins.resolve("balancer", b.balancer, context),
         data=plugins.resolve("data", config.data.source, context),
     )

@@ -13,7 +13,6 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gem_core.batch import JaggedBatch
 from gem_core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -31,6 +30,7 @@ from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.evaluate import evaluate
+from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
@@ -98,23 +98,39 @@ class _Trainer:
         self.model = build_model(config.model, self.schema,
                                  attention=self.backends.attention.impl,
                                  embedding_backend=self.backends.embedding.impl)
-        self.engine = parallelize(
-            self.model, ctx=ctx, precision=self.backends.precision.impl,
-            embedding_sharding=self.backends.embedding_sharding.impl,
-            dense_sharding=self.backends.dense_sharding.impl,
-            make_optimizer=make_adamw(self.tc),
-        )
         window = config.model.window or None
-        self.stream = self.source.train_stream(
+        self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
             balancer=self.backends.balancer.impl,
             cost_fn=lambda b: causal_window_pairs(b.seq_lengths(), window).tolist(),
         )
+        self._calibrate_precision()
+        self.engine = parallelize(
+            self.model, ctx=ctx, precision=self.backends.precision.impl,
+            embedding_sharding=self.backends.embedding_sharding.impl,
+            activation_checkpointing=self.backends.activation_checkpointing.impl,
+            dense_sharding=self.backends.dense_sharding.impl,
+            make_optimizer=make_adamw(self.tc),
+        )
+        self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
         self.eval_history: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
                        "padded_flops": 0.0, "padded_attention_flops": 0.0}
+
+    def _calibrate_precision(self) -> None:
+        """Recipes that choose by measuring (automatic FP8 selection) see a few training
+        batches from a separate stream, so the training stream starts untouched."""
+        recipe = self.backends.precision.impl
+        if not hasattr(recipe, "calibrate"):
+            return
+        stream = self.source.train_stream(**self.stream_args)
+        batches = [next(stream).to(self.ctx.device) for _ in range(recipe.calibration_batches)]
+        self.model.to(self.ctx.device)
+        tasks = self.schema.tasks
+        recipe.calibrate(self.model, batches,
+                         lambda logits, batch: mean_loss(logits, batch, tasks))
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -202,11 +218,7 @@ class _Trainer:
             logits = self.engine(batch)
         # Sum over the local samples, divided by the global batch and multiplied by the world
         # size: averaging gradients across ranks then gives the gradient of the global mean.
-        task_sums = torch.stack([
-            F.binary_cross_entropy_with_logits(logits[t].float(), batch.labels[t],
-                                               reduction="sum")
-            for t in self.schema.tasks
-        ])
+        task_sums = task_loss_sums(logits, batch, self.schema.tasks)
         loss = task_sums.sum() * (ctx.world_size / tc.batch_size)
         self.engine.backward(loss)
         grad_norm = self.engine.clip_grad_norm(tc.grad_clip)
