@@ -16,7 +16,7 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_stays_close_to_fp32():
                         embedding_backend=ReferenceEmbeddingBackend())
     batch = source.generate(32, split=1, index=0)
     recipe = BFloat16Recipe()
-    assert recipe.convert(model, None) is model
+    assert recipe.convert(model, None, {}) is model
     with torch.no_grad():
         reference = model(batch)
         with recipe.autocast("cpu"):

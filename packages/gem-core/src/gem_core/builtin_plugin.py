@@ -63,7 +63,10 @@ def gem_register_dense_sharding(register) -> None:
 class _Replicated:
     """Tables stay ordinary parameters, replicated and synchronised by the dense strategy."""
 
-    def apply(self, model, *, ctx):
+    def apply(self, model, *, ctx, options):
+        from gem_core.precision import reject_options
+
+        reject_options("embedding_sharding 'replicated'", options)
         return model
 
 
@@ -90,7 +93,10 @@ def gem_register_precision_recipes(register) -> None:
 class _NoCheckpointing:
     """Every activation is stored for the backward."""
 
-    def apply(self, model, *, ctx):
+    def apply(self, model, *, ctx, options):
+        from gem_core.precision import reject_options
+
+        reject_options("activation_checkpointing 'none'", options)
         return model
 
 

@@ -69,7 +69,11 @@ class Engine:
 class SingleProcess:
     """The ``none`` dense strategy: one process, no wrapping."""
 
-    def apply(self, model: nn.Module, *, ctx, make_optimizer: Callable) -> Engine:
+    def apply(self, model: nn.Module, *, ctx, make_optimizer: Callable, precision,
+              options) -> Engine:
+        from gem_core.precision import reject_options
+
+        reject_options("dense_sharding 'none'", options)
         if ctx.world_size > 1:
             raise RuntimeError(
                 f"dense_sharding 'none' runs one process but this run has {ctx.world_size} ranks; "

@@ -68,11 +68,13 @@ def gem_register_dense_sharding(register: Register) -> None:
     """Register dense-parameter parallelism strategies (kind ``dense_sharding``).
 
     ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext,
-    make_optimizer) -> Engine``. The strategy wraps or shards the model's dense parameters for the
+    make_optimizer, precision, options) -> Engine``. The strategy wraps or shards the model's dense parameters for the
     process group in ``ctx``, builds the optimizer with ``make_optimizer(module)`` (or owns the
     optimizer itself, as DeepSpeed does) and returns an :class:`gem_core.engine.Engine` whose
     ``backward``/``step``/``state_dict`` the trainer drives. Gradients must equal, within float
-    tolerance, those of a single process on the union of the ranks' batches.
+    tolerance, those of a single process on the union of the ranks' batches. ``precision`` is
+    the run's recipe (its ``mixed_precision_policy()`` is for strategies that cast parameters);
+    ``options`` is ``[parallel.dense]`` of the config, which the strategy validates.
     """
 
 
@@ -80,8 +82,8 @@ def gem_register_dense_sharding(register: Register) -> None:
 def gem_register_embedding_sharding(register: Register) -> None:
     """Register embedding-table sharding strategies (kind ``embedding_sharding``).
 
-    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext) -> nn.Module`` that
-    places the model's embedding tables (the module at ``model.embeddings``) across the process
+    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext, options) ->
+    nn.Module`` (``options``: ``[parallel.embedding]``) that places the model's embedding tables (the module at ``model.embeddings``) across the process
     group, returning the model with the same forward semantics. It runs before dense sharding.
     """
 
@@ -91,12 +93,12 @@ def gem_register_precision_recipes(register: Register) -> None:
     """Register precision recipes (kind ``precision``).
 
     ``load()`` returns an object satisfying :class:`gem_core.precision.PrecisionRecipe`:
-    ``convert(model, ctx) -> model`` (module swaps such as FP8 linears; runs first in
+    ``convert(model, ctx, options) -> model`` (module swaps such as FP8 linears; runs first in
     ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
     ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
     weights, loss and metrics stay in float32. A recipe that must look at data first (automatic
     FP8 layer selection) also defines ``calibration_batches: int`` and ``calibrate(model,
-    batches, loss_fn)``; the trainer calls it once, before ``convert``, with that many training
+    batches, loss_fn, options)``; the trainer calls it once, before ``convert``, with that many training
     batches drawn from a separate stream (the training stream itself is not advanced).
     """
 
@@ -105,8 +107,8 @@ def gem_register_precision_recipes(register: Register) -> None:
 def gem_register_activation_checkpointing(register: Register) -> None:
     """Register activation-checkpointing policies (kind ``activation_checkpointing``).
 
-    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext) -> nn.Module`` that
-    wraps chosen submodules so their activations are recomputed in the backward instead of
+    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext, options) ->
+    nn.Module`` (``options``: ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations are recomputed in the backward instead of
     stored. It runs in ``parallelize()`` after embedding sharding and before dense sharding, and
     must leave the model's outputs and gradients unchanged (only memory and time change).
     """

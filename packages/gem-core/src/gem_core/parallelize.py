@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from gem_core.config import GemConfig
 from torch import nn
 
 from gem_core.distributed import ParallelContext
@@ -20,19 +21,22 @@ def parallelize(
     activation_checkpointing: Any,
     dense_sharding: Any,
     make_optimizer: Callable,
+    config: GemConfig,
 ) -> Engine:
     """Apply precision, embedding sharding, activation checkpointing and dense sharding to
     ``model``; return its Engine."""
     model = model.to(ctx.device)
     # 1. Precision conversion first: module swaps (FP8 linears) must see the plain modules, and
     #    sharding must then shard the converted parameters (FP8 all-gather needs that order).
-    model = precision.convert(model, ctx)
+    model = precision.convert(model, ctx, config.precision.options)
     # 2. Embedding sharding: the tables leave the replicated parameter set before the dense
     #    strategy wraps what remains.
-    model = embedding_sharding.apply(model, ctx=ctx)
+    model = embedding_sharding.apply(model, ctx=ctx, options=config.parallel.embedding)
     # 3. Activation checkpointing wraps blocks before dense sharding, so that FSDP shards the
     #    checkpointed blocks (their parameters are gathered again for the recomputation).
-    model = activation_checkpointing.apply(model, ctx=ctx)
+    model = activation_checkpointing.apply(model, ctx=ctx,
+                                           options=config.parallel.activation_checkpointing)
     # 4. Compile would come here, on the checkpointed blocks, before FSDP wraps them.
     # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
-    return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer)
+    return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer,
+                                precision=precision, options=config.parallel.dense)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Protocol
+from typing import Any, ContextManager, Mapping, Protocol
+
+from gem_core.errors import GemConfigError
 
 from torch import nn
 
@@ -15,8 +17,10 @@ class PrecisionRecipe(Protocol):
     compute_dtype: str
     """The dtype matmuls run in (``float32``, ``bfloat16``, ``float8``...)."""
 
-    def convert(self, model: nn.Module, ctx: Any) -> nn.Module:
-        """Swap modules (e.g. FP8 linears); runs first in ``parallelize()``."""
+    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
+        """Swap modules (e.g. FP8 linears); runs first in ``parallelize()``. ``options`` is
+        ``[precision.options]`` of the config; the recipe validates it (unknown keys are an
+        error)."""
         ...
 
     def autocast(self, device_type: str) -> ContextManager[None]:
@@ -28,13 +32,20 @@ class PrecisionRecipe(Protocol):
         ...
 
 
+def reject_options(owner: str, options: Mapping[str, Any]) -> None:
+    """For implementations that take no options: any option is a mistake worth an error."""
+    if options:
+        raise GemConfigError(f"{owner} takes no options; got {', '.join(sorted(options))}")
+
+
 class Float32Recipe:
     """``fp32``: everything in float32."""
 
     name = "fp32"
     compute_dtype = "float32"
 
-    def convert(self, model: nn.Module, ctx: Any) -> nn.Module:
+    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
+        reject_options(self.name, options)
         return model
 
     def autocast(self, device_type: str) -> ContextManager[None]:

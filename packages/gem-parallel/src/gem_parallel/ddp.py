@@ -9,10 +9,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
+from gem_core.precision import reject_options
 
 
 class DistributedDataParallelStrategy:
-    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable) -> Engine:
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
+              precision, options) -> Engine:
+        reject_options("dense_sharding 'ddp'", options)
         if not ctx.is_distributed:
             # One rank: DDP would only add a no-op all-reduce; keep the exact single-process math.
             return Engine(model, make_optimizer(model))

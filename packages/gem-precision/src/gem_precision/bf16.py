@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Mapping
 
 import torch
 from torch import nn
+
+from gem_core.precision import reject_options
 
 
 class BFloat16Recipe:
     name = "bf16"
     compute_dtype = "bfloat16"
 
-    def convert(self, model: nn.Module, ctx: Any) -> nn.Module:
+    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
+        reject_options("precision 'bf16'", options)
         return model  # parameters stay float32 (master weights); autocast casts per op
 
     def autocast(self, device_type: str) -> ContextManager[None]:

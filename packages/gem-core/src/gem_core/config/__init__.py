@@ -13,6 +13,8 @@ from gem_core.config.schema import (
     DataConfig,
     GemConfig,
     ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
     TrainConfig,
 )
 
@@ -22,6 +24,8 @@ __all__ = [
     "DataConfig",
     "GemConfig",
     "ModelConfig",
+    "ParallelConfig",
+    "PrecisionConfig",
     "TrainConfig",
     "load_config",
     "preset_names",

@@ -146,6 +146,28 @@ class BackendsConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ParallelConfig:
+    """Options of the chosen parallelism implementations; each validates its own."""
+
+    dense: dict[str, Any] = attrs.field(factory=dict)
+    """Options of the dense sharding strategy (e.g. HSDP mesh sizes)."""
+
+    embedding: dict[str, Any] = attrs.field(factory=dict)
+    """Options of the embedding sharding strategy (e.g. a forced plan per table)."""
+
+    activation_checkpointing: dict[str, Any] = attrs.field(factory=dict)
+    """Options of the activation-checkpointing policy (e.g. which module kinds)."""
+
+
+@attrs.frozen(kw_only=True)
+class PrecisionConfig:
+    """Options of the chosen precision recipe; the recipe validates them."""
+
+    options: dict[str, Any] = attrs.field(factory=dict)
+    """Recipe options (e.g. FP8 exclude list, selection threshold)."""
+
+
+@attrs.frozen(kw_only=True)
 class GemConfig:
     """A whole run."""
 
@@ -156,3 +178,5 @@ class GemConfig:
     data: DataConfig = attrs.field(factory=DataConfig)
     train: TrainConfig = attrs.field(factory=TrainConfig)
     backends: BackendsConfig = attrs.field(factory=BackendsConfig)
+    parallel: ParallelConfig = attrs.field(factory=ParallelConfig)
+    precision: PrecisionConfig = attrs.field(factory=PrecisionConfig)

@@ -110,7 +110,7 @@ class _Trainer:
             embedding_sharding=self.backends.embedding_sharding.impl,
             activation_checkpointing=self.backends.activation_checkpointing.impl,
             dense_sharding=self.backends.dense_sharding.impl,
-            make_optimizer=make_adamw(self.tc),
+            make_optimizer=make_adamw(self.tc), config=config,
         )
         self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
@@ -130,7 +130,8 @@ class _Trainer:
         self.model.to(self.ctx.device)
         tasks = self.schema.tasks
         recipe.calibrate(self.model, batches,
-                         lambda logits, batch: mean_loss(logits, batch, tasks))
+                         lambda logits, batch: mean_loss(logits, batch, tasks),
+                         self.config.precision.options)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
