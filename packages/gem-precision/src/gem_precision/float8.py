@@ -1,0 +1,62 @@
+"""The torchao float8 training calls: imported only when an FP8 recipe is used."""
+
+from __future__ import annotations
+
+from typing import Any, Collection
+
+import torch
+from torch import nn
+
+from gem_core.errors import GemError
+
+
+def torchao_float8() -> Any:
+    """``torchao.float8``, or an error that says why FP8 cannot run."""
+    try:
+        import torchao.float8 as float8
+    except ImportError as error:
+        raise GemError("FP8 recipes need torchao (pip install 'gem-precision[fp8]', torchao==0.18.0)"
+                       f": {error}") from error
+    return float8
+
+
+def float8_config(recipe: str, *, fsdp_float8_all_gather: bool = False) -> Any:
+    """torchao's Float8LinearConfig for ``recipe`` (``tensorwise`` or ``rowwise``)."""
+    float8 = torchao_float8()
+    config = float8.Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_float8_all_gather:
+        import dataclasses
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return config
+
+
+def check_float8_runs(config: Any, device: torch.device) -> None:
+    """Run one tiny FP8 linear forward and backward on ``device``, so that a device without FP8
+    matmuls fails here with its reason instead of in the middle of a training step."""
+    float8 = torchao_float8()
+    probe = float8.Float8Linear.from_float(nn.Linear(32, 32, bias=False).to(device), config=config)
+    x = torch.randn(32, 32, device=device, requires_grad=True)
+    try:
+        probe(x).sum().backward()
+    except (RuntimeError, NotImplementedError) as error:
+        raise GemError(f"torchao float8 training does not run on {device}: {error}") from error
+
+
+def to_float8(layer: nn.Linear, config: Any) -> nn.Module:
+    """A Float8Linear sharing ``layer``'s parameters."""
+    return torchao_float8().Float8Linear.from_float(layer, config=config)
+
+
+def convert_layers(model: nn.Module, names: Collection[str], config: Any) -> nn.Module:
+    """Swap exactly the linear layers named in ``names`` for torchao Float8Linear."""
+    names = set(names)
+    if not names:
+        return model
+    float8 = torchao_float8()
+    float8.convert_to_float8_training(model, config=config,
+                                      module_filter_fn=lambda module, fqn: fqn in names)
+    swapped = {fqn for fqn, m in model.named_modules() if isinstance(m, float8.Float8Linear)}
+    if not names <= swapped:
+        raise GemError(f"torchao did not convert {sorted(names - swapped)} to float8")
+    return model

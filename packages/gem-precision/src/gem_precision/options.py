@@ -1,0 +1,93 @@
+"""The ``[precision.options]`` of the FP8 recipes, validated with gem-core's ``structure``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from gem_core.config import structure
+from gem_core.errors import GemConfigError
+
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+STASH_GRANULARITIES = ("tensor", "row")
+# Module kinds whose saved activations the FP8 stash may quantize (see activation_stash.py).
+STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "interaction")
+
+
+def _one_of(*allowed: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}")
+    return check
+
+
+def _each_one_of(*allowed: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+        unknown = [v for v in value if v not in allowed]
+        if unknown:
+            raise ValueError(f"unknown entries {unknown}; allowed: {', '.join(allowed)}")
+    return check
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must be >= 0; got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Fp8Options:
+    """Options of ``fp8-tensorwise`` and ``fp8-rowwise``."""
+
+    exclude: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Module names (or fnmatch patterns, or prefixes such as ``tower.blocks.0``) kept in high
+    precision. Task heads (``heads.*``), embeddings and norms are never converted anyway."""
+
+    min_dim: int = attrs.field(default=32)
+    """Smallest in/out feature size worth converting: below it FP8 casts cost more than they save."""
+
+    fsdp_float8_all_gather: bool = False
+    """Under FSDP2, all-gather converted weights in FP8 (tensorwise scaling only)."""
+
+    activation_fp8: bool = False
+    """Store activations saved for backward in float8 e4m3 with a scale (the FP8 stash)."""
+
+    activation_scaling: str = attrs.field(default="row", validator=_one_of(*STASH_GRANULARITIES))
+    """Scale of the stash: one per tensor, or one per row (last dimension)."""
+
+    activation_modules: tuple[str, ...] = attrs.field(
+        default=("sequence_block", "target_attention", "interaction"), converter=tuple,
+        validator=_each_one_of(*STASH_KINDS))
+    """Module kinds whose saved activations the stash quantizes."""
+
+    activation_min_numel: int = 1024
+    """Saved tensors smaller than this stay as they are (scales would cost more than they save)."""
+
+
+@attrs.frozen(kw_only=True)
+class Fp8AutoOptions(Fp8Options):
+    """Options of ``fp8-auto``: those of the fixed FP8 recipes plus the selection rule."""
+
+    recipe: str = attrs.field(default="rowwise", validator=_one_of(*FLOAT8_RECIPES))
+    """torchao float8 scaling measured and used for the chosen layers."""
+
+    max_output_error: float = attrs.field(default=0.08, validator=_non_negative)
+    """Largest relative error of a layer's FP8 output (vs float32) that still converts it."""
+
+    max_grad_error: float = attrs.field(default=0.15, validator=_non_negative)
+    """Largest relative error of its input or weight gradient that still converts it."""
+
+    max_loss_change: float = attrs.field(default=0.002, validator=_non_negative)
+    """Largest relative change of the calibration loss when only that layer is FP8."""
+
+    report_path: str = ""
+    """Where to write the per-layer table as JSON (a ``.txt`` table goes next to it); empty: none."""
+
+
+def parse_options(cls: type, options: Mapping[str, Any], recipe: str) -> Any:
+    """``options`` as ``cls``; unknown keys and bad values name the dotted key."""
+    parsed = structure(cls, dict(options), "precision.options")
+    if parsed.fsdp_float8_all_gather and getattr(parsed, "recipe", recipe) != "tensorwise":
+        raise GemConfigError(f"precision.options.fsdp_float8_all_gather needs tensorwise scaling; "
+                             f"{recipe!r} uses rowwise")
+    return parsed
