@@ -32,3 +32,25 @@ def linear_flops(tokens: int | Tensor, in_features: int, out_features: int) -> T
 def attention_flops(pairs: int | Tensor, head_dim_total: int) -> Tensor | int:
     """QK^T and PV over ``pairs`` (query, key) pairs with all heads together."""
     return 4 * pairs * head_dim_total
+
+
+def linear_layer_flops(module: torch.nn.Module, rows: int) -> int:
+    """Forward FLOPs of every ``nn.Linear`` inside ``module`` applied to ``rows`` rows each."""
+    return sum(2 * rows * m.in_features * m.out_features
+               for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def self_attention_pairs(lengths: Tensor, causal: bool, window: int | None, dense: bool) -> int:
+    """(query, key) pairs of jagged self-attention. ``dense``: what a kernel that computes every
+    sample's full ``L x L`` square spends (the reference backend); otherwise the masked pairs."""
+    n = lengths.to(torch.int64)
+    if dense or not causal:
+        if not dense and window is not None:
+            raise NotImplementedError("non-causal windowed attention has no closed form here")
+        return int((n * n).sum())
+    return int(causal_window_pairs(n, window).sum())
+
+
+def cross_pairs(q_lengths: Tensor | int, kv_lengths: Tensor | int) -> int:
+    """(query, key) pairs of cross-attention or PMA: every query sees every key of its sample."""
+    return int(torch.as_tensor(q_lengths * kv_lengths).sum())

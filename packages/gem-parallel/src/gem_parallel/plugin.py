@@ -13,6 +13,27 @@ def _ddp():
     return DistributedDataParallelStrategy()
 
 
+def _fsdp2():
+    from gem_parallel.fsdp import FullyShardedStrategy
+
+    return FullyShardedStrategy(hybrid=False)
+
+
+def _hsdp():
+    from gem_parallel.fsdp import FullyShardedStrategy
+
+    return FullyShardedStrategy(hybrid=True)
+
+
+def _deepspeed(stage: int):
+    def load():
+        from gem_parallel.deepspeed_zero import DeepSpeedZeroStrategy
+
+        return DeepSpeedZeroStrategy(stage)
+
+    return load
+
+
 def _lpt():
     from gem_parallel.balance import lpt_balancer
 
@@ -25,6 +46,21 @@ def gem_register_dense_sharding(register) -> None:
         name="ddp", load=_ddp,
         description="torch DistributedDataParallel: replicated dense parameters, all-reduced grads",
     ))
+    register(ImplementationSpec(
+        name="fsdp2", load=_fsdp2,
+        description="FSDP2 fully_shard per sequence block + root over a 1-D mesh (ZeRO-3 like)",
+    ))
+    register(ImplementationSpec(
+        name="hsdp", load=_hsdp,
+        description="FSDP2 hybrid: 2-D mesh (dp_replicate, dp_shard) from [parallel.dense]",
+    ))
+    for stage, what in ((1, "optimizer state"), (2, "optimizer state and gradients"),
+                        (3, "optimizer state, gradients and parameters")):
+        register(ImplementationSpec(
+            name=f"deepspeed-zero{stage}", load=_deepspeed(stage), requires=("deepspeed",),
+            dtypes=("float32", "bfloat16"),
+            description=f"DeepSpeed ZeRO stage {stage}: {what} partitioned across ranks",
+        ))
 
 
 @hookimpl

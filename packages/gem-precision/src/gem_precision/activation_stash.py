@@ -84,7 +84,8 @@ class ActivationStash:
     def pack(self, x: Tensor) -> Any:
         # Parameters are already kept by the module; copying them to FP8 would add bytes and
         # change weight gradients. Integer and already-FP8 tensors have nothing to gain.
-        if (isinstance(x, nn.Parameter) or x.dtype not in _QUANTIZABLE
+        # Tensor subclasses (torchao's float8 tensors) carry their own encoding.
+        if (isinstance(x, nn.Parameter) or type(x) is not Tensor or x.dtype not in _QUANTIZABLE
                 or x.numel() < self.min_numel):
             if not isinstance(x, nn.Parameter):
                 self.stats.kept_bytes += x.numel() * x.element_size()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Collection
 
 import torch
@@ -20,22 +21,27 @@ def torchao_float8() -> Any:
     return float8
 
 
-def float8_config(recipe: str, *, fsdp_float8_all_gather: bool = False) -> Any:
+def emulate_on(device: torch.device | str, float8_matmul: str) -> bool:
+    """Whether FP8 matmuls are emulated (FP8 casts, float32 matmul) for ``float8_matmul``."""
+    if float8_matmul == "auto":
+        return torch.device(device).type == "cpu"
+    return float8_matmul == "emulated"
+
+
+def float8_config(recipe: str, *, emulate: bool = False,
+                  fsdp_float8_all_gather: bool = False) -> Any:
     """torchao's Float8LinearConfig for ``recipe`` (``tensorwise`` or ``rowwise``)."""
     float8 = torchao_float8()
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
-    if fsdp_float8_all_gather:
-        import dataclasses
-
-        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
-    return config
+    return dataclasses.replace(config, emulate=emulate,
+                               enable_fsdp_float8_all_gather=fsdp_float8_all_gather)
 
 
 def check_float8_runs(config: Any, device: torch.device) -> None:
     """Run one tiny FP8 linear forward and backward on ``device``, so that a device without FP8
     matmuls fails here with its reason instead of in the middle of a training step."""
     float8 = torchao_float8()
-    probe = float8.Float8Linear.from_float(nn.Linear(32, 32, bias=False).to(device), config=config)
+    probe = float8_linear_class().from_float(nn.Linear(32, 32, bias=False).to(device), config=config)
     x = torch.randn(32, 32, device=device, requires_grad=True)
     try:
         probe(x).sum().backward()
@@ -45,7 +51,7 @@ def check_float8_runs(config: Any, device: torch.device) -> None:
 
 def to_float8(layer: nn.Linear, config: Any) -> nn.Module:
     """A Float8Linear sharing ``layer``'s parameters."""
-    return torchao_float8().Float8Linear.from_float(layer, config=config)
+    return float8_linear_class().from_float(layer, config=config)
 
 
 def convert_layers(model: nn.Module, names: Collection[str], config: Any) -> nn.Module:
@@ -56,7 +62,14 @@ def convert_layers(model: nn.Module, names: Collection[str], config: Any) -> nn.
     float8 = torchao_float8()
     float8.convert_to_float8_training(model, config=config,
                                       module_filter_fn=lambda module, fqn: fqn in names)
-    swapped = {fqn for fqn, m in model.named_modules() if isinstance(m, float8.Float8Linear)}
+    swapped = {fqn for fqn, m in model.named_modules() if isinstance(m, float8_linear_class())}
     if not names <= swapped:
         raise GemError(f"torchao did not convert {sorted(names - swapped)} to float8")
     return model
+
+
+def float8_linear_class() -> type[nn.Module]:
+    torchao_float8()  # the clear error when torchao is missing
+    from torchao.float8.float8_linear import Float8Linear
+
+    return Float8Linear

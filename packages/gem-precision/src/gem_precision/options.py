@@ -11,6 +11,7 @@ from gem_core.errors import GemConfigError
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 STASH_GRANULARITIES = ("tensor", "row")
+FLOAT8_MATMULS = ("auto", "scaled_mm", "emulated")
 # Module kinds whose saved activations the FP8 stash may quantize (see activation_stash.py).
 STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "interaction")
 
@@ -45,6 +46,11 @@ class Fp8Options:
 
     min_dim: int = attrs.field(default=32)
     """Smallest in/out feature size worth converting: below it FP8 casts cost more than they save."""
+
+    float8_matmul: str = attrs.field(default="auto", validator=_one_of(*FLOAT8_MATMULS))
+    """``scaled_mm`` (real FP8 matmuls), ``emulated`` (the same FP8 casts, matmul in float32) or
+    ``auto``: emulated on CPU, where torch._scaled_mm is a slow reference kernel (about 100x
+    float32 at tiny's shapes), scaled_mm elsewhere. The choice is logged."""
 
     fsdp_float8_all_gather: bool = False
     """Under FSDP2, all-gather converted weights in FP8 (tensorwise scaling only)."""

@@ -46,6 +46,55 @@ class ModelConfig:
     dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
     """Dropout on the interaction MLP during training."""
 
+    history_mean: bool = True
+    """Feed the mean of the tower's history outputs to the interaction as one token."""
+
+    pma_queries: int = attrs.field(default=0, validator=at_least(0))
+    """K learned queries of pooled multi-head attention (PMA) over the tower's output: each
+    history is compressed into K candidate-independent user tokens (the user embedding), fed to
+    the interaction and to target-aware attention as keys. 0: no PMA."""
+
+    cross_attention: bool = False
+    """After every sequence layer, history tokens attend to the sample's non-sequence user and
+    context tokens (long query, short K/V). Candidate features stay out, so the tower's output
+    remains candidate-independent."""
+
+    target_attention: bool = True
+    """Target-aware attention: the candidate (see ``target_queries``) queries the user tokens
+    and the history. Off: no candidate-to-history path (the model sees only pooled history)."""
+
+    target_queries: str = attrs.field(default="candidate", validator=choice("candidate", "all"))
+    """``candidate``: only the candidate token queries; ``all``: the candidate and every
+    non-sequence token query, each non-candidate result added to its query token."""
+
+    target_history: int = attrs.field(default=0, validator=at_least(0))
+    """Most recent history tokens that target-aware attention sees besides the PMA user tokens;
+    0: the whole history."""
+
+    interaction: str = attrs.field(default="dot", validator=choice("dot", "wukong"))
+    """Feature interaction over the non-sequence tokens: DLRM ``dot`` products + MLP, or a stack
+    of ``wukong`` layers (optimised factorization-machine block + linear compress block)."""
+
+    wukong_layers: int = attrs.field(default=2, validator=greater_than(0))
+    """Depth of the Wukong stack."""
+
+    wukong_fm_rank: int = attrs.field(default=8, validator=greater_than(0))
+    """Rank k of the optimised FM: ``X (X^T Y)`` with a learned ``(n, k)`` Y instead of the full
+    ``n x n`` Gram matrix."""
+
+    wukong_fmb_tokens: int = attrs.field(default=8, validator=greater_than(0))
+    """Tokens a factorization-machine block emits per layer (n_F)."""
+
+    wukong_lcb_tokens: int = attrs.field(default=8, validator=greater_than(0))
+    """Tokens a linear compress block emits per layer (n_L); a layer is n_F + n_L tokens wide."""
+
+    wukong_mlp_dim: int = attrs.field(default=256, validator=greater_than(0))
+    """Hidden width of the MLP inside each factorization-machine block."""
+
+    multitask: str = attrs.field(default="independent", validator=choice("independent", "esmm"))
+    """``independent``: one logit head per task. ``esmm``: entire-space conversion,
+    p(conversion) = p(click) * p(conversion | click) (tasks ``click`` and ``conversion``)."""
+
     def __attrs_post_init__(self) -> None:
         if self.embedding_dim % self.num_heads:
             raise ValueError(f"embedding_dim ({self.embedding_dim}) must be divisible by "
@@ -117,6 +166,19 @@ class TrainConfig:
 
     deterministic: bool = False
     """Ask torch for deterministic algorithms (slower; exact resume tests need it)."""
+
+    skip_nonfinite: bool = True
+    """Skip the optimizer step (on every rank) when the loss or gradient norm is NaN or Inf."""
+
+    spike_factor: float = attrs.field(default=0.0, validator=at_least(0))
+    """Skip a step whose loss exceeds this multiple of the recent mean loss; 0 disables."""
+
+    spike_window: int = attrs.field(default=50, validator=greater_than(0))
+    """Good steps whose mean loss a spike is judged against."""
+
+    max_bad_steps: int = attrs.field(default=3, validator=at_least(0))
+    """After this many consecutive skipped steps, roll back to the latest checkpoint and go on
+    with the next batches (the ones that caused it are not seen again); 0 never rolls back."""
 
 
 @attrs.frozen(kw_only=True)

@@ -11,12 +11,15 @@ from gem_core.attention import AttentionBackend, AttentionParams
 from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
 from gem_core.embedding import EmbeddingTableConfig
-from gem_core.flops import TRAIN_FACTOR, attention_flops, causal_window_pairs
+from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import Jagged
+from gem_core.model.heads import CLICK, CONVERSION, esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
+from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.tokens import EventTokenizer
+from gem_core.model.wukong import WukongInteraction
 from gem_core.schema import FeatureSchema
 
 ITEM_TABLE = "item"
@@ -38,7 +41,12 @@ def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[Embeddi
 
 
 class GEMModel(nn.Module):
-    """Embeddings -> sequence tower -> target-aware attention -> interaction -> task heads."""
+    """Embeddings -> sequence tower (+ cross-attention to the user's non-sequence tokens) ->
+    PMA user tokens -> target-aware attention -> interaction (dot or Wukong) -> task heads.
+
+    Everything up to PMA depends on the user and context only (the upstream user model); the
+    candidate enters at target-aware attention and the interaction (the downstream ranker).
+    """
 
     def __init__(self, config: ModelConfig, schema: FeatureSchema, *,
                  attention: AttentionBackend, embeddings: nn.Module) -> None:
@@ -51,14 +59,34 @@ class GEMModel(nn.Module):
         self.attention_params = AttentionParams(
             causal=True, window=config.window or None, normalization=config.normalization
         )
+        self.num_context = len(schema.sparse_features) + (1 if schema.num_dense else 0)
+        if config.cross_attention and config.num_layers and not self.num_context:
+            raise ValueError("model.cross_attention needs non-sequence sparse or dense features; "
+                             "the schema has none")
         self.tower = SequenceTower(dim, config.num_heads, config.num_layers,
-                                   int(config.mlp_ratio * dim), self.attention_params, attention)
-        self.target_attention = TargetAwareAttention(dim, config.num_heads, attention)
+                                   int(config.mlp_ratio * dim), self.attention_params, attention,
+                                   cross_attention=config.cross_attention)
+        self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
+                    if config.pma_queries else None)
+        self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
+                                                      recent=config.target_history)
+                                 if config.target_attention else None)
         self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
-        # candidate, target-aware summary, history mean, sparse features, dense
-        self.num_tokens = 3 + len(schema.sparse_features) + (1 if schema.num_dense else 0)
-        self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
-                                             config.dropout)
+        # candidate, target-aware summary, history mean, PMA user tokens, sparse features, dense
+        self.num_tokens = (1 + int(config.target_attention) + int(config.history_mean)
+                           + config.pma_queries + self.num_context)
+        if config.interaction == "wukong":
+            self.interaction = WukongInteraction(
+                self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
+                fmb_tokens=config.wukong_fmb_tokens, lcb_tokens=config.wukong_lcb_tokens,
+                mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
+                dropout=config.dropout)
+        else:
+            self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
+                                                 config.dropout)
+        if config.multitask == "esmm" and not {CLICK, CONVERSION} <= set(schema.tasks):
+            raise ValueError(f"model.multitask = 'esmm' needs tasks {CLICK!r} and "
+                             f"{CONVERSION!r}; the data has {', '.join(schema.tasks)}")
         self.heads = nn.ModuleDict({t: nn.Linear(self.interaction.out_dim, 1)
                                     for t in schema.tasks})
 
@@ -84,7 +112,13 @@ class GEMModel(nn.Module):
         ages = batch.request_timestamps[rows] - batch.seq_timestamps
         events = self.events(looked_up["history_item"], batch.seq_action_ids, ages,
                              batch.seq_dense)
-        history = self.tower(events, offsets, max_len)
+        # Non-sequence user/context tokens: candidate-independent, so the tower may see them.
+        context = [looked_up[f.name] for f in self.schema.sparse_features]
+        if self.dense_proj is not None:
+            context.append(self.dense_proj(batch.dense))
+        history = self.tower(events, offsets, max_len,
+                             torch.stack(context, dim=1) if len(self.tower.cross) else None)
+        user_tokens = self.pma(history, offsets, max_len) if self.pma is not None else None
 
         candidate = looked_up["candidate_item"]
         for feature in self.schema.candidate_features:
@@ -92,50 +126,73 @@ class GEMModel(nn.Module):
         candidate_content = self.events.content_vector(batch.candidate_dense)
         if candidate_content is not None:
             candidate = candidate + candidate_content
-        target_summary = self.target_attention(candidate, history, offsets, max_len)
-        history_mean = torch.zeros_like(candidate).index_add_(0, rows, history)
-        history_mean = history_mean / lengths.clamp(min=1).unsqueeze(1).to(history.dtype)
 
-        tokens = [candidate, target_summary, history_mean]
-        tokens += [looked_up[f.name] for f in self.schema.sparse_features]
-        if self.dense_proj is not None:
-            tokens.append(self.dense_proj(batch.dense))
+        tokens = [candidate]
+        if self.target_attention is not None:
+            if self.config.target_queries == "all":
+                queries = torch.stack([candidate, *context], dim=1)
+                attended = self.target_attention(queries, history, offsets, max_len, user_tokens)
+                tokens.append(attended[:, 0])
+                context = [token + attended[:, 1 + i] for i, token in enumerate(context)]
+            else:
+                tokens.append(self.target_attention(candidate, history, offsets, max_len,
+                                                    user_tokens))
+        if self.config.history_mean:
+            history_mean = torch.zeros_like(candidate).index_add_(0, rows, history)
+            tokens.append(history_mean
+                          / lengths.clamp(min=1).unsqueeze(1).to(history.dtype))
+        if user_tokens is not None:
+            tokens += list(user_tokens.unbind(1))
+        tokens += context
         shared = self.interaction(torch.stack(tokens, dim=1))
-        return {task: head(shared).squeeze(-1) for task, head in self.heads.items()}
+        logits = {task: head(shared).squeeze(-1) for task, head in self.heads.items()}
+        return esmm_logits(logits) if self.config.multitask == "esmm" else logits
+
+    def flops_by_module(self, lengths: Tensor, *, dense: bool = False) -> dict[str, int]:
+        """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch with these
+        history lengths. ``dense``: attention as a backend that computes every sample's full
+        query x key rectangle (the reference backend) spends it; otherwise the masked pairs."""
+        c = self.config
+        lengths = lengths.to(torch.int64).cpu()
+        batch, tokens = lengths.numel(), int(lengths.sum())
+        counts: dict[str, int] = {}
+        content = self.events.content
+        if content is not None:
+            # History events, and the candidate (the data sends its content vector with it).
+            counts["events"] = linear_layer_flops(content, tokens + batch)
+        if self.dense_proj is not None:
+            counts["dense_proj"] = linear_layer_flops(self.dense_proj, batch)
+        for key, value in self.tower.flops(lengths, self.num_context, dense).items():
+            counts[f"tower.{key}"] = value
+        if self.pma is not None:
+            for key, value in self.pma.flops(lengths).items():
+                counts[f"pma.{key}"] = value
+        if self.target_attention is not None:
+            queries = 1 + (self.num_context if c.target_queries == "all" else 0)
+            for key, value in self.target_attention.flops(lengths, queries,
+                                                          c.pma_queries).items():
+                counts[f"target_attention.{key}"] = value
+        counts["interaction"] = self.interaction.flops(batch)
+        counts["heads"] = linear_layer_flops(self.heads, batch)
+        return counts
 
     def flops(self, lengths: Tensor) -> Mapping[str, int]:
         """Training FLOPs (3 x forward) of one batch with these history lengths, jagged and as
-        if every history were padded to the batch maximum."""
-        c = self.config
-        dim, hidden = c.embedding_dim, int(c.mlp_ratio * c.embedding_dim)
-        lengths = lengths.to(torch.int64)
-        batch = lengths.numel()
-        max_len = int(lengths.max()) if batch else 0
-        per_token_linear = 2 * (dim * 3 * dim + dim * dim + dim * 2 * hidden + hidden * dim)
-        window = c.window or None
+        if every history were padded to the batch maximum (where a padded kernel computes every
+        query x key tile)."""
+        lengths = lengths.to(torch.int64).cpu()
+        max_len = int(lengths.max()) if lengths.numel() else 0
+        jagged = self.flops_by_module(lengths)
+        padded = self.flops_by_module(torch.full_like(lengths, max_len), dense=True)
 
-        def tower_and_target(tokens: int, pairs: int) -> tuple[int, int]:
-            linear = c.num_layers * per_token_linear * tokens
-            attention = c.num_layers * attention_flops(pairs, dim)
-            # target-aware attention: 1 query per sample over its history
-            linear += 2 * (dim * 2 * dim) * tokens + 2 * 2 * dim * dim * batch
-            attention += attention_flops(tokens, dim)
-            return linear, attention
+        def attention(counts: Mapping[str, int]) -> int:
+            return sum(v for k, v in counts.items() if k.endswith(".attention"))
 
-        tokens = int(lengths.sum())
-        pairs = int(causal_window_pairs(lengths, window).sum())
-        linear, attention = tower_and_target(tokens, pairs)
-        padded_tokens = batch * max_len
-        padded_pairs = batch * max_len * max_len  # a padded kernel computes every tile
-        padded_linear, padded_attention = tower_and_target(padded_tokens, padded_pairs)
-        head = sum(2 * m.in_features * m.out_features * batch
-                   for m in self.interaction.modules() if isinstance(m, nn.Linear))
-        head += 2 * batch * self.num_tokens ** 2 * dim
         return {
-            "total": TRAIN_FACTOR * (linear + attention + head),
-            "attention": TRAIN_FACTOR * attention,
-            "padded_total": TRAIN_FACTOR * (padded_linear + padded_attention + head),
-            "padded_attention": TRAIN_FACTOR * padded_attention,
+            "total": TRAIN_FACTOR * sum(jagged.values()),
+            "attention": TRAIN_FACTOR * attention(jagged),
+            "padded_total": TRAIN_FACTOR * sum(padded.values()),
+            "padded_attention": TRAIN_FACTOR * attention(padded),
         }
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gem_core.flops import linear_layer_flops
+
 
 class DotInteractionMLP(nn.Module):
     """DLRM-style: the upper triangle of the token Gram matrix, concatenated with the tokens."""
 
     def __init__(self, num_tokens: int, dim: int, hidden: tuple[int, ...], dropout: float) -> None:
         super().__init__()
+        self.num_tokens, self.dim = num_tokens, dim
         rows, cols = torch.triu_indices(num_tokens, num_tokens, offset=1)
         self.register_buffer("pair_rows", rows, persistent=False)
         self.register_buffer("pair_cols", cols, persistent=False)
@@ -26,3 +29,8 @@ class DotInteractionMLP(nn.Module):
         gram = torch.bmm(tokens, tokens.transpose(1, 2))
         pairs = gram[:, self.pair_rows, self.pair_cols]
         return self.mlp(torch.cat([tokens.flatten(1), pairs], dim=1))
+
+    def flops(self, batch: int) -> int:
+        """Forward FLOPs (matmuls only): the Gram matrix and the MLP."""
+        gram = 2 * batch * self.num_tokens * self.num_tokens * self.dim
+        return gram + linear_layer_flops(self.mlp, batch)

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.flops import attention_flops, linear_layer_flops, self_attention_pairs
+from gem_core.model.cross_attention import CrossFeatureAttention
 
 
 class SwiGLU(nn.Module):
@@ -40,20 +42,50 @@ class JaggedSelfAttentionBlock(nn.Module):
         x = x + self.proj(attended.reshape(tokens, dim))
         return x + self.mlp(self.mlp_norm(x))
 
+    def flops(self, lengths: Tensor, dense: bool) -> dict[str, int]:
+        """Forward FLOPs (matmuls only) over histories of these lengths; ``dense`` counts every
+        sample's full square, as the reference backend computes it."""
+        pairs = self_attention_pairs(lengths, self.params.causal, self.params.window, dense)
+        return {"linear": linear_layer_flops(self, int(lengths.sum())),
+                "attention": attention_flops(pairs, self.qkv.in_features)}
+
 
 class SequenceTower(nn.Module):
-    """A stack of jagged self-attention blocks; the output is candidate-independent."""
+    """A stack of jagged self-attention blocks, each optionally followed by cross-attention to
+    the sample's non-sequence context tokens; the output is candidate-independent.
+
+    The cross-attention layers live in their own list (``cross``) so that every entry of
+    ``blocks`` keeps the ``(x, offsets, max_len) -> x`` form that activation checkpointing wraps.
+    """
 
     def __init__(self, dim: int, heads: int, layers: int, mlp_hidden: int,
-                 params: AttentionParams, attention: AttentionBackend) -> None:
+                 params: AttentionParams, attention: AttentionBackend,
+                 cross_attention: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
             JaggedSelfAttentionBlock(dim, heads, mlp_hidden, params, attention)
             for _ in range(layers)
         )
+        self.cross = nn.ModuleList(
+            CrossFeatureAttention(dim, heads, attention) for _ in range(layers if cross_attention
+                                                                        else 0)
+        )
         self.norm = nn.RMSNorm(dim)
 
-    def forward(self, x: Tensor, offsets: Tensor, max_len: int) -> Tensor:
-        for block in self.blocks:
+    def forward(self, x: Tensor, offsets: Tensor, max_len: int,
+                context: Tensor | None = None) -> Tensor:
+        """``context``: ``(B, C, d)`` non-sequence tokens, needed when ``cross`` is not empty."""
+        for i, block in enumerate(self.blocks):
             x = block(x, offsets, max_len)
+            if len(self.cross):
+                x = self.cross[i](x, offsets, max_len, context)
         return self.norm(x)
+
+    def flops(self, lengths: Tensor, num_context: int, dense: bool) -> dict[str, int]:
+        totals = {"linear": 0, "attention": 0}
+        for module in [*self.blocks, *self.cross]:
+            counts = (module.flops(lengths, num_context) if isinstance(module, CrossFeatureAttention)
+                      else module.flops(lengths, dense))
+            for key, value in counts.items():
+                totals[key] += value
+        return totals

@@ -1,4 +1,5 @@
-"""Target-aware attention: each candidate ad queries its own user's history (short q, long K/V)."""
+"""Target-aware attention: the candidate ad's tokens query their own user's tokens (short q,
+long K/V): the PMA user tokens, if any, and the most recent history tokens."""
 
 from __future__ import annotations
 
@@ -6,30 +7,81 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.flops import attention_flops, cross_pairs
 
 _FULL = AttentionParams()  # every query sees every key of its own sample
 
 
-class TargetAwareAttention(nn.Module):
-    """One query per sample (the candidate token) over that sample's history tokens.
+def recent_lengths(lengths: Tensor, recent: int) -> Tensor:
+    """History tokens target-aware attention sees per sample (``recent`` 0: all of them)."""
+    return lengths.clamp(max=recent) if recent else lengths
 
-    A sample with an empty history gets a zero vector (the attention API's contract), so its
-    prediction rests on the other tokens.
+
+def gather_keys(history: Tensor, offsets: Tensor, user_tokens: Tensor | None,
+                recent: int) -> tuple[Tensor, Tensor]:
+    """Per sample, its user tokens followed by its last ``recent`` history tokens, jagged:
+    ``(total, d)`` and offsets ``(B + 1,)``. With no user tokens and ``recent`` 0 this is the
+    history itself (no copy)."""
+    if user_tokens is None and not recent:
+        return history, offsets
+    lengths = offsets[1:] - offsets[:-1]
+    batch = lengths.numel()
+    num_user = 0 if user_tokens is None else user_tokens.shape[1]
+    kv_lengths = recent_lengths(lengths, recent) + num_user
+    kv_offsets = torch.zeros_like(offsets)
+    torch.cumsum(kv_lengths, 0, out=kv_offsets[1:])
+    rows = torch.repeat_interleave(torch.arange(batch, device=offsets.device), kv_lengths)
+    position = torch.arange(rows.numel(), device=offsets.device) - kv_offsets[rows]
+    # History slot p >= num_user takes event end - kept + (p - num_user) of its sample.
+    kept = kv_lengths - num_user
+    history_index = offsets[rows + 1] - kept[rows] + (position - num_user)
+    if user_tokens is None:
+        return history[history_index], kv_offsets
+    source = torch.cat([history, user_tokens.reshape(-1, history.shape[1])])
+    user_index = history.shape[0] + rows * num_user + position
+    return source[torch.where(position < num_user, user_index, history_index)], kv_offsets
+
+
+class TargetAwareAttention(nn.Module):
+    """Q query tokens per sample (the candidate, optionally the non-sequence tokens too) over
+    that sample's user tokens and recent history.
+
+    A sample with no keys (empty history and no PMA) gets a zero vector (the attention API's
+    contract), so its prediction rests on the other tokens.
     """
 
-    def __init__(self, dim: int, heads: int, attention: AttentionBackend) -> None:
+    def __init__(self, dim: int, heads: int, attention: AttentionBackend,
+                 recent: int = 0) -> None:
         super().__init__()
-        self.heads, self.attention = heads, attention
+        self.heads, self.attention, self.recent = heads, attention, recent
         self.query = nn.Linear(dim, dim, bias=False)
         self.key_value = nn.Linear(dim, 2 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, candidate: Tensor, history: Tensor, offsets: Tensor, max_len: int) -> Tensor:
-        batch, dim = candidate.shape
+    def forward(self, queries: Tensor, history: Tensor, offsets: Tensor, max_len: int,
+                user_tokens: Tensor | None = None) -> Tensor:
+        """``queries`` ``(B, d)`` or ``(B, Q, d)``; returns the same shape."""
+        single = queries.dim() == 2
+        queries = queries.unsqueeze(1) if single else queries
+        batch, num_queries, dim = queries.shape
         head_dim = dim // self.heads
-        q = self.query(candidate).view(batch, self.heads, head_dim)
-        k, v = self.key_value(history).view(-1, 2, self.heads, head_dim).unbind(1)
-        q_offsets = torch.arange(batch + 1, device=candidate.device, dtype=offsets.dtype)
-        out = self.attention(q, k, v, q_offsets, offsets, params=_FULL, max_q_len=1,
-                             max_kv_len=max_len)
-        return self.proj(out.reshape(batch, dim))
+        keys, kv_offsets = gather_keys(history, offsets, user_tokens, self.recent)
+        max_kv = (min(max_len, self.recent) if self.recent else max_len) + (
+            0 if user_tokens is None else user_tokens.shape[1])
+        q = self.query(queries).view(batch * num_queries, self.heads, head_dim)
+        k, v = self.key_value(keys).view(-1, 2, self.heads, head_dim).unbind(1)
+        q_offsets = torch.arange(batch + 1, device=queries.device,
+                                 dtype=offsets.dtype) * num_queries
+        out = self.attention(q, k, v, q_offsets, kv_offsets, params=_FULL,
+                             max_q_len=num_queries, max_kv_len=max_kv)
+        out = self.proj(out.reshape(batch, num_queries, dim))
+        return out.squeeze(1) if single else out
+
+    def flops(self, lengths: Tensor, num_queries: int, num_user: int) -> dict[str, int]:
+        """Forward FLOPs (matmuls only)."""
+        batch, dim = lengths.numel(), self.query.in_features
+        kv_lengths = recent_lengths(lengths.to(torch.int64), self.recent) + num_user
+        linear = (2 * 2 * batch * num_queries * dim * dim
+                  + 2 * int(kv_lengths.sum()) * dim * 2 * dim)
+        return {"linear": linear,
+                "attention": attention_flops(cross_pairs(num_queries, kv_lengths), dim)}

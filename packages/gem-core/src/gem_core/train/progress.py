@@ -23,6 +23,12 @@ class Progress:
                              tokens_s=f"{record['tokens_per_s']:.0f}", refresh=False)
         self.bar.update(1)
 
+    def update_to(self, step: int) -> None:
+        """Move the bar to ``step`` (after a rollback)."""
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

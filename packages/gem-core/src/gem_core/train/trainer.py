@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import shutil
 import statistics
@@ -30,6 +31,7 @@ from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.evaluate import evaluate
+from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
@@ -114,6 +116,7 @@ class _Trainer:
         )
         self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
+        self.guard = StepGuard(self.tc)
         self.eval_history: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
@@ -156,14 +159,37 @@ class _Trainer:
                 f"{path} was written by {state['world_size']} ranks and this run has "
                 f"{self.ctx.world_size}; resharding on resume is not supported yet"
             )
-        self.engine.load_state_dict(state["engine"])
         self.stream.load_state_dict(state["data"][self.ctx.rank])
-        _set_rng_state(state["rng"][self.ctx.rank])
-        self.step = step
-        self.totals = state["totals"]
-        self.eval_history = state["eval_history"]
+        self._restore(state)
         self.run_dir.truncate_metrics(after_step=step)
         log.info("resumed from %s at step %d", path, step)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Model, optimizer, RNG, counters and guard as saved (the data position is separate:
+        a rollback keeps the stream where it is so the bad batches are not seen again)."""
+        self.engine.load_state_dict(state["engine"])
+        _set_rng_state(state["rng"][self.ctx.rank])
+        self.step = state["step"]
+        self.totals = state["totals"]
+        self.eval_history = state["eval_history"]
+        self.guard.load_state_dict(state["guard"])
+
+    def _roll_back(self) -> None:
+        found = latest_checkpoint(self.run_dir.path)
+        if found is None:
+            raise RuntimeError(
+                f"{self.guard.consecutive_bad} consecutive steps were skipped "
+                f"({self.guard.report()['reasons']}) and there is no checkpoint to roll back to; "
+                "lower train.lr or inspect the data"
+            )
+        step, path = found
+        # What went wrong since the checkpoint did happen: keep counting it after the restore.
+        reasons, rollbacks = self.guard.reasons.copy(), self.guard.rollbacks + 1
+        self._restore(load_checkpoint(path))
+        self.guard.reasons, self.guard.rollbacks = reasons, rollbacks
+        self.guard.consecutive_bad = 0
+        self.run_dir.truncate_metrics(after_step=step)
+        log.warning("rolled back to %s (step %d); the batches since are skipped", path, step)
 
     def _save(self) -> None:
         data_states = _gather_objects(self.stream.state_dict(), self.ctx)
@@ -174,6 +200,7 @@ class _Trainer:
                 "step": self.step, "engine": engine_state, "data": data_states,
                 "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
                 "config": unstructure(self.config), "world_size": self.ctx.world_size,
+                "guard": self.guard.state_dict(),
             }, keep=self.tc.keep_checkpoints)
 
     # -- the loop -------------------------------------------------------------------------------
@@ -192,6 +219,10 @@ class _Trainer:
         self.engine.train()
         while self.step < stop:
             record = self._train_step(next(self.stream), peak)
+            if self.guard.must_roll_back:
+                self._roll_back()
+                bar.update_to(self.step)
+                continue
             self.step += 1
             if self.step % self.tc.log_every == 0 or self.step == self.tc.steps:
                 self.run_dir.append_metrics(record)
@@ -222,20 +253,29 @@ class _Trainer:
         task_sums = task_loss_sums(logits, batch, self.schema.tasks)
         loss = task_sums.sum() * (ctx.world_size / tc.batch_size)
         self.engine.backward(loss)
-        grad_norm = self.engine.clip_grad_norm(tc.grad_clip)
-        self.engine.step()
+        grad_norm = float(self.engine.clip_grad_norm(tc.grad_clip))
         flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu())
         local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
-                              flops["padded_total"], flops["padded_attention"]],
+                              flops["padded_total"], flops["padded_attention"],
+                              0.0 if math.isfinite(grad_norm) else 1.0],
                              dtype=torch.float64)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        step_time = time.perf_counter() - started
+        # One reduction gives every rank the same loss and the same "any rank non-finite" flag,
+        # so all ranks take or skip the step together.
         reduced = all_reduce_sum(local, ctx).tolist()
         num_tasks = len(self.schema.tasks)
         task_loss = [x / tc.batch_size for x in reduced[:num_tasks]]
-        samples, tokens, total, attention, padded, padded_attention = reduced[num_tasks:]
+        samples, tokens, total, attention, padded, padded_attention, bad = reduced[num_tasks:]
+        skipped = self.guard.verdict(sum(task_loss), math.inf if bad else grad_norm)
+        self.guard.record(sum(task_loss), skipped)
+        if skipped is None:
+            self.engine.step()
+        else:
+            self.engine.zero_grad()
+            log.warning("step %d skipped: %s", self.step + 1, skipped)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        step_time = time.perf_counter() - started
         self.totals["samples"] += int(samples)
         self.totals["tokens"] += int(tokens)
         self.totals["flops"] += total
@@ -257,6 +297,8 @@ class _Trainer:
             "flops": total,
             "mfu": total / (ctx.world_size * step_time * peak),
         }
+        if skipped is not None:
+            record["skipped"] = skipped
         return record
 
     def _evaluate(self) -> None:
@@ -311,6 +353,7 @@ class _Trainer:
                                          "not measured in this run (gem bench scaling)"),
                 "e2e": local_mfu * scaling if (local_mfu is not None and scaling) else None,
             },
+            "guard": self.guard.report(),
             "backends": self.backends.describe(),
             "data": getattr(self.source, "report", lambda: {})(),
             "config": unstructure(self.config),

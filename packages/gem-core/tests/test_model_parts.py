@@ -1,0 +1,117 @@
+"""The GEM model's parts: key gathering, ESMM, PMA independence from the candidate, cross- and
+Wukong blocks, and every switch training end to end (forward and backward)."""
+
+import attrs
+import pytest
+import torch
+
+from gem_core.attention.reference import ReferenceAttention
+from gem_core.config import DataConfig, ModelConfig
+from gem_core.data.synthetic import SyntheticSource
+from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.model import build_model
+from gem_core.model.cross_attention import CrossFeatureAttention
+from gem_core.model.heads import product_logit
+from gem_core.model.target_attention import gather_keys
+from gem_core.model.wukong import WukongInteraction
+
+
+@pytest.fixture(scope="module")
+def data():
+    source = SyntheticSource(DataConfig(max_seq_len=40), seed=1)
+    return source.schema, source.generate(10, split=1, index=0)
+
+
+def _model(schema, **kwargs):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(embedding_dim=16, **kwargs), schema,
+                       attention=ReferenceAttention(), embedding_backend=ReferenceEmbeddingBackend())
+
+
+@pytest.mark.parametrize("recent", [0, 1, 3])
+@pytest.mark.parametrize("num_user", [0, 2])
+def test_gather_keys_is_user_tokens_then_recent_history(recent, num_user):
+    lengths = torch.tensor([0, 5, 2, 1])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    history = torch.randn(int(lengths.sum()), 4)
+    user = torch.randn(4, num_user, 4) if num_user else None
+    keys, kv_offsets = gather_keys(history, offsets, user, recent)
+    for b in range(4):
+        events = history[offsets[b]:offsets[b + 1]]
+        events = events[-recent:] if recent else events
+        expected = events if user is None else torch.cat([user[b], events])
+        assert torch.equal(keys[kv_offsets[b]:kv_offsets[b + 1]], expected)
+
+
+def test_esmm_product_logit_is_exact_and_stable():
+    a = torch.tensor([-3.0, 0.0, 2.0, 40.0, -60.0, 60.0], dtype=torch.float64)
+    b = torch.tensor([1.0, 0.5, -2.0, 40.0, -60.0, -60.0], dtype=torch.float64)
+    p = torch.sigmoid(a) * torch.sigmoid(b)
+    got = product_logit(a, b)
+    moderate = slice(0, 3)
+    assert torch.allclose(got[moderate], torch.log(p / (1 - p))[moderate], atol=1e-10)
+    assert torch.isfinite(got).all()
+    assert got[4] == pytest.approx(-120.0, abs=1e-6)  # log p, far below underflow of p itself
+    # p(conversion) never exceeds p(click), and gradients stay finite at saturation.
+    x = torch.randn(1000) * 20
+    y = torch.randn(1000, requires_grad=True)
+    combined = product_logit(x, y * 20)
+    assert (combined <= x + 1e-4).all()
+    combined.sum().backward()
+    assert torch.isfinite(y.grad).all()
+
+
+def test_user_tokens_do_not_depend_on_the_candidate(data):
+    schema, batch = data
+    model = _model(schema, pma_queries=3, cross_attention=True, target_queries="all")
+    captured = []
+    model.pma.register_forward_hook(lambda module, args, out: captured.append(out))
+    other = attrs.evolve(batch, candidate_item_ids=(batch.candidate_item_ids + 7) % schema.num_items,
+                         candidate_sparse={k: torch.zeros_like(v)
+                                           for k, v in batch.candidate_sparse.items()})
+    with torch.no_grad():
+        first, second = model(batch), model(other)
+    assert torch.equal(captured[0], captured[1])
+    assert not torch.equal(first["click"], second["click"])
+
+
+def test_cross_attention_starts_as_identity():
+    block = CrossFeatureAttention(8, 2, ReferenceAttention())
+    x = torch.randn(7, 8)
+    offsets = torch.tensor([0, 3, 3, 7])
+    assert torch.equal(block(x, offsets, 4, torch.randn(3, 2, 8)), x)
+
+
+def test_wukong_changes_token_count_through_a_learned_residual():
+    wukong = WukongInteraction(5, 8, layers=3, rank=2, fmb_tokens=3, lcb_tokens=1, mlp_dim=16,
+                               hidden=(12,), dropout=0.0)
+    assert wukong(torch.randn(4, 5, 8)).shape == (4, 12)
+    assert wukong.layers[0].residual is not None and wukong.layers[1].residual is None
+
+
+@pytest.mark.parametrize("switches", [
+    dict(pma_queries=2, history_mean=False, interaction="wukong", multitask="esmm"),
+    dict(cross_attention=True, target_queries="all", target_history=4, normalization="silu"),
+    dict(num_layers=0, target_attention=False),
+    dict(target_attention=False, pma_queries=1),
+])
+def test_every_switch_trains(data, switches):
+    schema, batch = data
+    model = _model(schema, **switches)
+    out = model(batch)
+    assert set(out) == set(schema.tasks)
+    loss = sum(torch.nn.functional.binary_cross_entropy_with_logits(out[t], batch.labels[t])
+               for t in out)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    if switches.get("multitask") == "esmm":
+        assert (torch.sigmoid(out["conversion"]) <= torch.sigmoid(out["click"]) + 1e-6).all()
+
+
+def test_esmm_and_cross_attention_say_what_they_need(data):
+    schema, _ = data
+    with pytest.raises(ValueError, match="esmm"):
+        _model(attrs.evolve(schema, tasks=("click",)), multitask="esmm")
+    with pytest.raises(ValueError, match="cross_attention"):
+        _model(attrs.evolve(schema, sparse_features=(), num_dense=0), cross_attention=True)

@@ -1,0 +1,41 @@
+"""``gem bench flops`` (called directly; the plugin registers it) and the meta-device summary."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gem_core.cli.bench_flops import bench_flops
+from gem_core.config import DataConfig, load_config
+from gem_core.data.synthetic import SyntheticSource
+from gem_core.model.summary import model_summary
+
+
+def test_bench_flops_json_puts_analytic_and_counted_side_by_side():
+    result = CliRunner().invoke(bench_flops, [
+        "--json", "--batch-size", "6", "--set", "data.max_seq_len=24",
+        "--set", "model.pma_queries=2", "--set", "model.interaction=wukong"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["forward"]["analytic_over_counted"] == pytest.approx(1.0, abs=0.01)
+    assert report["forward_backward"]["analytic_over_counted"] == pytest.approx(1.0, abs=0.01)
+    by_module = report["forward_by_module"]
+    assert set(by_module["analytic"]) == set(by_module["counted"]) >= {"tower", "pma", "heads"}
+    for name, value in by_module["analytic"].items():
+        assert value == pytest.approx(by_module["counted"][name], rel=0.01), name
+
+
+@pytest.mark.parametrize("preset", ["tiny", "dlrm-baseline", "small", "large"])
+def test_every_preset_is_described_without_allocating(preset):
+    config = load_config(preset=preset)
+    # The synthetic schema needs only the id spaces; keep the generator's arrays small.
+    options = {k: v for k, v in config.data.options.items() if k != "num_users"}
+    options["num_items"] = min(options.get("num_items", 2000), 1000)
+    schema = SyntheticSource(DataConfig(max_seq_len=config.data.max_seq_len, options=options),
+                             seed=0).schema
+    summary = model_summary(config.model, schema)
+    params = summary["parameters"]
+    assert params["total"] == params["embedding"] + params["dense"] > 0
+    per_length = summary["train_flops_per_sample_by_history_length"]
+    values = [per_length[k] for k in sorted(per_length, key=int)]
+    assert values == sorted(values) and values[-1] > 0

@@ -1,0 +1,172 @@
+"""``deepspeed-zero1|2|3``: DeepSpeed ZeRO over the process group torchrun started.
+
+DeepSpeed owns the optimizer step: it wraps the AdamW that ``make_optimizer`` builds (same
+parameter groups as every other strategy) in its ZeRO optimizer, which partitions optimizer
+state (stage 1), gradients too (stage 2) or parameters too (stage 3) across the ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from gem_core.distributed import ParallelContext
+from gem_core.engine import Engine
+from gem_core.precision import reject_options
+
+from gem_parallel.eval_replica import EvalReplica
+
+OPTIMIZER_STATE_KEYS = ("exp_avg", "exp_avg_sq")
+"""The per-parameter state of (torch) AdamW that a full checkpoint carries."""
+
+
+def deepspeed_config(stage: int, *, world_size: int, bf16: bool) -> dict[str, Any]:
+    """The DeepSpeed config: ZeRO ``stage``, one micro-batch per step (the trainer forms the
+    batches and scales the loss itself), bf16 when the precision recipe computes in it."""
+    return {
+        # DeepSpeed insists on a batch size; the trainer does its own batching, so these only
+        # make DeepSpeed treat every backward as an accumulation boundary.
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": bf16},
+        # The trainer's AdamW (torch) is not one of DeepSpeed's tested optimizers.
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedZeroStrategy:
+    def __init__(self, stage: int) -> None:
+        self.stage = stage
+        self.name = f"deepspeed-zero{stage}"
+
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
+              precision, options) -> Engine:
+        reject_options(f"dense_sharding {self.name!r}", options)
+        import deepspeed
+
+        bf16 = getattr(precision, "compute_dtype", "float32") == "bfloat16"
+        if getattr(precision, "compute_dtype", "float32") not in ("float32", "bfloat16"):
+            raise RuntimeError(
+                f"dense_sharding {self.name!r} supports float32 and bfloat16 recipes; "
+                f"{precision.name!r} computes in {precision.compute_dtype}"
+            )
+        # Stage 3 partitions the parameters inside the module itself, so evaluation needs a
+        # separate replica (see eval_replica); stages 1-2 keep full parameters on every rank.
+        replica = EvalReplica(model) if self.stage == 3 else None
+        ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=make_optimizer(model),
+            config=deepspeed_config(self.stage, world_size=ctx.world_size, bf16=bf16),
+        )
+        return DeepSpeedEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica)
+
+
+class DeepSpeedEngine(Engine):
+    """Backward, clipping, step and full state dicts through the DeepSpeed engine."""
+
+    def __init__(self, ds_engine, optimizer, *, unwrapped: nn.Module,
+                 replica: EvalReplica | None) -> None:
+        super().__init__(ds_engine, optimizer, unwrapped=unwrapped)
+        self.ds = ds_engine
+        self.replica = replica
+
+    def _named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
+
+    def train(self, mode: bool = True) -> None:
+        self.ds.train(mode)
+        if self.replica is None:
+            return
+        if mode:
+            self.replica.release()
+        else:
+            # Every rank enters evaluation together: the one moment a gather is safe.
+            self.replica.fill(self._full_model_state)
+
+    def predict(self, batch: Any) -> Any:
+        if self.replica is not None:
+            return self.replica(batch)
+        # Stages 1-2: the module holds every parameter; calling it directly runs no collective.
+        return self.unwrapped(batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The global gradient norm, from DeepSpeed's full (reduced, fp32) gradients. DeepSpeed
+        clips inside ``step()`` with the same norm; ``max_norm`` is handed to it here because
+        the trainer's clip value is known only now."""
+        from deepspeed.utils import safe_get_full_grad
+
+        self.ds.optimizer.clip_grad = max_norm
+        squares = torch.zeros((), dtype=torch.float64)
+        for _, param in self._named_parameters():
+            grad = safe_get_full_grad(param)  # a collective: every rank, same order
+            if grad is not None:
+                squares += grad.double().pow(2).sum().cpu()
+        return squares.sqrt().float()
+
+    def step(self) -> None:
+        self.ds.step()
+
+    def zero_grad(self) -> None:
+        self.ds.zero_grad()
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.ds.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
+    def _full_model_state(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        full = {name: safe_get_full_fp32_param(param).detach().cpu()
+                for name, param in self._named_parameters()}
+        # Buffers are never partitioned; they are in the module's own state dict.
+        return {**{k: v.cpu() for k, v in self.unwrapped.state_dict().items()
+                   if k not in full and k in dict(self.unwrapped.named_buffers())}, **full}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full fp32 weights and AdamW moments by parameter name, gathered from the ZeRO
+        partitions (collectives: every rank calls it), plus the step count."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        optimizer = {key: {name: safe_get_full_optimizer_state(param, key).detach().cpu()
+                           for name, param in self._named_parameters()}
+                     for key in OPTIMIZER_STATE_KEYS}
+        return {"model": self._full_model_state(),
+                "optimizer": {**optimizer, "step": self._adam_step()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        model, optimizer = state["model"], state["optimizer"]
+        for name, param in self._named_parameters():
+            safe_set_full_fp32_param(param, model[name].to(param.device))
+            for key in OPTIMIZER_STATE_KEYS:
+                safe_set_full_optimizer_state(param, optimizer[key][name].to(param.device), key)
+        for name, buffer in self.unwrapped.named_buffers():
+            if name in model:
+                buffer.copy_(model[name])
+        for per_param in self._base_optimizer().state.values():
+            if "step" in per_param:
+                per_param["step"].fill_(optimizer["step"]) if torch.is_tensor(
+                    per_param["step"]) else per_param.__setitem__("step", optimizer["step"])
+
+    def _base_optimizer(self) -> torch.optim.Optimizer:
+        return self.ds.optimizer.optimizer
+
+    def _adam_step(self) -> float:
+        steps = {float(s["step"]) for s in self._base_optimizer().state.values() if "step" in s}
+        if len(steps) > 1:
+            raise RuntimeError(f"AdamW partitions disagree on the step count: {sorted(steps)}")
+        return steps.pop() if steps else 0.0
+
+
+def _is_finite(value: float) -> bool:
+    return math.isfinite(value)

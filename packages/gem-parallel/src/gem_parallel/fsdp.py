@@ -1,0 +1,162 @@
+"""``fsdp2`` and ``hsdp``: FSDP2 (``fully_shard``) over a 1-D or 2-D DeviceMesh.
+
+Each sequence-tower block is its own FSDP unit (its parameters are gathered just before it runs
+and freed after), then the root takes every remaining parameter (embeddings, heads). HSDP shards
+within a ``dp_shard`` group and replicates across ``dp_replicate`` groups; the mesh is ordered
+``("dp_replicate", "dp_shard")`` as FSDP2 expects.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import attrs
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from gem_core.config import structure
+from gem_core.distributed import ParallelContext
+from gem_core.engine import Engine
+from gem_core.errors import GemConfigError
+
+from gem_parallel.eval_replica import EvalReplica
+
+
+@attrs.frozen(kw_only=True)
+class FsdpOptions:
+    """``[parallel.dense]`` of ``fsdp2``."""
+
+    reshard_after_forward: bool = True
+    """Free gathered block parameters after the forward (ZeRO-3 like) and gather them again for
+    the backward; False keeps them until the backward (ZeRO-2 like: more memory, less traffic)."""
+
+
+@attrs.frozen(kw_only=True)
+class HsdpOptions:
+    """``[parallel.dense]`` of ``hsdp``: the 2-D mesh. ``dp_replicate x dp_shard`` must equal the
+    number of ranks."""
+
+    dp_shard: int = 0
+    """Ranks that shard one copy of the parameters (usually the GPUs of a node); 0: the ranks per
+    node (torchrun's LOCAL_WORLD_SIZE), or every rank when that is unknown."""
+
+    dp_replicate: int = 0
+    """Copies of the sharded parameters, all-reduced across; 0: the number of ranks over
+    ``dp_shard``."""
+
+    reshard_after_forward: bool = True
+    """As for ``fsdp2``."""
+
+
+def _require_process_group(name: str, ctx: ParallelContext) -> None:
+    if not ctx.is_distributed:
+        raise RuntimeError(
+            f"dense_sharding {name!r} shards parameters across ranks but this run has one process; "
+            f"launch several (gem train --nproc-per-node N) or use --sharding none"
+        )
+
+
+def hsdp_mesh_shape(options: HsdpOptions, world_size: int) -> tuple[int, int]:
+    """``(dp_replicate, dp_shard)`` from the options, checked against the number of ranks."""
+    shard = options.dp_shard or min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+                                    world_size)
+    replicate = options.dp_replicate or world_size // shard
+    if replicate * shard != world_size:
+        raise GemConfigError(
+            f"parallel.dense: dp_replicate ({replicate}) x dp_shard ({shard}) must equal the "
+            f"number of ranks ({world_size})"
+        )
+    return replicate, shard
+
+
+class FullyShardedStrategy:
+    """``fsdp2`` (``hybrid=False``) or ``hsdp`` (``hybrid=True``)."""
+
+    def __init__(self, *, hybrid: bool) -> None:
+        self.hybrid = hybrid
+        self.name = "hsdp" if hybrid else "fsdp2"
+
+    def mesh(self, ctx: ParallelContext, options: Any) -> tuple[DeviceMesh, bool]:
+        if self.hybrid:
+            opts = structure(HsdpOptions, dict(options), "parallel.dense")
+            shape = hsdp_mesh_shape(opts, ctx.world_size)
+            names = ("dp_replicate", "dp_shard")
+        else:
+            opts = structure(FsdpOptions, dict(options), "parallel.dense")
+            shape, names = (ctx.world_size,), ("dp_shard",)
+        return init_device_mesh(ctx.device.type, shape, mesh_dim_names=names), \
+            opts.reshard_after_forward
+
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
+              precision, options) -> Engine:
+        _require_process_group(self.name, ctx)
+        mesh, reshard = self.mesh(ctx, options)
+        replica = EvalReplica(model)
+        # The recipe's policy (e.g. bf16 parameters, fp32 reductions); None: keep fp32 throughout.
+        policy = precision.mixed_precision_policy() or MixedPrecisionPolicy()
+        blocks = getattr(getattr(model, "tower", None), "blocks", ())
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        # The root keeps its parameters gathered after the forward: the backward needs them first.
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        return FsdpEngine(model, make_optimizer(model), replica=replica)
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FsdpEngine(Engine):
+    """An engine over an FSDP2 root: DTensor gradients, full state dicts through
+    ``torch.distributed.checkpoint.state_dict``, evaluation on a gathered replica."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 replica: EvalReplica) -> None:
+        super().__init__(model, optimizer)
+        self.replica = replica
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+        if mode:
+            self.replica.release()
+        else:
+            # Every rank enters evaluation together: the one moment a gather is safe.
+            self.replica.fill(lambda: get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True)))
+
+    def predict(self, batch: Any) -> Any:
+        return self.replica(batch)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            # A partial (per-shard) norm: reduce it over the mesh to the global one.
+            norm = norm.full_tensor()
+        if max_norm > 0:
+            # As torch.nn.utils.clip_grad_norm_ computes it; applied one gradient at a time
+            # because the fused foreach path mis-scales DTensor gradients by a plain-tensor norm.
+            coefficient = min(max_norm / (float(norm) + 1e-6), 1.0)
+            if coefficient < 1.0:
+                for param in params:
+                    param.grad.mul_(coefficient)
+        return norm
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": get_model_state_dict(self.model, options=_FULL),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)

@@ -1,0 +1,39 @@
+"""Tiny GEM models and batches shared by the precision tests (shapes kept small: 2 CPU cores)."""
+
+import pytest
+import torch
+
+from gem_core.attention.bucketed import BucketedAttention
+from gem_core.config import load_config
+from gem_core.data.synthetic import SyntheticSource
+from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.model import build_model
+from gem_core.train.loss import mean_loss
+
+TINY = ["data.max_seq_len=32", "data.options.num_items=200"]
+
+
+@pytest.fixture(scope="session")
+def source():
+    return SyntheticSource(load_config(overrides=TINY).data, seed=1)
+
+
+@pytest.fixture
+def make_model(source):
+    def make():
+        torch.manual_seed(0)
+        config = load_config(overrides=TINY)
+        return build_model(config.model, source.schema, attention=BucketedAttention(),
+                           embedding_backend=ReferenceEmbeddingBackend())
+    return make
+
+
+@pytest.fixture(scope="session")
+def batches(source):
+    return [source.generate(32, split=0, index=i) for i in range(2)]
+
+
+@pytest.fixture(scope="session")
+def loss_fn(source):
+    tasks = source.schema.tasks
+    return lambda logits, batch: mean_loss(logits, batch, tasks)
