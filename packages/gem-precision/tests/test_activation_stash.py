@@ -34,7 +34,7 @@ def saved_bytes_and_grads(model, batch, loss_fn, stash=None):
     if stash is not None:  # what the stash holds never reached the outer counting hooks
         total += stash.stats.stored_bytes + stash.stats.kept_bytes
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return total, float(loss), grads
+    return total, float(loss.detach()), grads
 
 
 def test_stash_cuts_saved_bytes_and_keeps_gradients_close(make_model, batches, loss_fn):
