@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
-from gem_core.data.api import Balancer, local_share
+from gem_core.data.api import Balancer, IndexedStream
 
 from gem_data.batch_ops import concat_batches, slice_batch
 from gem_data.generator import AdsLogGenerator, SynthOptions
@@ -35,8 +35,14 @@ class SyntheticAdsSource:
         self.rows_generated = 0
 
     def train_stream(self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
-                     cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> _GeneratedStream:
-        return _GeneratedStream(self, batch_size, rank, world_size, balancer, cost_fn)
+                     cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> IndexedStream:
+        return IndexedStream(lambda index: self._train_chunk(batch_size, index), rank=rank,
+                             world_size=world_size, balancer=balancer, cost_fn=cost_fn)
+
+    def _train_chunk(self, batch_size: int, index: int) -> JaggedBatch:
+        batch = self.generator.chunk(batch_size, split="train", index=index)
+        self.rows_generated += batch.batch_size
+        return batch
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         if self._eval is None:
@@ -50,31 +56,6 @@ class SyntheticAdsSource:
     def report(self) -> dict[str, Any]:
         return {"source": "synthetic-ads", "rows_generated": self.rows_generated,
                 "rows_dropped": 0, "rows_repaired": 0}
-
-
-class _GeneratedStream:
-    def __init__(self, source: SyntheticAdsSource, batch_size: int, rank: int, world_size: int,
-                 balancer: Balancer, cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> None:
-        self.source, self.batch_size = source, batch_size
-        self.rank, self.world_size = rank, world_size
-        self.balancer, self.cost_fn = balancer, cost_fn
-        self.next_index = 0
-
-    def __iter__(self) -> _GeneratedStream:
-        return self
-
-    def __next__(self) -> JaggedBatch:
-        batch = self.source.generator.chunk(self.batch_size, split="train", index=self.next_index)
-        self.next_index += 1
-        self.source.rows_generated += batch.batch_size
-        return local_share(batch, rank=self.rank, world_size=self.world_size,
-                           balancer=self.balancer, cost_fn=self.cost_fn)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_index": self.next_index}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_index = int(state["next_index"])
 
 
 def synthetic_ads_factory(config: DataConfig, *, seed: int) -> SyntheticAdsSource:

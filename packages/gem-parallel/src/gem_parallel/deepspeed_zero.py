@@ -7,10 +7,10 @@ state (stage 1), gradients too (stage 2) or parameters too (stage 3) across the 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from gem_core.distributed import ParallelContext
@@ -18,10 +18,6 @@ from gem_core.engine import Engine
 from gem_core.precision import reject_options
 
 from gem_parallel.eval_replica import EvalReplica
-
-OPTIMIZER_STATE_KEYS = ("exp_avg", "exp_avg_sq")
-"""The per-parameter state of (torch) AdamW that a full checkpoint carries."""
-
 
 def deepspeed_config(stage: int, *, world_size: int, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed config: ZeRO ``stage``, one micro-batch per step (the trainer forms the
@@ -132,41 +128,29 @@ class DeepSpeedEngine(Engine):
                    if k not in full and k in dict(self.unwrapped.named_buffers())}, **full}
 
     def state_dict(self) -> dict[str, Any]:
-        """Full fp32 weights and AdamW moments by parameter name, gathered from the ZeRO
-        partitions (collectives: every rank calls it), plus the step count."""
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        optimizer = {key: {name: safe_get_full_optimizer_state(param, key).detach().cpu()
-                           for name, param in self._named_parameters()}
-                     for key in OPTIMIZER_STATE_KEYS}
-        return {"model": self._full_model_state(),
-                "optimizer": {**optimizer, "step": self._adam_step()}}
+        """Full fp32 weights by parameter name, and the ZeRO optimizer's partitions of every
+        rank (its fp32 master partition and AdamW moments), in rank order. Collectives: every
+        rank calls it. Resuming needs the same number of ranks (the trainer checks that)."""
+        partitions: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(partitions, _to_cpu(self.ds.optimizer.state_dict()))
+        return {"model": self._full_model_state(), "optimizer": {"zero_partitions": partitions}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-        model, optimizer = state["model"], state["optimizer"]
-        for name, param in self._named_parameters():
-            safe_set_full_fp32_param(param, model[name].to(param.device))
-            for key in OPTIMIZER_STATE_KEYS:
-                safe_set_full_optimizer_state(param, optimizer[key][name].to(param.device), key)
+        # The fp32 masters come from the optimizer partitions; DeepSpeed copies them into the
+        # module's parameters.
+        self.ds.optimizer.load_state_dict(state["optimizer"]["zero_partitions"],
+                                          load_optimizer_states=True,
+                                          load_from_fp32_weights=True)
         for name, buffer in self.unwrapped.named_buffers():
-            if name in model:
-                buffer.copy_(model[name])
-        for per_param in self._base_optimizer().state.values():
-            if "step" in per_param:
-                per_param["step"].fill_(optimizer["step"]) if torch.is_tensor(
-                    per_param["step"]) else per_param.__setitem__("step", optimizer["step"])
-
-    def _base_optimizer(self) -> torch.optim.Optimizer:
-        return self.ds.optimizer.optimizer
-
-    def _adam_step(self) -> float:
-        steps = {float(s["step"]) for s in self._base_optimizer().state.values() if "step" in s}
-        if len(steps) > 1:
-            raise RuntimeError(f"AdamW partitions disagree on the step count: {sorted(steps)}")
-        return steps.pop() if steps else 0.0
+            if name in state["model"]:
+                buffer.copy_(state["model"][name])
 
 
-def _is_finite(value: float) -> bool:
-    return math.isfinite(value)
+def _to_cpu(value: Any) -> Any:
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value

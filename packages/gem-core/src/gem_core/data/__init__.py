@@ -3,9 +3,10 @@
 from gem_core.data.api import (
     Balancer,
     DataSource,
+    IndexedStream,
     TrainStream,
     contiguous_balancer,
     local_share,
 )
 
-__all__ = ["Balancer", "DataSource", "TrainStream", "contiguous_balancer", "local_share"]
+__all__ = ["Balancer", "DataSource", "IndexedStream", "TrainStream", "contiguous_balancer", "local_share"]

@@ -75,3 +75,31 @@ def local_share(
             f"{world_size} ranks covering {len(assigned)} of {batch.batch_size} samples"
         )
     return batch.select(torch.tensor(shares[rank], dtype=torch.int64))
+
+
+class IndexedStream:
+    """A training stream over batches that are a pure function of their index (generated data):
+    the position is the next index, so resuming is exact and costs nothing."""
+
+    def __init__(self, make_global_batch: Callable[[int], JaggedBatch], *, rank: int,
+                 world_size: int, balancer: Balancer,
+                 cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> None:
+        self.make_global_batch = make_global_batch
+        self.rank, self.world_size = rank, world_size
+        self.balancer, self.cost_fn = balancer, cost_fn
+        self.next_index = 0
+
+    def __iter__(self) -> IndexedStream:
+        return self
+
+    def __next__(self) -> JaggedBatch:
+        batch = self.make_global_batch(self.next_index)
+        self.next_index += 1
+        return local_share(batch, rank=self.rank, world_size=self.world_size,
+                           balancer=self.balancer, cost_fn=self.cost_fn)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_index": self.next_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_index = int(state["next_index"])

@@ -13,7 +13,7 @@ trains end to end.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -22,7 +22,7 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, between, greater_than
-from gem_core.data.api import Balancer, local_share
+from gem_core.data.api import Balancer, IndexedStream
 from gem_core.jagged import Jagged
 from gem_core.schema import FeatureSchema, SparseFeature
 
@@ -111,8 +111,10 @@ class SyntheticSource:
     def train_stream(
         self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
         cost_fn: Callable[[JaggedBatch], Sequence[float]],
-    ) -> _SyntheticStream:
-        return _SyntheticStream(self, batch_size, rank, world_size, balancer, cost_fn)
+    ) -> IndexedStream:
+        return IndexedStream(
+            lambda index: self.generate(batch_size, split=_TRAIN, index=index),
+            rank=rank, world_size=world_size, balancer=balancer, cost_fn=cost_fn)
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         rows = self.config.eval_rows
@@ -206,30 +208,6 @@ class SyntheticSource:
         # Within a cluster, favour its first (arbitrary but fixed) items: squared uniform.
         pick = (rng.random(clusters.size) ** 2 * sizes).astype(np.int64)
         return self._cluster_items[starts + np.minimum(pick, np.maximum(sizes - 1, 0))]
-
-
-class _SyntheticStream:
-    def __init__(self, source: SyntheticSource, batch_size: int, rank: int, world_size: int,
-                 balancer: Balancer, cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> None:
-        self.source, self.batch_size = source, batch_size
-        self.rank, self.world_size = rank, world_size
-        self.balancer, self.cost_fn = balancer, cost_fn
-        self.next_index = 0
-
-    def __iter__(self) -> _SyntheticStream:
-        return self
-
-    def __next__(self) -> JaggedBatch:
-        batch = self.source.generate(self.batch_size, split=_TRAIN, index=self.next_index)
-        self.next_index += 1
-        return local_share(batch, rank=self.rank, world_size=self.world_size,
-                           balancer=self.balancer, cost_fn=self.cost_fn)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_index": self.next_index}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_index = int(state["next_index"])
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
