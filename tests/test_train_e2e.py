@@ -45,6 +45,7 @@ def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(ge
     assert summary["config"]["name"] == "tiny"
     assert summary["backends"]["attention"]["reason"].startswith("auto: ")
     assert any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())
+    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tensorboard").iterdir())
 
 
 def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
@@ -59,6 +60,14 @@ def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
     expected = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(whole)]
     got = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(parts)]
     assert got == expected
+    # TensorBoard holds the same curve, once, across the interruption.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(parts / "tensorboard"))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert [step for step, _ in logged] == list(range(1, 7))
+    assert [v for _, v in logged] == pytest.approx([m["loss"] for m in _metrics(whole)])
     # Running a finished run again trains nothing and still reports.
     again = gem("train", "--out", str(whole), *SMALL)
     assert again.returncode == 0, again.stderr[-3000:]

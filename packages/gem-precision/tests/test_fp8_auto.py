@@ -3,7 +3,8 @@ import json
 import pytest
 
 from gem_core.errors import GemConfigError
-from gem_precision.auto import Float8AutoRecipe
+from gem_precision.auto import Float8AutoRecipe, build_table
+from gem_precision.options import Fp8AutoOptions
 from gem_precision.float8 import float8_linear_class
 
 
@@ -23,7 +24,7 @@ def calibrated(tmp_path_factory, source, batches, loss_fn):
     path = tmp_path_factory.mktemp("auto") / "layers.json"
     recipe = Float8AutoRecipe()
     options = {"report_path": str(path)}
-    table = recipe.calibrate(model, batches, loss_fn, options)
+    table = recipe.calibrate(model, batches[:1], loss_fn, options)  # one batch: 2 CPU cores
     return recipe, model, table, path, options
 
 
@@ -52,19 +53,25 @@ def test_convert_swaps_exactly_the_chosen_layers(calibrated):
     assert swapped == set(table.chosen) == set(recipe.converted)
 
 
-def test_choice_changes_with_the_threshold(make_model, batches, loss_fn):
-    model = make_model()
-    loose = Float8AutoRecipe().calibrate(model, batches[:1], loss_fn,
-                                         {"max_output_error": 1.0, "max_grad_error": 1.0,
-                                          "max_loss_change": 1.0})
-    errors = sorted(r.output_error for r in loose.rows if r.output_error is not None)
+def test_choice_changes_with_the_threshold(calibrated, batches, loss_fn):
+    recipe, model, table, path, options = calibrated
+
+    def chosen(**thresholds):
+        opts = Fp8AutoOptions(**thresholds)
+        return build_table(model, opts, recipe.measures, recipe.skipped).chosen
+
+    errors = sorted(r.output_error for r in table.rows if r.output_error is not None)
     middle = (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
-    medium = Float8AutoRecipe().calibrate(model, batches[:1], loss_fn,
-                                          {"max_output_error": middle, "max_grad_error": 1.0,
-                                           "max_loss_change": 1.0})
-    strict = Float8AutoRecipe().calibrate(model, batches[:1], loss_fn, {"max_output_error": 0.0})
-    assert len(loose.chosen) == len(errors)
-    assert 0 < len(medium.chosen) < len(loose.chosen)
+    loose = chosen(max_output_error=1.0, max_grad_error=1.0, max_loss_change=1.0)
+    medium = chosen(max_output_error=middle, max_grad_error=1.0, max_loss_change=1.0)
+    assert len(loose) == len(errors)
+    assert 0 < len(medium) < len(loose)
+    assert chosen(max_output_error=0.0) == []
+    assert chosen(max_loss_change=0.0, max_output_error=1.0, max_grad_error=1.0) == [
+        r.name for r in table.rows if r.loss_change == 0.0]
+    # the same through the options a user passes, end to end
+    strict = Float8AutoRecipe().calibrate(model, batches[:1], loss_fn,
+                                          {"max_output_error": 0.0})
     assert strict.chosen == []
     assert all("output error" in r.reason for r in strict.rows if r.benefit_rank)
 

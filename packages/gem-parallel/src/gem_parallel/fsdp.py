@@ -69,9 +69,11 @@ def _require_process_group(name: str, ctx: ParallelContext) -> None:
 
 def hsdp_mesh_shape(options: HsdpOptions, world_size: int) -> tuple[int, int]:
     """``(dp_replicate, dp_shard)`` from the options, checked against the number of ranks."""
-    shard = options.dp_shard or min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-                                    world_size)
-    replicate = options.dp_replicate or world_size // shard
+    shard, replicate = options.dp_shard, options.dp_replicate
+    if not shard:
+        shard = (max(world_size // replicate, 1) if replicate else
+                 min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size))
+    replicate = replicate or max(world_size // shard, 1)
     if replicate * shard != world_size:
         raise GemConfigError(
             f"parallel.dense: dp_replicate ({replicate}) x dp_shard ({shard}) must equal the "

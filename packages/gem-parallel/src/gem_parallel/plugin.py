@@ -34,6 +34,18 @@ def _deepspeed(stage: int):
     return load
 
 
+def _full_checkpointing():
+    from gem_parallel.checkpointing import FullCheckpointing
+
+    return FullCheckpointing()
+
+
+def _selective_checkpointing():
+    from gem_parallel.checkpointing import SelectiveCheckpointing
+
+    return SelectiveCheckpointing()
+
+
 def _lpt():
     from gem_parallel.balance import lpt_balancer
 
@@ -64,10 +76,43 @@ def gem_register_dense_sharding(register) -> None:
 
 
 @hookimpl
+def gem_register_activation_checkpointing(register) -> None:
+    register(ImplementationSpec(
+        name="full", load=_full_checkpointing,
+        description="recompute every sequence-tower block in the backward (torch.utils.checkpoint)",
+    ))
+    register(ImplementationSpec(
+        name="selective", load=_selective_checkpointing,
+        description="recompute only attention and/or MLP of each block (options: modules)",
+    ))
+
+
+@hookimpl
 def gem_register_batch_balancers(register) -> None:
     register(ImplementationSpec(
         name="lpt", load=_lpt,
         description="longest-processing-time greedy: evens out per-rank attention cost",
+    ))
+
+
+def _command(module: str, attribute: str):
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), attribute)
+
+    return load
+
+
+@hookimpl
+def gem_register_cli_commands(register) -> None:
+    register(ImplementationSpec(
+        name="bench.memory", load=_command("gem_parallel.bench_memory", "memory"),
+        description="Activation memory and recompute FLOPs with and without checkpointing.",
+    ))
+    register(ImplementationSpec(
+        name="bench.balance", load=_command("gem_parallel.bench_balance", "balance"),
+        description="Per-rank max/mean cost of contiguous vs LPT vs Karmarkar-Karp balancing.",
     ))
 
 

@@ -73,6 +73,9 @@ class Float8AutoRecipe:
 
     def __init__(self) -> None:
         self.table: LayerTable | None = None
+        self.measures: dict[str, LayerMeasure | None] = {}
+        """Per-layer measurements of the last calibration (``build_table`` re-decides on them)."""
+        self.skipped: dict[str, str] = {}
         self._options: dict[str, Any] | None = None
         self.converted: tuple[str, ...] = ()
         self.stash: ActivationStash | None = None
@@ -84,6 +87,7 @@ class Float8AutoRecipe:
         emulate = emulate_on(next(model.parameters()).device, opts.float8_matmul)
         measures = measure_layers(model, candidates, batches, loss_fn,
                                   float8_config(opts.recipe, emulate=emulate))
+        self.measures, self.skipped = measures, skipped
         self.table = build_table(model, opts, measures, skipped)
         self._options = dict(options)
         text = self.table.format()

@@ -7,14 +7,13 @@ imports no command module, so no heavy library is imported either.
 
 from __future__ import annotations
 
-import logging
-import sys
 from functools import cached_property
 
 import click
 
 from gem_core import __version__
 from gem_core.errors import GemError
+from gem_core.logs import configure_logging
 from gem_core.plugins import GemPlugins, build_plugins
 
 
@@ -92,10 +91,12 @@ class PluginGroup(click.Group):
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               help="Logging level of messages on stderr.")
-def cli(log_level: str) -> None:
+@click.option("--log-format", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="One line per event: readable text, or one JSON object for machines.")
+def cli(log_level: str, log_format: str) -> None:
     """GEM trainer: train generative ads recommendation models from plugins."""
-    logging.basicConfig(level=log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, log_format)
 
 
 def main() -> None:

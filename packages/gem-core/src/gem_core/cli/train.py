@@ -82,9 +82,12 @@ def train(preset, config_file, overrides, attention, sharding, embedding_shardin
 def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, overrides,
             fresh: bool, until_step: int | None) -> None:
     """Re-run this command under torchrun; every rank then joins the group from its environment."""
+    root = click.get_current_context().find_root().params
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "gem_core.cli.main", "train", "--out", str(run_dir), "--no-progress"]
+            "-m", "gem_core.cli.main", "--log-level", root["log_level"],
+            "--log-format", root["log_format"],
+            "train", "--out", str(run_dir), "--no-progress"]
     if preset:
         args += ["--preset", preset]
     if config_file:

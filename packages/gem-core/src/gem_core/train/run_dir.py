@@ -23,13 +23,39 @@ def _clean(value: Any) -> Any:
 
 
 class RunDirectory:
-    """Writes the run directory; only rank 0 writes (``enabled``)."""
+    """Writes the run directory; only rank 0 writes (``enabled``). TensorBoard event files go to
+    ``tensorboard/`` next to the JSON lines, with the same scalars."""
 
     def __init__(self, path: Path, *, enabled: bool) -> None:
         self.path = Path(path)
         self.enabled = enabled
+        self._writer = None
         if enabled:
             self.path.mkdir(parents=True, exist_ok=True)
+
+    def open_tensorboard(self, *, first_step: int) -> None:
+        """Start the event writer; events at or after ``first_step`` left by an earlier,
+        interrupted run are purged so a resumed run's curves have no doubled tail."""
+        if self.enabled and self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.path / "tensorboard"),
+                                         purge_step=first_step + 1 if first_step else None)
+
+    def _scalars(self, prefix: str, record: dict[str, Any], step: int) -> None:
+        if self._writer is None:
+            return
+        for key, value in record.items():
+            if isinstance(value, dict):
+                self._scalars(f"{prefix}/{key}", value, step)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                if math.isfinite(value):
+                    self._writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def write_config(self, config: GemConfig) -> None:
         if self.enabled:
@@ -42,9 +68,11 @@ class RunDirectory:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append("metrics.jsonl", record)
+        self._scalars("train", record, record["step"])
 
     def append_eval(self, record: dict[str, Any]) -> None:
         self._append("eval.jsonl", record)
+        self._scalars("eval", record, record["step"])
 
     def truncate_metrics(self, *, after_step: int) -> None:
         """On resume, forget lines logged after the checkpoint (they will be logged again)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -209,13 +210,16 @@ class _Trainer:
         self._resume()
         stop = min(self.tc.steps, until_step) if until_step else self.tc.steps
         self.run_dir.write_config(self.config)
+        self.run_dir.open_tensorboard(first_step=self.step)
         peak = measure_matmul_peak(self.ctx.device)
         start_step, started = self.step, time.perf_counter()
         bar = Progress(total=self.tc.steps, initial=self.step,
                        enabled=self.show_progress and self.ctx.is_main)
         if self.ctx.is_main:
+            log.info("configuration: %s", json.dumps(unstructure(self.config)))
             for kind, info in self.backends.describe().items():
-                log.info("%s: %s (%s)", kind, info["name"], info["reason"])
+                log.info("%s: %s from %s (%s)", kind, info["name"], info["package"],
+                         info["reason"])
         self.engine.train()
         while self.step < stop:
             record = self._train_step(next(self.stream), peak)
@@ -238,6 +242,7 @@ class _Trainer:
             self._save()
         summary = self._summary(peak, start_step, time.perf_counter() - started)
         self.run_dir.write_summary(summary)
+        self.run_dir.close()
         return TrainResult(run_dir=self.run_dir.path, summary=summary)
 
     def _train_step(self, batch: JaggedBatch, peak: float) -> dict[str, Any]:
