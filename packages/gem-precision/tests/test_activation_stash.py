@@ -1,11 +1,9 @@
-import copy
-
 import pytest
 import torch
 
-from gem_precision.activation_stash import (ActivationStash, count_saved_bytes, dequantize,
-                                            install_stash, quantize)
+from gem_precision.activation_stash import dequantize, quantize
 from gem_precision.fp8 import Float8Recipe
+from gem_precision.stash_report import compare_saved_bytes
 
 ALL_KINDS = ["linear", "norm", "swiglu", "sequence_block", "target_attention", "interaction"]
 
@@ -25,31 +23,14 @@ def test_quantize_round_trip_within_the_e4m3_bound(granularity):
     assert torch.all((back - x).abs() <= bound * 1.001)
 
 
-def saved_bytes_and_grads(model, batch, loss_fn, stash=None):
-    hooks, counted = count_saved_bytes()
-    with hooks:
-        loss = loss_fn(model(batch), batch)
-    loss.backward()
-    total = counted["bytes"]
-    if stash is not None:  # what the stash holds never reached the outer counting hooks
-        total += stash.stats.stored_bytes + stash.stats.kept_bytes
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return total, float(loss.detach()), grads
-
-
-def test_stash_cuts_saved_bytes_and_keeps_gradients_close(make_model, batches, loss_fn):
-    model = make_model()
-    stashed = copy.deepcopy(model)
-    stash = ActivationStash("row", min_numel=1024)
-    install_stash(stashed, stash, ALL_KINDS)
-    base_bytes, base_loss, base_grads = saved_bytes_and_grads(model, batches[0], loss_fn)
-    low_bytes, low_loss, low_grads = saved_bytes_and_grads(stashed, batches[0], loss_fn, stash)
-    assert stash.stats.quantized_tensors > 0
-    assert low_bytes <= 0.6 * base_bytes  # the goal: at least 40 % fewer saved bytes
-    assert low_loss == base_loss  # the forward is untouched; only what backward reads changes
-    for name, g in base_grads.items():
-        if g.norm() > 0:
-            assert (low_grads[name] - g).norm() / g.norm() < 0.1, name
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_stash_cuts_saved_bytes_and_keeps_gradients_close(make_model, batches, loss_fn, scaling):
+    report = compare_saved_bytes(make_model(), batches[0], loss_fn, scaling=scaling,
+                                 kinds=ALL_KINDS)
+    assert report.quantized_tensors > 0
+    assert report.saved_fraction >= 0.4  # the goal: at least 40 % fewer saved bytes
+    # e4m3 keeps 3 mantissa bits: gradients move by a few percent, not more
+    assert 0 < report.max_grad_rel_diff < 0.15
 
 
 def test_stash_is_a_recipe_option_and_only_hooks_chosen_kinds(make_model, batches, loss_fn):
@@ -68,3 +49,20 @@ def test_stash_is_a_recipe_option_and_only_hooks_chosen_kinds(make_model, batche
         before = recipe_all.stash.stats.quantized_tensors
         model(batches[0])
         assert recipe_all.stash.stats.quantized_tensors == before
+
+
+def test_stash_composes_with_activation_checkpointing(make_model, batches, loss_fn):
+    checkpointing = pytest.importorskip("gem_parallel.checkpointing")  # another package
+    batch = batches[0]
+    reference = make_model()
+    loss_fn(reference(batch), batch).backward()
+    recipe = Float8Recipe("rowwise")
+    model = recipe.convert(make_model(), None, {"exclude": ["*"], "activation_fp8": True,
+                                                "activation_modules": ["sequence_block"]})
+    for block in model.tower.blocks:
+        checkpointing.checkpoint_module(block)  # as `full` does, after convert
+    loss_fn(model(batch), batch).backward()
+    assert recipe.stash.stats.quantized_tensors > 0
+    for p, r in zip(model.parameters(), reference.parameters()):
+        if r.grad is not None and r.grad.norm() > 0:
+            assert (p.grad - r.grad).norm() / r.grad.norm() < 0.1

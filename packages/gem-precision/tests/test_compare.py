@@ -16,6 +16,8 @@ def test_precision_options_go_to_fp8_auto_only(tmp_path):
     auto = run_overrides("fp8-auto", overrides, tmp_path)
     assert "precision.options.max_output_error=0.05" in auto
     assert any(o.startswith("precision.options.report_path=") for o in auto)
+    assert run_overrides("fp8-rowwise+stash", overrides, tmp_path) == [
+        "train.steps=2", "backends.precision=fp8-rowwise", "precision.options.activation_fp8=true"]
 
 
 def test_drift_is_relative_to_fp32():

@@ -20,7 +20,8 @@ def test_fp8_tensorwise_with_fp8_all_gather_and_stash_trains_on_two_ranks(tmp_pa
     sets = ["train.steps=2", "train.batch_size=16", "train.warmup_steps=1", "data.max_seq_len=16",
             "data.options.num_items=200", "data.eval_rows=64", "train.eval_batch_size=64",
             "train.eval_every=2", "train.checkpoint_every=2",
-            "precision.options.fsdp_float8_all_gather=true", "precision.options.activation_fp8=true"]
+            "precision.options.fsdp_float8_all_gather=true",
+            "precision.options.activation_fp8=true"]
     command = [str(GEM), "train", "--precision", "fp8-tensorwise", "--sharding", "fsdp2",
                "--nproc-per-node", "2", "--out", str(tmp_path / "run"), "--fresh", "--no-progress"]
     for s in sets:

@@ -151,6 +151,10 @@ def gem_register_cli_commands(register) -> None:
                                 description="Train a GEM model and write a run directory."))
     register(ImplementationSpec(name="config", load=_command("gem_core.cli.config", "config"),
                                 description="Show presets and resolved configurations."))
+    register(ImplementationSpec(name="report", load=_command("gem_core.cli.report", "report"),
+                                description="Plots and an HTML page for one run."))
+    register(ImplementationSpec(name="runs", load=_command("gem_core.cli.report", "runs"),
+                                description="Compare several runs side by side."))
 
 
 # `auto`: gem-core answers last, with its reference choices.

@@ -74,6 +74,13 @@ def all_reduce_sum(values: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
     return values
 
 
+def all_reduce_max(values: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:
+    if ctx.is_distributed:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values
+
+
 def all_gather_tensors(value: torch.Tensor, ctx: ParallelContext) -> list[torch.Tensor]:
     """Tensors of different first dimension from every rank, in rank order."""
     if not ctx.is_distributed:

@@ -52,6 +52,12 @@ def _lpt():
     return lpt_balancer
 
 
+def _kk():
+    from gem_parallel.balance import karmarkar_karp_balancer
+
+    return karmarkar_karp_balancer
+
+
 @hookimpl
 def gem_register_dense_sharding(register) -> None:
     register(ImplementationSpec(
@@ -92,6 +98,10 @@ def gem_register_batch_balancers(register) -> None:
     register(ImplementationSpec(
         name="lpt", load=_lpt,
         description="longest-processing-time greedy: evens out per-rank attention cost",
+    ))
+    register(ImplementationSpec(
+        name="kk", load=_kk,
+        description="Karmarkar-Karp largest differencing: evens out per-rank attention cost",
     ))
 
 

@@ -33,7 +33,8 @@ def decide(measure: LayerMeasure, options: Fp8AutoOptions) -> str:
 
 
 def build_table(model: nn.Module, options: Fp8AutoOptions,
-                measures: Mapping[str, LayerMeasure | None], skipped: Mapping[str, str]) -> LayerTable:
+                measures: Mapping[str, LayerMeasure | None],
+                skipped: Mapping[str, str]) -> LayerTable:
     shapes = {n: (m.in_features, m.out_features) for n, m in model.named_modules()
               if isinstance(m, nn.Linear)}
     flops = {n: 6.0 * shapes[n][0] * shapes[n][1] * m.rows_per_batch

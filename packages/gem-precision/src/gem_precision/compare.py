@@ -12,17 +12,23 @@ import click
 DEFAULT_RECIPES = ("fp32", "bf16", "fp8-rowwise", "fp8-auto")
 AUTO = "fp8-auto"
 LAYER_TABLE = "fp8_auto_layers.json"
+STASH = "+stash"
+"""Suffix of an FP8 recipe name in --recipes: the same recipe with the FP8 activation stash."""
 
 
 def run_overrides(recipe: str, overrides: Sequence[str], out: Path) -> list[str]:
     """The --set list of one run: ``precision.*`` overrides are fp8-auto's options (other recipes
     take different or no options), and fp8-auto writes its table into its run directory."""
     shared = [o for o in overrides if not o.strip().startswith("precision.")]
-    chosen = [f"backends.precision={recipe}"]
-    if recipe == AUTO:
+    base = recipe.removesuffix(STASH)
+    chosen = [f"backends.precision={base}"]
+    if recipe.endswith(STASH):
+        chosen.append("precision.options.activation_fp8=true")
+    if base == AUTO:
         chosen += [o for o in overrides if o.strip().startswith("precision.")]
         if not any(o.strip().startswith("precision.options.report_path") for o in overrides):
-            chosen.append(f"precision.options.report_path={json.dumps(str(out / AUTO / LAYER_TABLE))}")
+            path = json.dumps(str(out / recipe / LAYER_TABLE))  # a TOML string literal
+            chosen.append(f"precision.options.report_path={path}")
     return shared + chosen
 
 
@@ -53,7 +59,8 @@ def format_drift(rows: list[dict[str, Any]]) -> str:
               help="Override a key for every run, e.g. --set train.steps=50 (repeatable); "
                    "precision.* keys go to fp8-auto only.")
 @click.option("--recipes", default=",".join(DEFAULT_RECIPES), show_default=True,
-              help="Comma-separated precision recipes; fp32 must be one (the reference).")
+              help="Comma-separated precision recipes; fp32 must be one (the reference). An FP8 "
+                   f"recipe with '{STASH}' (fp8-rowwise{STASH}) also stores activations in FP8.")
 @click.option("--out", default="runs/precision-compare", show_default=True,
               type=click.Path(file_okay=False), help="Directory of the runs and the report.")
 def compare(preset, config_file, overrides, recipes, out) -> None:
@@ -65,6 +72,9 @@ def compare(preset, config_file, overrides, recipes, out) -> None:
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     if "fp32" not in names:
         raise click.UsageError("--recipes must include fp32, the reference of the drift")
+    for name in names:
+        if name.endswith(STASH) and not name.startswith("fp8-"):
+            raise click.UsageError(f"{name}: the activation stash is an option of the fp8 recipes")
     out_dir = Path(out).resolve()
     plugins = build_plugins()
     results: dict[str, dict[str, float]] = {}

@@ -16,8 +16,8 @@ def torchao_float8() -> Any:
     try:
         import torchao.float8 as float8
     except ImportError as error:
-        raise GemError("FP8 recipes need torchao (pip install 'gem-precision[fp8]', torchao==0.18.0)"
-                       f": {error}") from error
+        raise GemError("FP8 recipes need torchao (pip install 'gem-precision[fp8]', "
+                       f"torchao==0.18.0): {error}") from error
     return float8
 
 
@@ -41,7 +41,8 @@ def check_float8_runs(config: Any, device: torch.device) -> None:
     """Run one tiny FP8 linear forward and backward on ``device``, so that a device without FP8
     matmuls fails here with its reason instead of in the middle of a training step."""
     float8 = torchao_float8()
-    probe = float8_linear_class().from_float(nn.Linear(32, 32, bias=False).to(device), config=config)
+    layer = nn.Linear(32, 32, bias=False).to(device)
+    probe = float8_linear_class().from_float(layer, config=config)
     x = torch.randn(32, 32, device=device, requires_grad=True)
     try:
         probe(x).sum().backward()

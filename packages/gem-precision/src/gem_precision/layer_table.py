@@ -18,7 +18,7 @@ class LayerRow:
     shape: tuple[int, int]
     """(in_features, out_features)."""
     train_flops: float
-    """Training FLOPs of the layer per calibration batch (6 x in x out x rows): the benefit of FP8."""
+    """Training FLOPs per calibration batch (6 x in x out x rows): what FP8 would speed up."""
     benefit_rank: int
     """1 = largest FLOPs among the candidates; 0 for layers that were not candidates."""
     output_error: float | None

@@ -44,8 +44,8 @@ class Fp8Options:
     """Module names (or fnmatch patterns, or prefixes such as ``tower.blocks.0``) kept in high
     precision. Task heads (``heads.*``), embeddings and norms are never converted anyway."""
 
-    min_dim: int = attrs.field(default=32)
-    """Smallest in/out feature size worth converting: below it FP8 casts cost more than they save."""
+    min_dim: int = attrs.field(default=32, validator=_non_negative)
+    """Smallest in/out size worth converting: below it the casts cost more than FP8 saves."""
 
     float8_matmul: str = attrs.field(default="auto", validator=_one_of(*FLOAT8_MATMULS))
     """``scaled_mm`` (real FP8 matmuls), ``emulated`` (the same FP8 casts, matmul in float32) or
@@ -66,7 +66,7 @@ class Fp8Options:
         validator=_each_one_of(*STASH_KINDS))
     """Module kinds whose saved activations the stash quantizes."""
 
-    activation_min_numel: int = 1024
+    activation_min_numel: int = attrs.field(default=1024, validator=_non_negative)
     """Saved tensors smaller than this stay as they are (scales would cost more than they save)."""
 
 
@@ -87,7 +87,7 @@ class Fp8AutoOptions(Fp8Options):
     """Largest relative change of the calibration loss when only that layer is FP8."""
 
     report_path: str = ""
-    """Where to write the per-layer table as JSON (a ``.txt`` table goes next to it); empty: none."""
+    """Where to write the per-layer table as JSON (a ``.txt`` table goes next to it); "": none."""
 
 
 def parse_options(cls: type, options: Mapping[str, Any], recipe: str) -> Any:

@@ -21,6 +21,7 @@ from gem_core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpo
 from gem_core.config import GemConfig, unstructure
 from gem_core.distributed import (
     ParallelContext,
+    all_reduce_max,
     all_reduce_sum,
     init_from_environment,
     shutdown,
@@ -271,6 +272,7 @@ class _Trainer:
         num_tasks = len(self.schema.tasks)
         task_loss = [x / tc.batch_size for x in reduced[:num_tasks]]
         samples, tokens, total, attention, padded, padded_attention, bad = reduced[num_tasks:]
+        busiest = all_reduce_max(torch.tensor([float(batch.num_events)]), ctx).item()
         skipped = self.guard.verdict(sum(task_loss), math.inf if bad else grad_norm)
         self.guard.record(sum(task_loss), skipped)
         if skipped is None:
@@ -300,7 +302,10 @@ class _Trainer:
             "lr": lr,
             "grad_norm": float(grad_norm),
             "flops": total,
+            "padded_flops": padded,
             "mfu": total / (ctx.world_size * step_time * peak),
+            # A straggler shows as a rank with more tokens than the mean.
+            "rank_tokens_max_over_mean": busiest / (tokens / ctx.world_size) if tokens else 1.0,
         }
         if skipped is not None:
             record["skipped"] = skipped

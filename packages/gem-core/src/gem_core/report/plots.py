@@ -1,0 +1,100 @@
+"""PNG plots of one run or several overlaid (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from gem_core.report.runs import RunRecord
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
+    """Loss, NE per task, throughput, MFU, padding saved and per-rank balance of one run."""
+    plt = _pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    plots: dict[str, Path] = {}
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ["loss", *[f"loss_{t}" for t in run.tasks]]:
+        ax.plot(*_series(run.metrics, key), label=key, linewidth=1)
+    ax.set(xlabel="step", ylabel="training loss", title="Loss", yscale="log")
+    ax.legend()
+    plots["loss"] = _save(fig, out / "loss.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for task in run.tasks:
+        steps = [e["step"] for e in run.evals if task in e]
+        ax.plot(steps, [e[task]["ne"] for e in run.evals if task in e], marker="o", label=task)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="base rate")
+    ax.set(xlabel="step", ylabel="normalized entropy", title="NE on the held-out split")
+    ax.legend()
+    plots["ne"] = _save(fig, out / "ne.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(run.metrics, "samples_per_s"), label="samples/s", linewidth=1)
+    twin = ax.twinx()
+    twin.plot(*_series(run.metrics, "tokens_per_s"), color="tab:orange", label="tokens/s",
+              linewidth=1)
+    ax.set(xlabel="step", ylabel="samples/s", title="Throughput")
+    twin.set_ylabel("tokens/s")
+    plots["throughput"] = _save(fig, out / "throughput.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(run.metrics, "mfu"), linewidth=1)
+    ax.set(xlabel="step", ylabel="local MFU", title="Model FLOPs utilisation")
+    plots["mfu"] = _save(fig, out / "mfu.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps, jagged = _series(run.metrics, "flops")
+    _, padded = _series(run.metrics, "padded_flops")
+    if padded:
+        ax.plot(steps, [1 - j / p for j, p in zip(jagged, padded)], linewidth=1)
+    ax.set(xlabel="step", ylabel="share of padded FLOPs not spent", title="Padding saved",
+           ylim=(0, 1))
+    plots["padding"] = _save(fig, out / "padding.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(run.metrics, "rank_tokens_max_over_mean"), linewidth=1)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(xlabel="step", ylabel="max / mean tokens per rank", title="Per-rank balance")
+    plots["balance"] = _save(fig, out / "balance.png")
+    return plots
+
+
+def compare_plot(runs: Sequence[RunRecord], path: Path) -> Path:
+    """Training loss and evaluation NE of several runs, overlaid."""
+    plt = _pyplot()
+    tasks = sorted({t for run in runs for t in run.tasks})
+    fig, axes = plt.subplots(1, 1 + len(tasks), figsize=(5 * (1 + len(tasks)), 4))
+    for run in runs:
+        axes[0].plot(*_series(run.metrics, "loss"), label=run.label, linewidth=1)
+        for ax, task in zip(axes[1:], tasks):
+            evals = [e for e in run.evals if task in e]
+            ax.plot([e["step"] for e in evals], [e[task]["ne"] for e in evals], marker="o",
+                    label=run.label)
+    axes[0].set(xlabel="step", ylabel="training loss", yscale="log", title="Loss")
+    for ax, task in zip(axes[1:], tasks):
+        ax.set(xlabel="step", ylabel="NE", title=f"NE: {task}")
+    axes[0].legend()
+    return _save(fig, path)
