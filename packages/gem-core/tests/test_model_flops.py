@@ -34,7 +34,8 @@ def data():
 def _model(schema, **kwargs):
     torch.manual_seed(0)
     return build_model(ModelConfig(embedding_dim=16, **kwargs), schema,
-                       attention=ReferenceAttention(), embedding_backend=ReferenceEmbeddingBackend())
+                       attention=ReferenceAttention(),
+                       embedding_backend=ReferenceEmbeddingBackend())
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -25,7 +25,8 @@ def data():
 def _model(schema, **kwargs):
     torch.manual_seed(0)
     return build_model(ModelConfig(embedding_dim=16, **kwargs), schema,
-                       attention=ReferenceAttention(), embedding_backend=ReferenceEmbeddingBackend())
+                       attention=ReferenceAttention(),
+                       embedding_backend=ReferenceEmbeddingBackend())
 
 
 @pytest.mark.parametrize("recent", [0, 1, 3])
@@ -66,7 +67,8 @@ def test_user_tokens_do_not_depend_on_the_candidate(data):
     model = _model(schema, pma_queries=3, cross_attention=True, target_queries="all")
     captured = []
     model.pma.register_forward_hook(lambda module, args, out: captured.append(out))
-    other = attrs.evolve(batch, candidate_item_ids=(batch.candidate_item_ids + 7) % schema.num_items,
+    other = attrs.evolve(batch,
+                         candidate_item_ids=(batch.candidate_item_ids + 7) % schema.num_items,
                          candidate_sparse={k: torch.zeros_like(v)
                                            for k, v in batch.candidate_sparse.items()})
     with torch.no_grad():

@@ -35,6 +35,25 @@ class ParallelContext:
         return self.rank == 0
 
 
+_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def _store_for_this_attempt(rank: int, world_size: int) -> dist.Store:
+    """The launcher's key-value store, under a prefix per restart attempt.
+
+    When torchrun restarts a failed group it keeps its store, and the addresses the previous
+    attempt's ranks published there are stale: a new rank would try to connect to a dead one
+    (gloo: "connectFullMesh failed ... Connection refused"). A fresh prefix per attempt avoids it.
+    """
+    host = os.environ["MASTER_ADDR"]
+    port = int(os.environ["MASTER_PORT"])
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0 and not agent_hosts_store),
+                          timeout=_TIMEOUT)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"gem/attempt-{attempt}", store)
+
+
 def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,7 +74,9 @@ def init_from_environment(requested_device: str) -> ParallelContext:
     device = resolve_device(requested_device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group(backend=backend, timeout=_TIMEOUT,
+                                store=_store_for_this_attempt(rank, world_size),
+                                rank=rank, world_size=world_size)
     return ParallelContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

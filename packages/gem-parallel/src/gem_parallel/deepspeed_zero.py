@@ -45,6 +45,11 @@ class DeepSpeedZeroStrategy:
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
         reject_options(f"dense_sharding {self.name!r}", options)
+        if not ctx.is_distributed:
+            raise RuntimeError(
+                f"dense_sharding {self.name!r} partitions state across ranks but this run has one "
+                "process; launch several (gem train --nproc-per-node N) or use --sharding none"
+            )
         import deepspeed
 
         bf16 = getattr(precision, "compute_dtype", "float32") == "bfloat16"
@@ -112,7 +117,15 @@ class DeepSpeedEngine(Engine):
         self.ds.step()
 
     def zero_grad(self) -> None:
-        self.ds.zero_grad()
+        """Discarding a step's gradients (the trainer does it to skip a non-finite step) is not
+        possible from outside: after the backward DeepSpeed already holds them reduced in its
+        ZeRO partitions, and only its own ``step()`` consumes and clears them. Fail loudly
+        rather than let them leak into the next step."""
+        raise RuntimeError(
+            "deepspeed-zero engines cannot skip an optimizer step: the reduced gradients live "
+            "in DeepSpeed's ZeRO partitions until its step(). Lower the learning rate or use "
+            "fsdp2/ddp for runs that need step skipping"
+        )
 
     def set_lr(self, lr: float) -> None:
         for group in self.ds.optimizer.param_groups:

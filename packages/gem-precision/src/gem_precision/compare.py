@@ -44,10 +44,10 @@ def drift_table(results: dict[str, dict[str, float]], reference: str) -> list[di
 
 
 def format_drift(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'recipe':<14} {'task':<12} {'NE':>8} {'drift vs fp32':>14}"]
+    lines = [f"{'recipe':<18} {'task':<12} {'NE':>8} {'drift vs fp32':>14}"]
     for r in rows:
         drift = "-" if r["drift_from_fp32"] is None else f"{r['drift_from_fp32']:+.3%}"
-        lines.append(f"{r['recipe']:<14} {r['task']:<12} {r['ne']:>8.5f} {drift:>14}")
+        lines.append(f"{r['recipe']:<18} {r['task']:<12} {r['ne']:>8.5f} {drift:>14}")
     return "\n".join(lines)
 
 

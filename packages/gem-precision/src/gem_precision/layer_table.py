@@ -47,7 +47,8 @@ class LayerTable:
 
     @property
     def fp8_flops_share(self) -> float:
-        """Share of the linear FLOPs that run in FP8."""
+        """Share of the candidates' linear FLOPs that run in FP8 (non-candidates are not
+        measured, so they count as 0)."""
         total = sum(r.train_flops for r in self.rows)
         return sum(r.train_flops for r in self.rows if r.fp8) / total if total else 0.0
 
@@ -72,8 +73,8 @@ class LayerTable:
                 f"{r.train_flops / 1e6:>9.2f} {num(r.output_error, '.4f'):>8} "
                 f"{num(r.grad_input_error, '.4f'):>8} {num(r.grad_weight_error, '.4f'):>8} "
                 f"{num(r.loss_change, '+.5f'):>9} {'yes' if r.fp8 else 'no':>4}  {r.reason}")
-        lines.append(f"chosen: {len(self.chosen)} layers, {self.fp8_flops_share:.1%} of linear "
-                     "FLOPs in FP8")
+        lines.append(f"chosen: {len(self.chosen)} layers, {self.fp8_flops_share:.1%} of the "
+                     "candidates' linear FLOPs in FP8")
         return "\n".join(lines)
 
     def write(self, path: str | Path) -> None:

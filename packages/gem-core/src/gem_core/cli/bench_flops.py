@@ -79,7 +79,8 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
         "forward": {
             "analytic": analytic_forward,
             "counted": counted_forward,
-            "analytic_over_counted": analytic_forward / counted_forward if counted_forward else None,
+            "analytic_over_counted": (analytic_forward / counted_forward
+                                      if counted_forward else None),
         },
         "forward_backward": {
             "analytic": TRAIN_FACTOR * analytic_forward,

@@ -83,9 +83,9 @@ class SequenceTower(nn.Module):
 
     def flops(self, lengths: Tensor, num_context: int, dense: bool) -> dict[str, int]:
         totals = {"linear": 0, "attention": 0}
-        for module in [*self.blocks, *self.cross]:
-            counts = (module.flops(lengths, num_context) if isinstance(module, CrossFeatureAttention)
-                      else module.flops(lengths, dense))
-            for key, value in counts.items():
+        counts = [block.flops(lengths, dense) for block in self.blocks]
+        counts += [cross.flops(lengths, num_context) for cross in self.cross]
+        for count in counts:
+            for key, value in count.items():
                 totals[key] += value
         return totals
