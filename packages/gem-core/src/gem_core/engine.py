@@ -34,6 +34,9 @@ class Engine:
         return self.model(batch)
 
     def train(self, mode: bool = True) -> None:
+        """Switch between training and evaluation. The trainer calls it on every rank
+        together, so an engine may run collectives here (e.g. to gather an unsharded copy for
+        evaluation); ``predict`` must not."""
         self.model.train(mode)
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -66,6 +66,13 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
         shutdown(ctx)
 
 
+def sample_costs(lengths: torch.Tensor, window: int | None) -> list[float]:
+    """What one sample costs a rank, for batch balancing: its attention pairs plus its tokens
+    (linear layers) plus one (the per-sample work above the towers), so an empty history still
+    costs something."""
+    return (causal_window_pairs(lengths, window) + lengths + 1).tolist()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -106,7 +113,7 @@ class _Trainer:
         self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
             balancer=self.backends.balancer.impl,
-            cost_fn=lambda b: causal_window_pairs(b.seq_lengths(), window).tolist(),
+            cost_fn=lambda b: sample_costs(b.seq_lengths(), window),
         )
         self._calibrate_precision()
         self.engine = parallelize(
@@ -156,6 +163,14 @@ class _Trainer:
                     f"{path} was trained with a different [{section}] ({', '.join(changed)}); "
                     "use --fresh to start over or another --out"
                 )
+        saved_strategy = state.get("dense_sharding")
+        strategy = self.backends.dense_sharding.spec.name
+        if saved_strategy != strategy:
+            raise GemConfigError(
+                f"{path} was written with dense sharding {saved_strategy!r} and this run uses "
+                f"{strategy!r}; their optimizer states differ, so resume with {saved_strategy!r} "
+                "or use --fresh"
+            )
         if state["world_size"] != self.ctx.world_size:
             raise GemConfigError(
                 f"{path} was written by {state['world_size']} ranks and this run has "
@@ -203,6 +218,7 @@ class _Trainer:
                 "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
                 "config": unstructure(self.config), "world_size": self.ctx.world_size,
                 "guard": self.guard.state_dict(),
+                "dense_sharding": self.backends.dense_sharding.spec.name,
             }, keep=self.tc.keep_checkpoints)
 
     # -- the loop -------------------------------------------------------------------------------
