@@ -25,7 +25,7 @@ def test_bench_flops_json_puts_analytic_and_counted_side_by_side():
         assert value == pytest.approx(by_module["counted"][name], rel=0.01), name
 
 
-@pytest.mark.parametrize("preset", ["tiny", "dlrm-baseline", "small", "large"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gem", "dlrm-baseline", "small", "large"])
 def test_every_preset_is_described_without_allocating(preset):
     config = load_config(preset=preset)
     # The synthetic schema needs only the id spaces; keep the generator's arrays small.

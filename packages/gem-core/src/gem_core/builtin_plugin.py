@@ -155,6 +155,10 @@ def gem_register_cli_commands(register) -> None:
                                 description="Plots and an HTML page for one run."))
     register(ImplementationSpec(name="runs", load=_command("gem_core.cli.report", "runs"),
                                 description="Compare several runs side by side."))
+    register(ImplementationSpec(name="bench.flops",
+                                load=_command("gem_core.cli.bench_flops", "bench_flops"),
+                                description="Analytic FLOPs of the model next to "
+                                            "FlopCounterMode's count."))
 
 
 # `auto`: gem-core answers last, with its reference choices.
