@@ -77,3 +77,37 @@ def test_options_are_validated(setup):
     with pytest.raises(GemConfigError, match="takes no options"):
         FullCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(),
                                   options={"modules": ["mlp"]})
+
+
+def test_full_checkpointing_covers_cross_attention_layers_and_keeps_gradients():
+    import torch
+
+    from gem_core.attention.bucketed import BucketedAttention
+    from gem_core.config import load_config
+    from gem_core.data.synthetic import SyntheticSource
+    from gem_core.distributed import ParallelContext
+    from gem_core.embedding import ReferenceEmbeddingBackend
+    from gem_core.model import build_model
+    from gem_parallel.checkpointing import CheckpointedForward, FullCheckpointing
+
+    config = load_config(overrides=["model.cross_attention=true", "data.max_seq_len=24",
+                                    "data.options.num_items=200"])
+    source = SyntheticSource(config.data, seed=0)
+    batch = source.generate(16, split=1, index=0)
+
+    def grads(checkpointed: bool):
+        torch.manual_seed(0)
+        model = build_model(config.model, source.schema, attention=BucketedAttention(),
+                            embedding_backend=ReferenceEmbeddingBackend())
+        if checkpointed:
+            FullCheckpointing().apply(model, ctx=ParallelContext(), options={})
+            assert model.tower.cross and all(
+                isinstance(layer.__dict__.get("forward"), CheckpointedForward)
+                for layer in model.tower.cross)
+        sum(v.sum() for v in model(batch).values()).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain, checkpointed = grads(False), grads(True)
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=0)

@@ -82,12 +82,15 @@ def tower_blocks(model: nn.Module, policy: str) -> list[nn.Module]:
 
 
 class FullCheckpointing:
-    """``full``: every sequence-tower block is recomputed whole."""
+    """``full``: every sequence-tower block, and every cross-attention layer between them, is
+    recomputed whole."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, options) -> nn.Module:
         reject_options("activation_checkpointing 'full'", options)
         for block in tower_blocks(model, "full"):
             checkpoint_module(block)
+        for layer in getattr(model.tower, "cross", None) or []:
+            checkpoint_module(layer)
         return model
 
 
