@@ -145,7 +145,9 @@ class GEMModel(nn.Module):
             tokens += list(user_tokens.unbind(1))
         tokens += context
         shared = self.interaction(torch.stack(tokens, dim=1))
-        logits = {task: head(shared).squeeze(-1) for task, head in self.heads.items()}
+        # A copy, not a view of the (B, 1) head output: FSDP2 warns about views returned from
+        # a forward (B floats per task, nothing to save by avoiding it).
+        logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
         return esmm_logits(logits) if self.config.multitask == "esmm" else logits
 
     def flops_by_module(self, lengths: Tensor, *, dense: bool = False) -> dict[str, int]:
