@@ -22,7 +22,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(gem, tmp_path):
-    result = gem("train", cwd=tmp_path)
+    result = gem("train", cwd=tmp_path, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("tiny-")
