@@ -96,10 +96,12 @@ def gem_register_precision_recipes(register: Register) -> None:
     ``convert(model, ctx, options) -> model`` (module swaps such as FP8 linears; runs first in
     ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
     ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
-    weights, loss and metrics stay in float32. A recipe that must look at data first (automatic
-    FP8 layer selection) also defines ``calibration_batches: int`` and ``calibrate(model,
-    batches, loss_fn, options)``; the trainer calls it once, before ``convert``, with that many training
-    batches drawn from a separate stream (the training stream itself is not advanced).
+    weights, loss and metrics stay in float32. Optional parts the trainer uses when present:
+    ``calibration_batches: int`` (or ``calibration_batches_for(options) -> int``) with
+    ``calibrate(model, batches, loss_fn, options)``, called once before ``convert`` with that many
+    training batches from a separate stream (the training stream itself is not advanced), for
+    recipes that choose by measuring; ``after_optimizer_step(model)`` after every step taken;
+    ``summary() -> dict``, written to ``summary.json`` under ``precision``.
     """
 
 

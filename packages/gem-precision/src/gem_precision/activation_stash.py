@@ -15,9 +15,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.interaction import DotInteractionMLP
+from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SwiGLU
 from gem_core.model.target_attention import TargetAwareAttention
+from gem_core.model.wukong import WukongInteraction
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -29,7 +32,9 @@ MODULE_KINDS: dict[str, tuple[type[nn.Module], ...]] = {
     "swiglu": (SwiGLU,),
     "sequence_block": (JaggedSelfAttentionBlock,),
     "target_attention": (TargetAwareAttention,),
-    "interaction": (DotInteractionMLP,),
+    "pma": (PooledMultiheadAttention,),
+    "cross_attention": (CrossFeatureAttention,),
+    "interaction": (DotInteractionMLP, WukongInteraction),
 }
 
 

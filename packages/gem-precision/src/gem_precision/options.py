@@ -13,7 +13,8 @@ FLOAT8_RECIPES = ("tensorwise", "rowwise")
 STASH_GRANULARITIES = ("tensor", "row")
 FLOAT8_MATMULS = ("auto", "scaled_mm", "emulated")
 # Module kinds whose saved activations the FP8 stash may quantize (see activation_stash.py).
-STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "interaction")
+STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "pma",
+               "cross_attention", "interaction")
 
 
 def _one_of(*allowed: str):
@@ -62,7 +63,8 @@ class Fp8Options:
     """Scale of the stash: one per tensor, or one per row (last dimension)."""
 
     activation_modules: tuple[str, ...] = attrs.field(
-        default=("sequence_block", "target_attention", "interaction"), converter=tuple,
+        default=("sequence_block", "target_attention", "pma", "cross_attention", "interaction"),
+        converter=tuple,
         validator=_each_one_of(*STASH_KINDS))
     """Module kinds whose saved activations the stash quantizes."""
 

@@ -137,13 +137,15 @@ class _Trainer:
         recipe = self.backends.precision.impl
         if not hasattr(recipe, "calibrate"):
             return
+        options = self.config.precision.options
+        count = (recipe.calibration_batches_for(options)
+                 if hasattr(recipe, "calibration_batches_for") else recipe.calibration_batches)
         stream = self.source.train_stream(**self.stream_args)
-        batches = [next(stream).to(self.ctx.device) for _ in range(recipe.calibration_batches)]
+        batches = [next(stream).to(self.ctx.device) for _ in range(count)]
         self.model.to(self.ctx.device)
         tasks = self.schema.tasks
         recipe.calibrate(self.model, batches,
-                         lambda logits, batch: mean_loss(logits, batch, tasks),
-                         self.config.precision.options)
+                         lambda logits, batch: mean_loss(logits, batch, tasks), options)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -293,6 +295,9 @@ class _Trainer:
         self.guard.record(sum(task_loss), skipped)
         if skipped is None:
             self.engine.step()
+            after_step = getattr(self.backends.precision.impl, "after_optimizer_step", None)
+            if after_step is not None:  # e.g. FP8 scales for FSDP2's FP8 all-gather
+                after_step(self.engine.model)
         else:
             self.engine.zero_grad()
             log.warning("step %d skipped: %s", self.step + 1, skipped)
@@ -380,6 +385,7 @@ class _Trainer:
                 "e2e": local_mfu * scaling if (local_mfu is not None and scaling) else None,
             },
             "guard": self.guard.report(),
+            "precision": getattr(self.backends.precision.impl, "summary", lambda: {})(),
             "backends": self.backends.describe(),
             "data": getattr(self.source, "report", lambda: {})(),
             "config": unstructure(self.config),
