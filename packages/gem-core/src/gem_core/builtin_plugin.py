@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import AutoContext, ImplementationSpec
+from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
 
 def _reference_attention():
@@ -134,29 +134,22 @@ def gem_register_batch_balancers(register) -> None:
     ))
 
 
-def _command(module: str, attribute: str):
-    def load():
-        import importlib
-
-        return getattr(importlib.import_module(module), attribute)
-
-    return load
 
 
 @hookimpl
 def gem_register_cli_commands(register) -> None:
-    register(ImplementationSpec(name="plugins", load=_command("gem_core.cli.plugins", "plugins"),
+    register(ImplementationSpec(name="plugins", load=lazy("gem_core.cli.plugins", "plugins"),
                                 description="List every registered implementation by kind."))
-    register(ImplementationSpec(name="train", load=_command("gem_core.cli.train", "train"),
+    register(ImplementationSpec(name="train", load=lazy("gem_core.cli.train", "train"),
                                 description="Train a GEM model and write a run directory."))
-    register(ImplementationSpec(name="config", load=_command("gem_core.cli.config", "config"),
+    register(ImplementationSpec(name="config", load=lazy("gem_core.cli.config", "config"),
                                 description="Show presets and resolved configurations."))
-    register(ImplementationSpec(name="report", load=_command("gem_core.cli.report", "report"),
+    register(ImplementationSpec(name="report", load=lazy("gem_core.cli.report", "report"),
                                 description="Plots and an HTML page for one run."))
-    register(ImplementationSpec(name="runs", load=_command("gem_core.cli.report", "runs"),
+    register(ImplementationSpec(name="runs", load=lazy("gem_core.cli.report", "runs"),
                                 description="Compare several runs side by side."))
     register(ImplementationSpec(name="bench.flops",
-                                load=_command("gem_core.cli.bench_flops", "bench_flops"),
+                                load=lazy("gem_core.cli.bench_flops", "bench_flops"),
                                 description="Analytic FLOPs of the model next to "
                                             "FlopCounterMode's count."))
 

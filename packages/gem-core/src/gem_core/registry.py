@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from typing import Any, Callable
 
@@ -73,6 +74,16 @@ class ImplementationSpec:
     def missing_requirements(self) -> list[str]:
         """Required modules that cannot be found, checked without importing them."""
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+
+def lazy(module: str, attribute: str) -> Callable[[], Any]:
+    """A ``load`` for a spec: imports ``module`` only when called and returns its ``attribute``
+    (a command, a class, a function), so registering stays free of heavy imports."""
+
+    def load() -> Any:
+        return getattr(importlib.import_module(module), attribute)
+
+    return load
 
 
 @attrs.frozen(kw_only=True)

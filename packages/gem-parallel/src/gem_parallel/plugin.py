@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import AutoContext, ImplementationSpec
+from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
 
 def _ddp():
@@ -105,23 +105,16 @@ def gem_register_batch_balancers(register) -> None:
     ))
 
 
-def _command(module: str, attribute: str):
-    def load():
-        import importlib
-
-        return getattr(importlib.import_module(module), attribute)
-
-    return load
 
 
 @hookimpl
 def gem_register_cli_commands(register) -> None:
     register(ImplementationSpec(
-        name="bench.memory", load=_command("gem_parallel.bench_memory", "memory"),
+        name="bench.memory", load=lazy("gem_parallel.bench_memory", "memory"),
         description="Activation memory and recompute FLOPs with and without checkpointing.",
     ))
     register(ImplementationSpec(
-        name="bench.balance", load=_command("gem_parallel.bench_balance", "balance"),
+        name="bench.balance", load=lazy("gem_parallel.bench_balance", "balance"),
         description="Per-rank max/mean cost of contiguous vs LPT vs Karmarkar-Karp balancing.",
     ))
 

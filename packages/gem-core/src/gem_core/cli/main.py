@@ -27,13 +27,17 @@ class _Catalog:
     def children(self, prefix: str) -> dict[str, str]:
         """Immediate sub-command names under ``prefix`` ('' for the top) and their help."""
         found: dict[str, str] = {}
+        nested: dict[str, list[str]] = {}
         for spec in self.plugins.registry("cli").specs():
             if not spec.name.startswith(prefix):
                 continue
-            head = spec.name[len(prefix):].split(".")[0]
-            is_leaf = "." not in spec.name[len(prefix):]
-            if is_leaf or head not in found:
-                found[head] = spec.description if is_leaf else f"{head} commands."
+            head, _, rest = spec.name[len(prefix):].partition(".")
+            if rest:
+                nested.setdefault(head, []).append(rest.split(".")[0])
+            else:
+                found[head] = spec.description
+        for head, names in nested.items():
+            found.setdefault(head, f"Commands from plugins: {', '.join(sorted(set(names)))}.")
         return found
 
     def command(self, full_name: str) -> click.Command | None:
