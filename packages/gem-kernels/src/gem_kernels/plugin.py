@@ -30,6 +30,12 @@ def _load_torch_sdpa():
     return TorchSdpaAttention()
 
 
+def _load_blocked():
+    from gem_kernels.attention.blocked_backend import BlockedAttention
+
+    return BlockedAttention()
+
+
 def _load_bench_attention():
     from gem_kernels.bench.cli import bench_attention
 
@@ -63,7 +69,15 @@ def gem_register_attention_backends(register) -> None:
         devices=("cpu", "cuda"),
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
-        description="PyTorch fused SDPA per sample, unpadded (softmax only; fast path on CPU)",
+        description="PyTorch fused SDPA per sample, unpadded (softmax only)",
+    ))
+    register(ImplementationSpec(
+        name="blocked",
+        load=_load_blocked,
+        devices=("cpu", "cuda"),
+        dtypes=("float32", "bfloat16", "float16"),
+        supports_backward=True,
+        description="block-sparse tiles over the packed stream, batched GEMMs (fast path on CPU)",
     ))
 
 

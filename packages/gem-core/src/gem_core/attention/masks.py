@@ -20,19 +20,15 @@ from torch import Tensor
 from gem_core.attention.api import AttentionParams
 
 
-def self_attention_masks(
-    lengths: Tensor, num_targets: Tensor, params: AttentionParams, width: int
-) -> Tensor:
-    """Boolean ``(B, width, width)`` masks for sequences padded to ``width``: ``mask[b, i, j]`` is
-    True when query ``i`` of sample ``b`` sees key ``j``. Padding rows and columns are False."""
-    device = lengths.device
-    idx = torch.arange(width, device=device)
-    i = idx[None, :, None]
-    j = idx[None, None, :]
-    length = lengths.to(torch.int64)[:, None, None]
-    history = length - num_targets.to(torch.int64)[:, None, None]
+def visible(i: Tensor, j: Tensor, length: Tensor, num_targets: Tensor,
+            params: AttentionParams) -> Tensor:
+    """Elementwise form of the rule above: whether query position ``i`` sees key position ``j``
+    in a sequence of ``length`` tokens whose last ``num_targets`` are targets. Every argument is
+    an integer tensor and they broadcast; positions at or past ``length`` are never visible."""
+    history = length - num_targets
     query_pos = torch.where(i < history, i, history)
-    allowed = torch.ones(lengths.numel(), width, width, dtype=torch.bool, device=device)
+    allowed = torch.ones(torch.broadcast_shapes(i.shape, j.shape, length.shape),
+                         dtype=torch.bool, device=i.device)
     if params.causal:
         allowed = allowed & (j <= query_pos)
     if params.window is not None:
@@ -45,6 +41,16 @@ def self_attention_masks(
         allowed = allowed | ((j < history) & ((j < prefix) | ((i < prefix) & (i < history))))
     allowed = torch.where(j >= history, i == j, allowed)  # targets: only themselves
     return allowed & (i < length) & (j < length)
+
+
+def self_attention_masks(
+    lengths: Tensor, num_targets: Tensor, params: AttentionParams, width: int
+) -> Tensor:
+    """Boolean ``(B, width, width)`` masks for sequences padded to ``width``: ``mask[b, i, j]`` is
+    True when query ``i`` of sample ``b`` sees key ``j``. Padding rows and columns are False."""
+    idx = torch.arange(width, device=lengths.device)
+    return visible(idx[None, :, None], idx[None, None, :], lengths.to(torch.int64)[:, None, None],
+                   num_targets.to(torch.int64)[:, None, None], params)
 
 
 def self_attention_mask(
