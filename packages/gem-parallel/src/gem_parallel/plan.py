@@ -1,0 +1,187 @@
+"""``gem plan``: memory per rank and communication per step of a layout, before renting GPUs.
+
+Parameters come from the configured model built on the ``meta`` device (no memory), so a
+billion-row preset is planned on a laptop. Activations are measured, not guessed: a copy of the
+model with the same widths and depth but small tables runs two real CPU batches of the preset's
+data (histories cut at two lengths) with the chosen checkpointing policy, and the bytes autograd
+keeps are fitted as ``per_token * tokens + per_sample * samples``; the plan scales that fit to
+each rank's share of the global batch. Communication counts the bytes one rank sends per step
+with ring collectives (``(n - 1) / n`` of the buffer per reduce-scatter or all-gather, twice that
+per all-reduce).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from gem_core.config import GemConfig
+from gem_core.distributed import ParallelContext
+from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.model.gem import build_model
+from gem_core.model.summary import meta_model, parameter_counts
+from gem_core.plugins import GemPlugins
+
+GIB = 2**30
+DENSE_STRATEGIES = ("ddp", "fsdp2", "hsdp", "deepspeed-zero1", "deepspeed-zero2",
+                    "deepspeed-zero3")
+EMBEDDING_STRATEGIES = ("replicated", "torchrec")
+ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
+ROWWISE_ADAGRAD_STATE_ROWS = 4  # one fp32 accumulator per row (TorchRec's fused default)
+MEASURE_ROWS = 4096  # table rows of the activation-measuring copy
+
+
+@attrs.frozen(kw_only=True)
+class Layout:
+    """How the job would be laid out."""
+
+    gpus: int = attrs.field(validator=attrs.validators.ge(1))
+    """Data-parallel ranks (one per GPU)."""
+
+    gpu_memory_gib: float = attrs.field(validator=attrs.validators.gt(0))
+    """Memory of one GPU."""
+
+    dense: str = attrs.field(default="fsdp2", validator=attrs.validators.in_(DENSE_STRATEGIES))
+    """Dense sharding strategy."""
+
+    embedding: str = attrs.field(default="torchrec",
+                                 validator=attrs.validators.in_(EMBEDDING_STRATEGIES))
+    """``replicated`` (every rank holds every table, dense gradients all-reduced) or
+    ``torchrec`` (rows spread over the ranks, lookups exchanged with all-to-all, fused
+    row-wise Adagrad)."""
+
+    hsdp_shard: int | None = None
+    """HSDP only: ranks per shard group (default: all ranks, i.e. plain FSDP)."""
+
+    activation_checkpointing: str = "none"
+    """A registered activation-checkpointing policy (``none``, ``full``, ``selective``)."""
+
+    activation_bytes: int = attrs.field(default=4, validator=attrs.validators.in_((2, 4)))
+    """Bytes per activation element (2 under a bf16 recipe)."""
+
+    headroom: float = attrs.field(default=0.9, validator=[attrs.validators.gt(0),
+                                                          attrs.validators.le(1)])
+    """Share of GPU memory the plan may fill (the rest: allocator fragmentation, workspaces)."""
+
+
+def _dense_shards(layout: Layout) -> dict[str, int]:
+    """Over how many ranks parameters, gradients and optimizer state are each divided."""
+    n = layout.gpus
+    shard = layout.hsdp_shard or n
+    if layout.dense == "hsdp" and n % shard:
+        raise ValueError(f"hsdp_shard {shard} does not divide {n} GPUs")
+    return {
+        "ddp": {"params": 1, "grads": 1, "optimizer": 1},
+        "fsdp2": {"params": n, "grads": n, "optimizer": n},
+        "hsdp": {"params": shard, "grads": shard, "optimizer": shard},
+        "deepspeed-zero1": {"params": 1, "grads": 1, "optimizer": n},
+        "deepspeed-zero2": {"params": 1, "grads": n, "optimizer": n},
+        "deepspeed-zero3": {"params": n, "grads": n, "optimizer": n},
+    }[layout.dense]
+
+
+def _dense_comm_bytes(layout: Layout, dense_params: int) -> int:
+    n, size = layout.gpus, dense_params * 4
+    if n == 1:
+        return 0
+    ring = (n - 1) / n
+    if layout.dense == "ddp":
+        return int(2 * ring * size)  # all-reduce of gradients
+    if layout.dense in ("fsdp2", "deepspeed-zero3"):
+        return int(3 * ring * size)  # all-gather forward and backward, reduce-scatter grads
+    if layout.dense == "hsdp":
+        shard = layout.hsdp_shard or n
+        replicas = n // shard
+        inner = 3 * (shard - 1) / shard * size
+        outer = 2 * (replicas - 1) / replicas * size / shard if replicas > 1 else 0
+        return int(inner + outer)
+    return int(2 * ring * size)  # ZeRO-1/2: reduce-scatter grads, all-gather updated params
+
+
+def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
+                        lengths: tuple[int, int] = (32, 64), samples: int = 8
+                        ) -> dict[str, float]:
+    """Fit saved-activation bytes to ``per_token * tokens + per_sample * samples`` from two real
+    batches of the configured data, histories cut at each of ``lengths``."""
+    from gem_parallel.bench_memory import saved_activation_bytes
+
+    ctx = ParallelContext()
+    points = []
+    for length in lengths:
+        data = attrs.evolve(config.data, max_seq_len=length)
+        source = plugins.resolve("data", data.source, None).impl(data, seed=0)
+        schema = attrs.evolve(source.schema, num_items=min(source.schema.num_items, MEASURE_ROWS))
+        batch = next(iter(source.eval_batches(batch_size=samples)))
+        batch = attrs.evolve(batch, seq_item_ids=batch.seq_item_ids % schema.num_items,
+                             candidate_item_ids=batch.candidate_item_ids % schema.num_items)
+        torch.manual_seed(0)
+        model = build_model(config.model, schema,
+                            attention=plugins.resolve("attention", "reference", None).impl,
+                            embedding_backend=ReferenceEmbeddingBackend())
+        impl = plugins.resolve("activation_checkpointing", policy, None).impl
+        model = impl.apply(model, ctx=ctx, options={})
+        points.append((batch.num_events, batch.batch_size,
+                       saved_activation_bytes(model, batch, schema.tasks)))
+    (t1, n1, m1), (t2, n2, m2) = points
+    per_token = (m2 - m1) / (t2 - t1) if t2 != t1 else m2 / max(t2, 1)
+    per_sample = max(m1 - per_token * t1, 0.0) / n1
+    return {"per_token": per_token, "per_sample": per_sample, "tokens": [t1, t2],
+            "measured_bytes": [m1, m2]}
+
+
+def mean_history_length(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> float:
+    source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
+    batch = next(iter(source.eval_batches(batch_size=samples)))
+    return batch.num_events / max(batch.batch_size, 1)
+
+
+def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
+    """The per-rank memory and per-step communication of ``config`` under ``layout``."""
+    n = layout.gpus
+    source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
+    model = meta_model(config.model, source.schema)
+    counts = parameter_counts(model)
+    dense, embedding = counts["dense"], counts["embedding"]
+    rows = sum(t.num_embeddings for t in model.embeddings.table_configs.values())
+    shards = _dense_shards(layout)
+    scale = layout.activation_bytes / 4
+    fit = measure_activations(config, plugins, layout.activation_checkpointing)
+    samples = config.train.batch_size / n
+    mean_len = mean_history_length(config, plugins)
+    tokens = samples * mean_len
+    memory = {
+        "dense_params": dense * 4 / shards["params"],
+        "dense_grads": dense * 4 / shards["grads"],
+        "dense_optimizer": dense * ADAM_STATE_BYTES / shards["optimizer"],
+        "activations": scale * (fit["per_token"] * tokens + fit["per_sample"] * samples),
+    }
+    if layout.embedding == "replicated":
+        memory.update(embedding_params=embedding * 4, embedding_grads=embedding * 4,
+                      embedding_optimizer=embedding * ADAM_STATE_BYTES)
+        embedding_comm = 2 * (n - 1) / n * embedding * 4 if n > 1 else 0
+    else:
+        memory.update(embedding_params=embedding * 4 / n, embedding_grads=0,
+                      embedding_optimizer=rows * ROWWISE_ADAGRAD_STATE_ROWS / n)
+        # Lookups of this rank's tokens go out to the table owners and their gradients come
+        # back: forward and backward all-to-all of (tokens + candidates) x dim floats.
+        lookups = (tokens + samples * (1 + len(source.schema.candidate_features)))
+        embedding_comm = 2 * (n - 1) / n * lookups * config.model.embedding_dim * 4
+    total = sum(memory.values())
+    budget = layout.gpu_memory_gib * GIB * layout.headroom
+    return {
+        "preset": config.name,
+        "layout": attrs.asdict(layout),
+        "parameters": counts,
+        "per_rank": {"samples": samples, "mean_history_length": mean_len, "tokens": tokens},
+        "memory_bytes_per_rank": {**{k: int(v) for k, v in memory.items()}, "total": int(total)},
+        "fits": total <= budget,
+        "budget_bytes": int(budget),
+        "communication_bytes_per_rank_per_step": {"dense": int(_dense_comm_bytes(layout, dense)),
+                                                  "embedding": int(embedding_comm)},
+        "activation_fit": fit,
+        "notes": ("activations measured on CPU with the reference attention backend (it keeps "
+                  "each sample's score matrix, as a flash kernel does not) and scaled by "
+                  "activation_bytes/4; parameters, gradients and Adam state in fp32"),
+    }

@@ -1,0 +1,72 @@
+"""The ``gem plan`` command (see :mod:`gem_parallel.plan`)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gem_parallel.plan import DENSE_STRATEGIES, EMBEDDING_STRATEGIES, GIB, Layout, plan
+
+
+@click.command(name="plan")
+@click.option("--preset", default=None, help="Preset name (default: tiny).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="TOML config file instead of a preset.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value (repeatable).")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Data-parallel ranks.")
+@click.option("--gpu-memory", "gpu_memory", type=click.FloatRange(min=0, min_open=True),
+              required=True, help="GiB per GPU.")
+@click.option("--sharding", type=click.Choice(DENSE_STRATEGIES), default="fsdp2",
+              show_default=True, help="Dense sharding strategy.")
+@click.option("--embedding-sharding", type=click.Choice(EMBEDDING_STRATEGIES),
+              default="torchrec", show_default=True)
+@click.option("--hsdp-shard", type=click.IntRange(min=1), default=None,
+              help="HSDP: ranks per shard group.")
+@click.option("--activation-checkpointing", default="none", show_default=True,
+              help="none, full or selective.")
+@click.option("--bf16/--fp32", "bf16", default=False, show_default=True,
+              help="Activations in bf16 (parameters and optimizer stay fp32).")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.pass_context
+def plan_command(click_ctx: click.Context, preset: str | None, config_file: str | None,
+                 overrides: tuple[str, ...], gpus: int, gpu_memory: float, sharding: str,
+                 embedding_sharding: str, hsdp_shard: int | None, activation_checkpointing: str,
+                 bf16: bool, as_json: bool) -> None:
+    """Memory per rank and communication per step of a layout, computed on this machine."""
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+
+    config = load_config(preset=preset, path=config_file, overrides=overrides)
+    layout = Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
+                    embedding=embedding_sharding, hsdp_shard=hsdp_shard,
+                    activation_checkpointing=activation_checkpointing,
+                    activation_bytes=2 if bf16 else 4)
+    result = plan(config, layout, build_plugins())
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    p = result["parameters"]
+    click.echo(f"{config.name}: {p['embedding'] / 1e6:,.1f} M embedding + "
+               f"{p['dense'] / 1e6:,.1f} M dense parameters on {gpus} x {gpu_memory:g} GiB "
+               f"({sharding}, embeddings {embedding_sharding}, checkpointing "
+               f"{activation_checkpointing})")
+    per_rank = result["per_rank"]
+    click.echo(f"per rank: {per_rank['samples']:,.0f} samples, {per_rank['tokens']:,.0f} history "
+               f"tokens (mean length {per_rank['mean_history_length']:.0f})")
+    for name, value in result["memory_bytes_per_rank"].items():
+        click.echo(f"  {name:<20} {_size(value):>12}")
+    verdict = "fits" if result["fits"] else "does NOT fit"
+    click.echo(f"{verdict} in {result['budget_bytes'] / GIB:.1f} GiB "
+               f"({layout.headroom:.0%} of each GPU)")
+    comm = result["communication_bytes_per_rank_per_step"]
+    click.echo(f"sent per rank per step: dense {_size(comm['dense'])}, embedding "
+               f"{_size(comm['embedding'])}")
+
+
+def _size(value: float) -> str:
+    for unit, factor in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= factor:
+            return f"{value / factor:.2f} {unit}"
+    return f"{value:.0f} B"

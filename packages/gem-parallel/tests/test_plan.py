@@ -1,0 +1,92 @@
+"""``gem plan``: the arithmetic of each layout, and the activation estimate against a measured
+CPU batch of the same preset."""
+
+import json
+
+import pytest
+
+from gem_core.config import load_config
+from gem_core.plugins import build_plugins
+from gem_parallel.bench_memory import saved_activation_bytes
+from gem_parallel.plan import Layout, measure_activations, plan
+
+TINY = ("train.batch_size=64",)
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return build_plugins()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_config(preset="tiny", overrides=TINY)
+
+
+def test_sharding_divides_what_each_strategy_shards(tiny, plugins):
+    by_strategy = {s: plan(tiny, Layout(gpus=4, gpu_memory_gib=1, dense=s), plugins)
+                   for s in ("ddp", "fsdp2", "deepspeed-zero1", "deepspeed-zero2")}
+    mem = {s: r["memory_bytes_per_rank"] for s, r in by_strategy.items()}
+    dense = by_strategy["ddp"]["parameters"]["dense"]
+    assert mem["ddp"]["dense_params"] == dense * 4
+    assert mem["fsdp2"]["dense_params"] == dense  # 4 bytes over 4 ranks
+    assert mem["deepspeed-zero1"]["dense_optimizer"] == mem["fsdp2"]["dense_optimizer"]
+    assert mem["deepspeed-zero1"]["dense_grads"] == dense * 4
+    assert mem["deepspeed-zero2"]["dense_grads"] == dense
+    ddp = by_strategy["ddp"]["communication_bytes_per_rank_per_step"]["dense"]
+    fsdp = by_strategy["fsdp2"]["communication_bytes_per_rank_per_step"]["dense"]
+    assert ddp == int(2 * 3 / 4 * dense * 4) and fsdp == int(3 * 3 / 4 * dense * 4)
+
+
+def test_torchrec_spreads_tables_and_replicated_does_not(tiny, plugins):
+    sharded = plan(tiny, Layout(gpus=4, gpu_memory_gib=1, embedding="torchrec"), plugins)
+    replicated = plan(tiny, Layout(gpus=4, gpu_memory_gib=1, embedding="replicated"), plugins)
+    emb = sharded["parameters"]["embedding"]
+    assert sharded["memory_bytes_per_rank"]["embedding_params"] == emb
+    assert replicated["memory_bytes_per_rank"]["embedding_params"] == emb * 4
+    assert replicated["memory_bytes_per_rank"]["embedding_grads"] == emb * 4
+
+
+def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
+    """The fit from two short batches predicts the bytes autograd keeps for a longer, real
+    batch of tiny within 25 %."""
+    import attrs
+
+    fit = measure_activations(tiny, plugins, "none")
+    source = plugins.resolve("data", tiny.data.source, None).impl(tiny.data, seed=0)
+    batch = next(iter(source.eval_batches(batch_size=16)))
+    from gem_core.embedding import ReferenceEmbeddingBackend
+    from gem_core.model.gem import build_model
+
+    schema = attrs.evolve(source.schema, num_items=4096)
+    batch = attrs.evolve(batch, seq_item_ids=batch.seq_item_ids % 4096,
+                         candidate_item_ids=batch.candidate_item_ids % 4096)
+    model = build_model(tiny.model, schema,
+                        attention=plugins.resolve("attention", "reference", None).impl,
+                        embedding_backend=ReferenceEmbeddingBackend())
+    measured = saved_activation_bytes(model, batch, schema.tasks)
+    predicted = fit["per_token"] * batch.num_events + fit["per_sample"] * batch.batch_size
+    assert abs(predicted - measured) / measured < 0.25, (predicted, measured)
+
+
+def test_full_checkpointing_plans_less_activation_memory(tiny, plugins):
+    none = plan(tiny, Layout(gpus=2, gpu_memory_gib=1), plugins)
+    full = plan(tiny, Layout(gpus=2, gpu_memory_gib=1, activation_checkpointing="full"),
+                plugins)
+    assert (full["memory_bytes_per_rank"]["activations"]
+            < 0.8 * none["memory_bytes_per_rank"]["activations"])
+
+
+def test_cli_json_and_verdict():
+    from click.testing import CliRunner
+
+    from gem_parallel.plan_cli import plan_command
+
+    runner = CliRunner()
+    out = runner.invoke(plan_command, ["--preset", "tiny", "--gpus", "2", "--gpu-memory",
+                                       "0.001", "--json"], catch_exceptions=False)
+    result = json.loads(out.output)
+    assert result["fits"] is False and result["layout"]["gpus"] == 2
+    text = runner.invoke(plan_command, ["--preset", "tiny", "--gpus", "2", "--gpu-memory",
+                                        "16"], catch_exceptions=False).output
+    assert "fits in" in text and "does NOT" not in text
