@@ -110,6 +110,10 @@ def gem_register_batch_balancers(register) -> None:
 @hookimpl
 def gem_register_cli_commands(register) -> None:
     register(ImplementationSpec(
+        name="plan", load=lazy("gem_parallel.plan_cli", "plan_command"),
+        description="memory per rank and communication per step of a layout, before renting GPUs",
+    ))
+    register(ImplementationSpec(
         name="bench.memory", load=lazy("gem_parallel.bench_memory", "memory"),
         description="Activation memory and recompute FLOPs with and without checkpointing.",
     ))
