@@ -114,6 +114,10 @@ def gem_register_cli_commands(register) -> None:
         description="memory per rank and communication per step of a layout, before renting GPUs",
     ))
     register(ImplementationSpec(
+        name="bench.scaling", load=lazy("gem_parallel.bench_scaling", "scaling"),
+        description="scaling ratio and E2E MFU of gem train on 1, 2 and 4 CPU ranks",
+    ))
+    register(ImplementationSpec(
         name="bench.memory", load=lazy("gem_parallel.bench_memory", "memory"),
         description="Activation memory and recompute FLOPs with and without checkpointing.",
     ))

@@ -106,9 +106,14 @@ def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, o
         )
 
 
+def _figure(value: float | None) -> str:
+    """NE and AUC are undefined (null in summary.json) when an eval set has one class only."""
+    return "n/a (one class in the eval set)" if value is None else f"{value:.4f}"
+
+
 def _print_result(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
-    tasks = ", ".join(f"{task} NE {values['ne']:.4f} AUC {values['auc']:.4f}"
+    tasks = ", ".join(f"{task} NE {_figure(values['ne'])} AUC {_figure(values['auc'])}"
                       for task, values in summary["eval"].items())
     speed = summary["throughput"]["samples_per_s"]
     click.echo(f"run directory: {run_dir}")
