@@ -58,6 +58,10 @@ class JaggedBatch:
     """``(B, seq_dense_dim)`` float32 content vector of the candidate, in the same space as the
     history's, or None."""
 
+    user_embedding: Tensor | None = None
+    """``(B, user_embedding_dim)`` float32 precomputed upstream user embedding (flattened user
+    tokens), or None: see :attr:`FeatureSchema.user_embedding_dim`."""
+
     @property
     def batch_size(self) -> int:
         return self.seq_offsets.numel() - 1
@@ -86,6 +90,7 @@ class JaggedBatch:
             dense=None if self.dense is None else self.dense[indices],
             seq_dense=None if self.seq_dense is None else self.seq_dense[event_index],
             candidate_dense=None if self.candidate_dense is None else self.candidate_dense[indices],
+            user_embedding=None if self.user_embedding is None else self.user_embedding[indices],
         )
 
     def to(self, device: torch.device | str) -> JaggedBatch:
@@ -105,6 +110,7 @@ class JaggedBatch:
             dense=move(self.dense),
             seq_dense=move(self.seq_dense),
             candidate_dense=move(self.candidate_dense),
+            user_embedding=move(self.user_embedding),
         )
 
     def validate(self, schema: FeatureSchema, where: str = "batch") -> None:
@@ -155,6 +161,14 @@ class JaggedBatch:
                 if bool(bad.any()):
                     raise GemDataError(f"{where}: row {int(torch.nonzero(bad)[0])}: candidate "
                                        "content vector is not finite")
+        if schema.user_embedding_dim:
+            shape = (b, schema.user_embedding_dim)
+            if self.user_embedding is None or tuple(self.user_embedding.shape) != shape:
+                raise GemDataError(f"{where}: user embeddings must be {shape}")
+            bad = ~torch.isfinite(self.user_embedding).all(dim=1)
+            if bool(bad.any()):
+                raise GemDataError(f"{where}: row {int(torch.nonzero(bad)[0])}: user embedding "
+                                   "is not finite")
         if schema.num_dense:
             if self.dense is None or self.dense.shape != (b, schema.num_dense):
                 raise GemDataError(f"{where}: dense features must be ({b}, {schema.num_dense})")

@@ -57,5 +57,14 @@ class FeatureSchema:
     tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
     """Binary label names, one prediction head each."""
 
+    candidate_content: bool = False
+    """The candidate carries a content vector in the history's space (``seq_dense_dim`` floats,
+    ``JaggedBatch.candidate_dense``)."""
+
+    user_embedding_dim: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Width of a precomputed user embedding carried by each sample (0: none). Set by data sets
+    exported with ``gem export-user-embeddings``: the upstream tower's output, so a downstream
+    ranker can train and evaluate without running the tower."""
+
     max_seq_len: int = attrs.field(default=1024, validator=_positive)
     """Longest history the data holds (after truncation to the most recent events)."""

@@ -113,6 +113,14 @@ def table_to_batch(table: Any, schema: FeatureSchema, max_seq_len: int | None = 
     if schema.num_dense:
         flat, _ = list_parts(table.column(fmt.DENSE))
         dense = t(flat.reshape(-1, schema.num_dense))
+    candidate_dense = None
+    if schema.candidate_content:
+        flat, _ = list_parts(table.column(fmt.CANDIDATE_DENSE))
+        candidate_dense = t(flat.reshape(-1, schema.seq_dense_dim))
+    user_embedding = None
+    if schema.user_embedding_dim:
+        flat, _ = list_parts(table.column(fmt.USER_EMBEDDING))
+        user_embedding = t(flat.reshape(-1, schema.user_embedding_dim))
     return JaggedBatch(
         seq_offsets=t(offsets),
         seq_item_ids=t(items),
@@ -127,6 +135,8 @@ def table_to_batch(table: Any, schema: FeatureSchema, max_seq_len: int | None = 
                           for f in schema.candidate_features},
         dense=dense,
         seq_dense=None if seq_dense is None else t(seq_dense),
+        candidate_dense=candidate_dense,
+        user_embedding=user_embedding,
     )
 
 
@@ -160,4 +170,11 @@ def batch_to_table(batch: JaggedBatch, schema: FeatureSchema) -> Any:
             pa.array(n(batch.dense).reshape(-1), pa.float32()), schema.num_dense)
     for task in schema.tasks:
         columns[fmt.label_column(task)] = pa.array(n(batch.labels[task]), pa.float32())
+    if schema.candidate_content:
+        columns[fmt.CANDIDATE_DENSE] = pa.FixedSizeListArray.from_arrays(
+            pa.array(n(batch.candidate_dense).reshape(-1), pa.float32()), schema.seq_dense_dim)
+    if schema.user_embedding_dim:
+        columns[fmt.USER_EMBEDDING] = pa.FixedSizeListArray.from_arrays(
+            pa.array(n(batch.user_embedding).reshape(-1), pa.float32()),
+            schema.user_embedding_dim)
     return pa.Table.from_pydict(columns, schema=fmt.arrow_schema(schema))

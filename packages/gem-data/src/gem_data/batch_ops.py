@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import attrs
 import numpy as np
 import torch
 
@@ -44,6 +45,8 @@ def concat_batches(batches: Sequence[JaggedBatch]) -> JaggedBatch:
                           for k in first.candidate_sparse},
         dense=_opt_cat([b.dense for b in batches]),
         seq_dense=_opt_cat([b.seq_dense for b in batches]),
+        candidate_dense=_opt_cat([b.candidate_dense for b in batches]),
+        user_embedding=_opt_cat([b.user_embedding for b in batches]),
     )
 
 
@@ -72,6 +75,10 @@ def slice_batch(batch: JaggedBatch, start: int, stop: int) -> JaggedBatch:
         candidate_sparse={k: v[start:stop] for k, v in batch.candidate_sparse.items()},
         dense=None if batch.dense is None else batch.dense[start:stop],
         seq_dense=None if batch.seq_dense is None else batch.seq_dense[seq_lo:seq_hi],
+        candidate_dense=(None if batch.candidate_dense is None
+                         else batch.candidate_dense[start:stop]),
+        user_embedding=(None if batch.user_embedding is None
+                        else batch.user_embedding[start:stop]),
     )
 
 
@@ -106,6 +113,10 @@ class RowGather:
             candidate_sparse={k: _take(v, indices) for k, v in b.candidate_sparse.items()},
             dense=None if b.dense is None else _take(b.dense, indices),
             seq_dense=None if b.seq_dense is None else _take(b.seq_dense, seq_index),
+            candidate_dense=(None if b.candidate_dense is None
+                             else _take(b.candidate_dense, indices)),
+            user_embedding=(None if b.user_embedding is None
+                            else _take(b.user_embedding, indices)),
         )
 
 
@@ -126,3 +137,17 @@ def _gather_index(starts: np.ndarray, lengths: np.ndarray,
     np.cumsum(taken, out=offsets[1:])
     shift = np.repeat(starts[indices] - offsets[:-1], taken)
     return offsets, np.arange(int(offsets[-1])) + shift
+
+
+def events_before(batch: JaggedBatch, cutoff: torch.Tensor) -> JaggedBatch:
+    """``batch`` with each row's history cut to the events at or before ``cutoff[row]`` (what
+    an upstream model that ran at that time saw). Histories are oldest first, so what is kept is
+    a prefix of each row."""
+    rows = torch.repeat_interleave(torch.arange(batch.batch_size), batch.seq_lengths())
+    keep = batch.seq_timestamps <= cutoff[rows]
+    kept = torch.zeros(batch.batch_size, dtype=torch.int64).index_add_(0, rows, keep.long())
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(kept, 0)])
+    return attrs.evolve(
+        batch, seq_offsets=offsets, seq_item_ids=batch.seq_item_ids[keep],
+        seq_action_ids=batch.seq_action_ids[keep], seq_timestamps=batch.seq_timestamps[keep],
+        seq_dense=None if batch.seq_dense is None else batch.seq_dense[keep])

@@ -17,6 +17,8 @@ column                     arrow type                     meaning
 ``sparse.<name>``          ``list<int64>``                each multi-hot sparse feature
 ``dense``                  ``fixed_size_list<float32>``   ``num_dense`` floats (when > 0)
 ``label.<task>``           ``float32``                    each task's label in {0, 1}
+``candidate_dense``        ``fixed_size_list<float32>``   candidate content vector (when declared)
+``user_embedding``         ``fixed_size_list<float32>``   upstream user embedding (exported sets)
 =========================  =============================  ==========================================
 """
 
@@ -33,6 +35,8 @@ HISTORY_DENSE = "history_dense"
 REQUEST_TIMESTAMP = "request_timestamp"
 CANDIDATE_ITEM = "candidate_item_id"
 DENSE = "dense"
+USER_EMBEDDING = "user_embedding"
+CANDIDATE_DENSE = "candidate_dense"
 
 #: The history columns that share one length per row (``history_dense`` has ``dim`` x that).
 HISTORY_ID_COLUMNS = (HISTORY_ITEM, HISTORY_ACTION, HISTORY_TIMESTAMP)
@@ -72,6 +76,12 @@ def arrow_schema(schema: FeatureSchema) -> Any:
     if schema.num_dense:
         fields.append(pa.field(DENSE, pa.list_(pa.float32(), schema.num_dense), nullable=False))
     fields += [pa.field(label_column(t), pa.float32(), nullable=False) for t in schema.tasks]
+    if schema.candidate_content:
+        fields.append(pa.field(CANDIDATE_DENSE, pa.list_(pa.float32(), schema.seq_dense_dim),
+                               nullable=False))
+    if schema.user_embedding_dim:
+        fields.append(pa.field(USER_EMBEDDING, pa.list_(pa.float32(), schema.user_embedding_dim),
+                               nullable=False))
     return pa.schema(fields)
 
 
@@ -95,6 +105,8 @@ def schema_to_dict(schema: FeatureSchema) -> dict[str, Any]:
         "seq_dense_dim": schema.seq_dense_dim,
         "tasks": list(schema.tasks),
         "max_seq_len": schema.max_seq_len,
+        "candidate_content": schema.candidate_content,
+        "user_embedding_dim": schema.user_embedding_dim,
     }
 
 
@@ -108,6 +120,8 @@ def schema_from_dict(data: dict[str, Any]) -> FeatureSchema:
         seq_dense_dim=int(data.get("seq_dense_dim", 0)),
         tasks=tuple(data["tasks"]),
         max_seq_len=int(data["max_seq_len"]),
+        candidate_content=bool(data.get("candidate_content", False)),
+        user_embedding_dim=int(data.get("user_embedding_dim", 0)),
     )
 
 

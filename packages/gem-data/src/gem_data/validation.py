@@ -182,7 +182,10 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
             reject("ids", rows, lambda row, name=name, v=int(values[first]), size=size: (
                 f"feature {name!r} value {v} is outside [0, {size})"))
 
-    for name, width in ((fmt.DENSE, schema.num_dense), (fmt.HISTORY_DENSE, schema.seq_dense_dim)):
+    fixed_width = (fmt.DENSE, fmt.USER_EMBEDDING, fmt.CANDIDATE_DENSE)
+    for name, width in ((fmt.DENSE, schema.num_dense), (fmt.HISTORY_DENSE, schema.seq_dense_dim),
+                        (fmt.CANDIDATE_DENSE, schema.seq_dense_dim * schema.candidate_content),
+                        (fmt.USER_EMBEDDING, schema.user_embedding_dim)):
         if not width:
             continue
         values, offsets = list_parts(columns[name])
@@ -194,7 +197,8 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
         if policy.dense == "clamp":
             repaired["dense"] += int((rows & ~drop).sum())
             fixed = pa.array(np.where(bad_values, np.float32(0), values), pa.float32())
-            columns[name] = (pa.FixedSizeListArray.from_arrays(fixed, width) if name == fmt.DENSE
+            columns[name] = (pa.FixedSizeListArray.from_arrays(fixed, width)
+                             if name in fixed_width
                              else pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                                            fixed))
         else:

@@ -28,6 +28,9 @@ from gem_core.schema import FeatureSchema, SparseFeature
 
 NUM_ACTIONS = 3  # view, click, conversion
 _TRAIN, _EVAL = 1, 2
+EVAL_CHUNK = 1024
+"""Eval rows are generated in chunks of this many, whatever the eval batch size, so the eval
+set is the same rows for every ``eval_batch_size`` (and for a data set exported from it)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -102,6 +105,7 @@ class SyntheticSource:
             ),
             num_dense=4,
             seq_dense_dim=o.content_dim,
+            candidate_content=bool(o.content_dim),
             tasks=("click", "conversion"),
             max_seq_len=config.max_seq_len,
         )
@@ -118,8 +122,14 @@ class SyntheticSource:
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         rows = self.config.eval_rows
-        for index, start in enumerate(range(0, rows, batch_size)):
-            yield self.generate(min(batch_size, rows - start), split=_EVAL, index=index)
+        for index, chunk_start in enumerate(range(0, rows, EVAL_CHUNK)):
+            size = min(EVAL_CHUNK, rows - chunk_start)
+            chunk = self.generate(size, split=_EVAL, index=index)
+            if batch_size >= size:
+                yield chunk
+                continue
+            for start in range(0, size, batch_size):
+                yield chunk.select(torch.arange(start, min(start + batch_size, size)))
 
     # -- generation ---------------------------------------------------------------------------
 
