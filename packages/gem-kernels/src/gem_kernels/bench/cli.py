@@ -110,8 +110,14 @@ def bench_attention(device, dtype, batch_size, max_len, distribution, zipf_a, he
         click.echo(f"{shape}: padded/jagged FLOPs {r['padded_over_jagged_flops']:.2f}x")
         for name, seconds in r["fwd_bwd_median_s"].items():
             speedup = r["speedup_over_fastest_padded_sdpa"].get(name)
-            extra = f"  {speedup:.2f}x vs padded SDPA" if speedup is not None else ""
+            masked = r["speedup_over_masked_padded_sdpa"].get(name)
+            extra = (f"  {speedup:.2f}x vs fastest padded SDPA, {masked:.2f}x vs masked"
+                     if speedup is not None else "")
             click.echo(f"  {name:24s} {seconds * 1e3:9.2f} ms{extra}")
+        if r["best_backend"] is not None:
+            click.echo(f"  best over masked / FLOP ratio: "
+                       f"{r['best_speedup_over_masked_over_flop_ratio']:.2f} (CPU goal 0.8); "
+                       f"best over fastest / FLOP ratio: {r['best_speedup_over_flop_ratio']:.2f}")
 
 
 if __name__ == "__main__":  # ``python -m gem_kernels.bench.cli`` where the gem CLI is not set up

@@ -26,6 +26,7 @@ import torch
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import ReferenceAttention
 from gem_core.testing.attention_conformance import AttentionCase, AttentionConformance
+from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
 from gem_kernels.norms.reference import gated_norm_reference
@@ -141,7 +142,7 @@ def measure_peaks(device: str, size: dict) -> dict[str, float]:
 
 def run_bench(device: str, size: dict, dtype: torch.dtype) -> dict[str, Any]:
     backends = {"triton": TritonAttention(size["block"], size["block"]),
-                "reference": ReferenceAttention()}
+                "reference": ReferenceAttention(), "blocked": BlockedAttention()}
     results = {}
     for label, shapes, window in (("self_causal", ("self",), None),
                                   (f"self_window{size['window']}", ("self",), size["window"]),
