@@ -40,7 +40,8 @@ def test_importing_the_plugin_imports_neither_triton_nor_fbgemm():
     assert out.stdout.strip() == "[]"
 
 
-def test_auto_picks_triton_on_cuda_only():
-    assert plugin.gem_default_attention(AutoContext(device="cpu")) is None
+def test_auto_picks_triton_on_cuda_and_blocked_on_cpu():
+    name, reason = plugin.gem_default_attention(AutoContext(device="cpu"))
+    assert name == "blocked" and "CPU" in reason
     name, reason = plugin.gem_default_attention(AutoContext(device="cuda"))
     assert name == "triton" and reason
