@@ -52,6 +52,12 @@ class SyntheticOptions:
     mean_length: float = attrs.field(default=40.0, validator=greater_than(0))
     """Median history length (lognormal) before truncation to ``data.max_seq_len``."""
 
+    session_length: int = attrs.field(default=16, validator=at_least(0))
+    """In-interest history events come in sessions of this many events, each session from one of
+    the user's interests, so the recent events show the user's current intent (which the planted
+    label rewards) and differ from the history as a whole. 0: every event picks an interest at
+    random (no drift: the mean of the history then carries almost all of the signal)."""
+
     empty_fraction: float = attrs.field(default=0.05, validator=between(0.0, 1.0))
     """Share of impressions with no history at all."""
 
@@ -149,7 +155,13 @@ class SyntheticSource:
 
         # History events: 75 % from one of the user's clusters, the rest from global popularity.
         in_interest = rng.random(total) < 0.75
-        chosen_cluster = self.user_clusters[users[row], rng.integers(0, 3, total)]
+        if o.session_length:
+            session = (_position_from_end(offsets) // o.session_length).astype(np.int64)
+            interest_of_session = rng.integers(0, 3, (n, int(session.max(initial=0)) + 1))
+            interest = interest_of_session[row, session]
+        else:
+            interest = rng.integers(0, 3, total)
+        chosen_cluster = self.user_clusters[users[row], interest]
         items = rng.choice(o.num_items, size=total, p=self.item_popularity)
         items[in_interest] = self._draw_from_clusters(rng, chosen_cluster[in_interest])
         actions = rng.choice(NUM_ACTIONS, size=total, p=[0.8, 0.17, 0.03])
