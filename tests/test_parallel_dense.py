@@ -32,9 +32,9 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(run_dir / "checkpoints" / "step-00000006" / "state.pt",
-                       weights_only=False)
-    return state["engine"]["model"]
+    from gem_core.train.checkpointer import read_checkpoint
+
+    return read_checkpoint(run_dir / "checkpoints" / "step-00000006")["engine"]["model"]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,10 @@ def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(ge
     assert [m["step"] for m in metrics] == list(range(1, 301))
     assert all(METRIC_KEYS <= m.keys() for m in metrics)
     assert metrics[-1]["samples"] == 300 * 256
+    # Evaluation steps (every 100) carry the held-out figures, equal to summary.json's at the end.
+    assert [m["step"] for m in metrics if "eval_ne_click" in m] == [100, 200, 300]
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert metrics[-1]["eval_ne_conversion"] == summary["eval"]["conversion"]["ne"]
     for task in ("click", "conversion"):
         report = summary["eval"][task]
         assert math.isfinite(report["ne"]) and report["ne"] < 1.0, (task, report)

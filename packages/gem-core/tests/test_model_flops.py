@@ -22,6 +22,8 @@ VARIANTS = {
     "target-all-recent-esmm": dict(pma_queries=2, target_queries="all", target_history=8,
                                    multitask="esmm", window=8),
     "dlrm-baseline": dict(num_layers=0, target_attention=False),
+    "attention-gate-multistage": dict(attention_gate=True, pma_queries=2,
+                                      downstream_history="events"),
 }
 
 

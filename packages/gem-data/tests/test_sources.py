@@ -41,7 +41,8 @@ def test_registration_is_complete():
     commands = registered(plugin.gem_register_cli_commands)
     assert set(sources) == {"parquet", "movielens-100k", "synthetic-ads"}
     assert "synthetic" not in sources  # gem-core owns that name
-    assert set(commands) == {"data", "bench.loader"}
+    assert set(commands) == {"data", "bench.loader", "export-user-embeddings"}
+    assert isinstance(commands["export-user-embeddings"].load(), click.Command)
     assert isinstance(commands["data"].load(), click.Group)
     assert set(commands["data"].load().commands) == {"synth", "fetch", "validate", "inspect"}
     assert isinstance(commands["bench.loader"].load(), click.Command)

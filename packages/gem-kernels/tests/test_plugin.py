@@ -15,11 +15,19 @@ def _collect(hook):
 
 def test_attention_backends_are_registered():
     specs = _collect(plugin.gem_register_attention_backends)
-    assert set(specs) == {"triton", "fbgemm", "torch-sdpa"}
+    assert set(specs) == {"triton", "fbgemm", "torch-sdpa", "blocked"}
+    assert specs["blocked"].devices == ("cpu", "cuda") and not specs["blocked"].requires
     assert specs["triton"].requires == ("triton",)
     assert specs["triton"].devices == ("cuda",)
     assert specs["fbgemm"].requires == ("fbgemm_gpu",)
     assert all(spec.supports_backward for spec in specs.values())
+
+
+def test_triton_norm_is_registered_for_cuda():
+    specs = _collect(plugin.gem_register_norm_backends)
+    assert set(specs) == {"triton"} and specs["triton"].devices == ("cuda",)
+    assert specs["triton"].load().name == "triton"
+    assert plugin.gem_default_norm(AutoContext(device="cpu")) is None
 
 
 def test_fbgemm_loads_to_a_backend():

@@ -32,6 +32,21 @@ def gem_register_attention_backends(register) -> None:
     ))
 
 
+def _reference_norm():
+    from gem_core.norm import ReferenceNorm
+
+    return ReferenceNorm()
+
+
+@hookimpl
+def gem_register_norm_backends(register) -> None:
+    register(ImplementationSpec(
+        name="reference", load=_reference_norm,
+        dtypes=("float32", "bfloat16", "float16", "float64"),
+        description="gated LayerNorm/RMSNorm in PyTorch; the oracle for fused kernels",
+    ))
+
+
 def _reference_embedding():
     from gem_core.embedding import ReferenceEmbeddingBackend
 
@@ -161,6 +176,11 @@ def gem_register_cli_commands(register) -> None:
 @hookimpl(trylast=True)
 def gem_default_attention(context: AutoContext):
     return "bucketed", "gem-core's fastest pure-PyTorch backend (no kernel plugin chose)"
+
+
+@hookimpl(trylast=True)
+def gem_default_norm(context: AutoContext):
+    return "reference", "gem-core's gated norm (no plugin chose)"
 
 
 @hookimpl(trylast=True)

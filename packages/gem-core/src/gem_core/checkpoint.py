@@ -1,26 +1,50 @@
-"""Atomic, resumable checkpoints in ``RUN_DIR/checkpoints/step-NNNNNNNN/``.
+"""The on-disk protocol of checkpoints in ``RUN_DIR/checkpoints/``: layout, atomic publish,
+retention. What goes into a checkpoint is :mod:`gem_core.train.checkpointer`'s business.
 
-A checkpoint is written under a temporary name, completed with a ``COMPLETE`` marker and then
-published with one rename, so a process killed mid-save leaves the previous checkpoint intact and
-the torn one is never loaded (it has no marker and a temporary name).
+A checkpoint of step N is written into ``.tmp-step-NNNNNNNN`` (the same name on every rank, so
+all ranks write their shards into one directory), then rank 0 adds the ``COMPLETE`` marker and
+publishes it with one rename to ``step-NNNNNNNN``. A process killed mid-save leaves only a
+temporary directory: it is never loaded (no marker, not a ``step-`` name) and is removed by the
+next run. Layout of a published checkpoint::
+
+    step-00000040/
+        COMPLETE        the marker (written last, before the rename)
+        info.json       step, format and evaluation NE (read by retention without unpickling)
+        trainer.pt      non-tensor trainer state written by rank 0 (step, data positions, RNG,
+                        counters, guard, config, world size, dense strategy)
+        engine/         model + optimizer through torch.distributed.checkpoint (each rank
+                        writes its own shards; any number of ranks can load them), or
+        engine.pt       the full model + optimizer state of engines that keep a full-state
+                        format (DeepSpeed ZeRO), written by rank 0
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 COMPLETE = "COMPLETE"
-STATE_FILE = "state.pt"
+INFO_FILE = "info.json"
+TRAINER_FILE = "trainer.pt"
+ENGINE_DIR = "engine"
+FULL_ENGINE_FILE = "engine.pt"
 PREFIX = "step-"
+TEMPORARY_PREFIX = ".tmp-"
+
+BEST_BY = "mean evaluation NE over tasks"
+"""What "best" means for retention (lower is better)."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def _name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -41,39 +65,92 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` for ``step`` atomically and keep only the ``keep`` most recent."""
-    root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:08d}"
-    temporary = root / f".tmp-{PREFIX}{step:08d}-{os.getpid()}"
-    if temporary.exists():
-        shutil.rmtree(temporary)
-    temporary.mkdir()
-    with open(temporary / STATE_FILE, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    (temporary / COMPLETE).write_text(f"{step}\n")
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where every rank writes the checkpoint of ``step`` before it is published."""
+    return checkpoint_dir(run_dir) / f"{TEMPORARY_PREFIX}{_name(step)}"
+
+
+def prepare_staging(run_dir: Path, step: int) -> Path:
+    """Rank 0, before any rank writes: an empty staging directory for ``step``."""
+    staging = staging_dir(run_dir, step)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging
+
+
+def write_info(staging: Path, *, step: int, format: str, ne: float | None) -> None:
+    (staging / INFO_FILE).write_text(json.dumps({"step": step, "format": format, "ne": ne}))
+
+
+def read_info(path: Path) -> dict[str, Any]:
+    info = path / INFO_FILE
+    return json.loads(info.read_text()) if info.exists() else {}
+
+
+def publish(run_dir: Path, step: int) -> Path:
+    """Rank 0, after every rank finished writing into the staging directory: mark it complete
+    (durably) and rename it into place. Re-saving a published step replaces it."""
+    staging = staging_dir(run_dir, step)
+    for path in staging.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+    marker = staging / COMPLETE
+    marker.write_text(f"{step}\n")
+    _fsync_file(marker)
+    final = checkpoint_dir(run_dir) / _name(step)
     if final.exists():  # re-saving the same step (e.g. the final step of a resumed run)
         shutil.rmtree(final)
-    os.replace(temporary, final)
-    _fsync_dir(root)
-    for _, old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+    os.replace(staging, final)
+    _fsync_dir(final.parent)
     return final
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    if not (path / COMPLETE).exists():
-        raise RuntimeError(f"checkpoint {path} has no {COMPLETE} marker: it was never finished")
-    # weights_only=False: the state holds RNG states and plain Python data written by us.
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+def remove_torn(run_dir: Path) -> list[Path]:
+    """Rank 0, when no save is in flight: delete staging directories of saves that never
+    finished (a process killed mid-write). Returns what was removed."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    torn = [p for p in root.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
+    for path in torn:
+        shutil.rmtree(path)
+    return torn
 
 
-def _fsync_dir(path: Path) -> None:
+def best_checkpoint(run_dir: Path) -> tuple[int, float] | None:
+    """``(step, NE)`` of the complete checkpoint with the lowest recorded NE, if any has one."""
+    scored = [(info["ne"], step) for step, path in complete_checkpoints(run_dir)
+              if isinstance((info := read_info(path)).get("ne"), (int, float))
+              and math.isfinite(info["ne"])]
+    if not scored:
+        return None
+    ne, step = min(scored)
+    return step, ne
+
+
+def retain(run_dir: Path, *, keep_last: int, keep_best: bool) -> list[int]:
+    """Delete complete checkpoints except the ``keep_last`` most recent and, with ``keep_best``,
+    the one with the best NE (never deleted by the rotation). Returns the steps kept."""
+    found = complete_checkpoints(run_dir)
+    keep = {step for step, _ in found[-keep_last:]}
+    best = best_checkpoint(run_dir) if keep_best else None
+    if best is not None:
+        keep.add(best[0])
+    for step, path in found:
+        if step not in keep:
+            shutil.rmtree(path)
+    return sorted(keep)
+
+
+def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    _fsync_file(path)

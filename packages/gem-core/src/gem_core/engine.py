@@ -16,7 +16,18 @@ class Engine:
 
     Strategies that own the optimizer step themselves (DeepSpeed) subclass this and override
     ``backward``, ``step`` and the state-dict methods.
+
+    Checkpoints: with ``distributed_checkpoint`` True (the default) the trainer saves and loads
+    ``sharded_state_dict()`` through torch.distributed.checkpoint (DCP): every rank writes only
+    its own shards, no rank gathers the full model, and a checkpoint written by any dense
+    strategy and number of ranks loads into any other DCP engine (keys are the unwrapped
+    model's parameter names). Engines whose state DCP cannot describe set it False and keep the
+    full-state path, ``state_dict()``/``load_state_dict()``, written by rank 0; such checkpoints
+    load only into the same strategy and number of ranks.
     """
+
+    distributed_checkpoint: bool = True
+    """Whether checkpoints hold this engine through ``sharded_state_dict`` and DCP (see above)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  unwrapped: nn.Module | None = None) -> None:
@@ -60,8 +71,29 @@ class Engine:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optimizer": ...}`` for DCP: on every rank, that rank's part (the
+        whole tensors when unsharded, DTensor shards under FSDP2), keyed by the unwrapped
+        model's parameter names through ``torch.distributed.checkpoint.state_dict``. The
+        tensors are the live ones, so DCP can load into them in place; with a fresh optimizer
+        its state is first created by a zero-learning-rate step (weights unchanged). Every rank
+        calls it (collectives for sharded engines)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        """Apply a ``sharded_state_dict()`` that DCP has filled from a checkpoint. Every rank
+        calls it."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
     def state_dict(self) -> dict[str, Any]:
-        """Full (unsharded) model and optimizer state, meaningful on rank 0."""
+        """Full (unsharded) model and optimizer state, meaningful on rank 0: the checkpoint
+        format of engines with ``distributed_checkpoint = False``."""
         return {"model": self.unwrapped.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

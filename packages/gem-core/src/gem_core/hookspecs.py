@@ -53,6 +53,18 @@ def gem_register_attention_backends(register: Register) -> None:
 
 
 @hookspec
+def gem_register_norm_backends(register: Register) -> None:
+    """Register gated-norm backends (kind ``norm``).
+
+    ``load()`` returns an object satisfying :class:`gem_core.norm.NormBackend`: ``gated_norm(x,
+    gate, weight, bias=None, *, kind="layer"|"rms", eps=1e-5) -> Tensor`` computing ``(norm(x) *
+    weight + bias) * gate`` over the last dimension, in ``x.dtype``, with gradients for x, gate,
+    weight and bias, as :func:`gem_core.norm.gated_norm_reference` does. It must pass
+    :class:`gem_core.testing.NormConformance`.
+    """
+
+
+@hookspec
 def gem_register_embedding_backends(register: Register) -> None:
     """Register embedding backends (kind ``embedding``).
 
@@ -85,6 +97,8 @@ def gem_register_embedding_sharding(register: Register) -> None:
     ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext, options) ->
     nn.Module`` (``options``: ``[parallel.embedding]``) that places the model's embedding tables (the module at ``model.embeddings``) across the process
     group, returning the model with the same forward semantics. It runs before dense sharding.
+    Optional: ``summary() -> dict`` (e.g. the plan per table), written to ``summary.json`` under
+    ``embedding_sharding``.
     """
 
 
@@ -153,6 +167,11 @@ def gem_register_cli_commands(register: Register) -> None:
 @hookspec(firstresult=True)
 def gem_default_attention(context: AutoContext) -> DefaultChoice:
     """Name the attention backend ``auto`` means in ``context``, with a reason, or None."""
+
+
+@hookspec(firstresult=True)
+def gem_default_norm(context: AutoContext) -> DefaultChoice:
+    """Name the gated-norm backend ``auto`` means in ``context``, with a reason, or None."""
 
 
 @hookspec(firstresult=True)

@@ -15,6 +15,7 @@ from gem_core.errors import GemConfigError, GemPluginError
 KINDS: dict[str, tuple[str, str | None]] = {
     "attention": ("gem_register_attention_backends", "gem_default_attention"),
     "embedding": ("gem_register_embedding_backends", "gem_default_embedding"),
+    "norm": ("gem_register_norm_backends", "gem_default_norm"),
     "dense_sharding": ("gem_register_dense_sharding", "gem_default_dense_sharding"),
     "embedding_sharding": ("gem_register_embedding_sharding", "gem_default_embedding_sharding"),
     "precision": ("gem_register_precision_recipes", "gem_default_precision"),

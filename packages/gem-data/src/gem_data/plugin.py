@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gem_core import hookimpl
-from gem_core.registry import ImplementationSpec
+from gem_core.registry import lazy, ImplementationSpec
 
 
 def _load_parquet() -> Any:
@@ -65,3 +65,8 @@ def gem_register_cli_commands(register: Any) -> None:
     register(ImplementationSpec(
         name="bench.loader", load=_load_bench_loader, requires=("pyarrow",),
         description="Loader throughput from Parquet to batches, ours vs the TorchRec KJT path"))
+    register(ImplementationSpec(
+        name="export-user-embeddings",
+        load=lazy("gem_data.export_user_embeddings", "export_user_embeddings"),
+        requires=("pyarrow",),
+        description="Run a trained upstream tower over its data; write data + user embeddings"))

@@ -36,6 +36,12 @@ def _load_blocked():
     return BlockedAttention()
 
 
+def _load_triton_norm():
+    from gem_kernels.norms.backend import TritonNorm
+
+    return TritonNorm()
+
+
 def _load_bench_attention():
     from gem_kernels.bench.cli import bench_attention
 
@@ -79,6 +85,25 @@ def gem_register_attention_backends(register) -> None:
         supports_backward=True,
         description="block-sparse tiles over the packed stream, batched GEMMs (fast path on CPU)",
     ))
+
+
+@hookimpl
+def gem_register_norm_backends(register) -> None:
+    register(ImplementationSpec(
+        name="triton",
+        load=_load_triton_norm,
+        requires=("triton",),
+        devices=("cuda",),  # CPU tensors only under TRITON_INTERPRET=1 (tests)
+        dtypes=("float32", "bfloat16", "float16"),
+        description="fused gated LayerNorm/RMSNorm (one Triton kernel forward, one backward)",
+    ))
+
+
+@hookimpl
+def gem_default_norm(context: AutoContext):
+    if context.device == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton", "CUDA device and triton is installed"
+    return None
 
 
 @hookimpl

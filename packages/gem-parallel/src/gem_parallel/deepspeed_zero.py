@@ -69,7 +69,15 @@ class DeepSpeedZeroStrategy:
 
 
 class DeepSpeedEngine(Engine):
-    """Backward, clipping, step and full state dicts through the DeepSpeed engine."""
+    """Backward, clipping, step and full state dicts through the DeepSpeed engine.
+
+    Checkpoints keep the full-state path (``distributed_checkpoint = False``): the ZeRO
+    optimizer's flat fp32 partitions are not parameters that torch.distributed.checkpoint's
+    state-dict helpers can name, so rank 0 writes the full weights and every rank's optimizer
+    partitions, and a resume needs the same strategy and number of ranks (the trainer checks).
+    """
+
+    distributed_checkpoint = False
 
     def __init__(self, ds_engine, optimizer, *, unwrapped: nn.Module,
                  replica: EvalReplica | None) -> None:

@@ -34,6 +34,18 @@ def _deepspeed(stage: int):
     return load
 
 
+def _expert_parallel():
+    from gem_parallel.expert_parallel import ExpertParallelStrategy
+
+    return ExpertParallelStrategy()
+
+
+def _deepspeed_moe():
+    from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
+
+    return DeepSpeedMoeStrategy()
+
+
 def _full_checkpointing():
     from gem_parallel.checkpointing import FullCheckpointing
 
@@ -79,6 +91,17 @@ def gem_register_dense_sharding(register) -> None:
             dtypes=("float32", "bfloat16"),
             description=f"DeepSpeed ZeRO stage {stage}: {what} partitioned across ranks",
         ))
+    register(ImplementationSpec(
+        name="ep", load=_expert_parallel,
+        description="expert parallelism: MoE experts spread over an ep mesh dimension with "
+                    "all-to-all dispatch; other parameters FSDP2-sharded",
+    ))
+    register(ImplementationSpec(
+        name="deepspeed-moe", load=_deepspeed_moe, requires=("deepspeed",),
+        dtypes=("float32", "bfloat16"),
+        description="DeepSpeed's MoE layer and expert groups under ZeRO 0-2 (options: ep_size, "
+                    "zero_stage)",
+    ))
 
 
 @hookimpl
@@ -90,6 +113,21 @@ def gem_register_activation_checkpointing(register) -> None:
     register(ImplementationSpec(
         name="selective", load=_selective_checkpointing,
         description="recompute only attention and/or MLP of each block (options: modules)",
+    ))
+
+
+def _torchrec():
+    from gem_parallel.torchrec_sharding import TorchRecSharding
+
+    return TorchRecSharding()
+
+
+@hookimpl
+def gem_register_embedding_sharding(register) -> None:
+    register(ImplementationSpec(
+        name="torchrec", load=_torchrec, requires=("torchrec", "fbgemm_gpu"), dtypes=("float32",),
+        description="TorchRec planner + sharded EmbeddingBagCollection/EmbeddingCollection, fused "
+                    "sparse optimizer (options: plan, optimizer, lr)",
     ))
 
 
@@ -124,6 +162,10 @@ def gem_register_cli_commands(register) -> None:
     register(ImplementationSpec(
         name="bench.balance", load=lazy("gem_parallel.bench_balance", "balance"),
         description="Per-rank max/mean cost of contiguous vs LPT vs Karmarkar-Karp balancing.",
+    ))
+    register(ImplementationSpec(
+        name="bench.moe", load=lazy("gem_parallel.bench_moe", "moe"),
+        description="MoE grouped vs reference path tokens/s (8 experts) and ep all-to-all bytes.",
     ))
 
 

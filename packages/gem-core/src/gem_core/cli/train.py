@@ -16,6 +16,7 @@ from gem_core.config import DEFAULT_PRESET, load_config
 # Command-line shortcuts for the most used keys; each is the same as --set KEY=VALUE.
 SHORTCUTS = {
     "attention": "backends.attention",
+    "norm": "backends.norm",
     "sharding": "backends.dense_sharding",
     "embedding_sharding": "backends.embedding_sharding",
     "precision": "backends.precision",
@@ -32,6 +33,7 @@ SHORTCUTS = {
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a key, e.g. --set train.steps=20 (repeatable).")
 @click.option("--attention", default=None, help="Attention backend (gem plugins lists them).")
+@click.option("--norm", default=None, help="Gated-norm backend (model.attention_gate).")
 @click.option("--sharding", default=None, help="Dense sharding strategy.")
 @click.option("--embedding-sharding", default=None, help="Embedding sharding strategy.")
 @click.option("--precision", default=None, help="Precision recipe.")
@@ -51,11 +53,11 @@ SHORTCUTS = {
                    "train.steps; run again to continue.")
 @click.option("--fresh", is_flag=True, help="Ignore existing checkpoints in --out; start over.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train(preset, config_file, overrides, attention, sharding, embedding_sharding, precision,
+def train(preset, config_file, overrides, attention, norm, sharding, embedding_sharding, precision,
           activation_checkpointing, balancer, data, nproc_per_node, max_restarts, out, until_step,
           fresh, no_progress) -> None:
     """Train a GEM model. With no options: the default preset on generated data on CPU."""
-    shortcuts = {"attention": attention, "sharding": sharding,
+    shortcuts = {"attention": attention, "norm": norm, "sharding": sharding,
                  "embedding_sharding": embedding_sharding, "precision": precision,
                  "activation_checkpointing": activation_checkpointing,
                  "balancer": balancer, "data": data}

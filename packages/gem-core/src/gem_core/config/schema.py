@@ -14,6 +14,50 @@ from gem_core.config.validators import at_least, between, choice, each, greater_
 
 
 @attrs.frozen(kw_only=True)
+class MoeConfig:
+    """Mixture of experts in place of the dense model's MLPs (``[model.moe]``); off while
+    ``num_experts`` is 0."""
+
+    num_experts: int = attrs.field(default=0, validator=at_least(0))
+    """Routed experts per MoE layer, each the size of the MLP it replaces; 0: no MoE."""
+
+    top_k: int = attrs.field(default=2, validator=greater_than(0))
+    """Experts each token (sequence layers) or sample (Wukong layers) is routed to."""
+
+    capacity_factor: float = attrs.field(default=1.25, validator=at_least(0))
+    """An expert takes at most ``ceil(capacity_factor * rows * top_k / num_experts)``
+    assignments per forward; the rest are dropped (first choices before second choices, earlier
+    rows first) and their rows keep only the residual and the shared expert. 0: no limit."""
+
+    shared_expert: bool = False
+    """Add one always-on expert of the same size that every row goes through."""
+
+    aux_loss_weight: float = attrs.field(default=0.01, validator=at_least(0))
+    """Weight of the Switch/GShard load-balancing loss ``E * sum_e f_e * P_e`` per layer,
+    added to the training loss."""
+
+    where: tuple[str, ...] = attrs.field(default=("sequence",), converter=tuple,
+                                         validator=each(choice("sequence", "wukong")))
+    """MLPs that become MoE: ``sequence`` (the SwiGLU of every sequence layer) and/or
+    ``wukong`` (the MLP of every Wukong factorization-machine block)."""
+
+    impl: str = attrs.field(default="grouped", validator=choice("reference", "grouped"))
+    """``reference``: experts run one after another over their tokens; ``grouped``: tokens
+    sorted by expert and all expert matmuls batched (torch._grouped_mm where it runs)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.enabled and self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be <= num_experts "
+                             f"({self.num_experts})")
+        if self.enabled and not self.where:
+            raise ValueError("where must name at least one of sequence, wukong")
+
+
+@attrs.frozen(kw_only=True)
 class ModelConfig:
     """Sizes and switches of the GEM model. Nothing in the model is hard-wired to one size."""
 
@@ -46,6 +90,11 @@ class ModelConfig:
     dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
     """Dropout on the interaction MLP during training."""
 
+    attention_gate: bool = False
+    """HSTU-style gating in every self-attention layer: the attention output is normalised
+    (LayerNorm) and multiplied by ``silu(u)``, ``u`` a fourth projection of the layer's input,
+    before the output projection (the gated norm runs on the ``norm`` backend)."""
+
     history_mean: bool = True
     """Feed the mean of the tower's history outputs to the interaction as one token."""
 
@@ -71,6 +120,18 @@ class ModelConfig:
     """Most recent history tokens that target-aware attention sees besides the PMA user tokens;
     0: the whole history."""
 
+    downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
+    """What target-aware attention and the history mean read besides the user tokens:
+    ``tower``, the sequence tower's outputs (one model, one stage); ``events``, the raw event
+    tokens (embeddings of item, action and time), so the upstream tower reaches the ranker only
+    through its user embedding (the PMA tokens) and that embedding can be exported and cached
+    (multi-stage training, see ``user_embeddings``)."""
+
+    user_embeddings: str = attrs.field(default="live", validator=choice("live", "cached"))
+    """``live``: the upstream tower runs inside the model. ``cached``: the model is the
+    downstream ranker alone (no tower, no PMA) and reads each sample's user embedding from the
+    data (a data set written by ``gem export-user-embeddings``)."""
+
     interaction: str = attrs.field(default="dot", validator=choice("dot", "wukong"))
     """Feature interaction over the non-sequence tokens: DLRM ``dot`` products + MLP, or a stack
     of ``wukong`` layers (optimised factorization-machine block + linear compress block)."""
@@ -95,10 +156,23 @@ class ModelConfig:
     """``independent``: one logit head per task. ``esmm``: entire-space conversion,
     p(conversion) = p(click) * p(conversion | click) (tasks ``click`` and ``conversion``)."""
 
+    moe: MoeConfig = attrs.field(factory=MoeConfig)
+    """Mixture of experts in place of the sequence and/or Wukong MLPs (off by default)."""
+
     def __attrs_post_init__(self) -> None:
         if self.embedding_dim % self.num_heads:
             raise ValueError(f"embedding_dim ({self.embedding_dim}) must be divisible by "
                              f"num_heads ({self.num_heads})")
+        if self.moe.enabled and "wukong" in self.moe.where and self.interaction != "wukong":
+            raise ValueError("moe.where includes 'wukong' but model.interaction is "
+                             f"{self.interaction!r}; set interaction = 'wukong' or drop it")
+        if self.user_embeddings == "cached" and (self.downstream_history != "events"
+                                                  or not self.pma_queries):
+            raise ValueError("model.user_embeddings = 'cached' needs downstream_history = "
+                             "'events' and pma_queries > 0 (the cached embedding is the PMA "
+                             "user tokens, and the ranker must not need the tower's outputs)")
+        if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
+            raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
 
 
 @attrs.frozen(kw_only=True)
@@ -155,6 +229,16 @@ class TrainConfig:
     keep_checkpoints: int = attrs.field(default=2, validator=greater_than(0))
     """Number of most recent checkpoints kept."""
 
+    keep_best: bool = True
+    """Also keep the checkpoint with the best evaluation NE (the mean over tasks, at a step that
+    both evaluated and checkpointed); the keep-last rotation never deletes it."""
+
+    async_checkpoint: bool = False
+    """Write checkpoints in the background (``torch.distributed.checkpoint.async_save``):
+    training blocks only while tensors are copied to CPU memory; the checkpoint is published
+    once every rank's write has finished. Engines with a full-state format (DeepSpeed) always
+    save synchronously."""
+
     log_every: int = attrs.field(default=1, validator=greater_than(0))
     """Write a ``metrics.jsonl`` line every N steps."""
 
@@ -190,6 +274,10 @@ class BackendsConfig:
 
     embedding: str = "auto"
     """Embedding lookup backend."""
+
+    norm: str = "auto"
+    """Gated-norm backend of the attention gate (``--norm``; used when
+    ``model.attention_gate``)."""
 
     dense_sharding: str = "auto"
     """Dense-parameter parallelism (``--sharding``)."""

@@ -18,6 +18,12 @@ class TrainStream(Protocol):
 
     ``state_dict()`` is the position after the last batch returned; loading it into a stream
     built with the same arguments continues with the exact next batch (resume).
+
+    Resuming with another number of ranks: a position that is the same on every rank is taken to
+    be global (e.g. the index of the next global batch) and is loaded on every new rank, so the
+    run continues at the same global batch; a stream whose position is per rank must save
+    something that differs between ranks (e.g. its rank) or refuse in ``load_state_dict`` with
+    a ``GemDataError``, and the trainer then stops with an error naming the source.
     """
 
     def __iter__(self) -> Iterator[JaggedBatch]: ...

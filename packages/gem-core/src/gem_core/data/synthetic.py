@@ -67,6 +67,15 @@ class SyntheticOptions:
     history_weight: float = attrs.field(default=5.0, validator=at_least(0))
     """Effect of candidate-cluster affinity of the history on the click logit."""
 
+    retarget_fraction: float = attrs.field(default=0.2, validator=between(0.0, 1.0))
+    """Share of candidates that are an item of the user's own recent history (retargeting), drawn
+    from the last ``session_length`` events (the last 16 when sessions are off)."""
+
+    repeat_weight: float = attrs.field(default=1.5, validator=at_least(0))
+    """Click-logit bonus when the candidate item itself is among the user's last
+    ``session_length`` events: an item-level, candidate-specific signal that a fixed-size
+    summary of the history cannot hold for every item, but attention from the candidate finds."""
+
     conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
     """Intercept of the conversion-given-click logit."""
 
@@ -178,7 +187,18 @@ class SyntheticSource:
         candidate[from_interest] = self._draw_from_clusters(
             rng, self.user_clusters[users[from_interest], rng.integers(0, 3, int(from_interest.sum()))]
         )
+        recent_window = o.session_length or 16
+        position = _position_from_end(offsets)
+        recent = position < recent_window
+        retarget = (rng.random(n) < o.retarget_fraction) & (lengths > 0)
+        if retarget.any():
+            # One of the row's recent events, uniformly: the k-th from the end, k < window.
+            rows_r = np.flatnonzero(retarget)
+            pick = (rng.random(rows_r.size) * np.minimum(lengths[rows_r], recent_window)).astype(
+                np.int64)
+            candidate[rows_r] = items[offsets[rows_r + 1] - 1 - pick]
         candidate_cluster = self.item_cluster[candidate]
+        seen_recently = _row_sums((items == candidate[row]) & recent, row, n) > 0
 
         # Planted label model: affinity of the recent history to the candidate's cluster.
         recency = np.exp(-_position_from_end(offsets) / 32.0)
@@ -190,6 +210,7 @@ class SyntheticSource:
         segment_effect = np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
         context = rng.integers(0, 16, n)
         click_logit = (o.click_bias + o.history_weight * affinity + 0.5 * dense[:, 0]
+                       + o.repeat_weight * seen_recently
                        + segment_effect + 0.3 * (context == 3))
         click = rng.random(n) < _sigmoid(click_logit)
         conversion_logit = o.conversion_bias + 2.0 * affinity + 0.8 * dense[:, 1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -15,10 +15,12 @@ from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import Jagged
 from gem_core.model.heads import CLICK, CONVERSION, esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
+from gem_core.model.moe import auxiliary_losses, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.tokens import EventTokenizer
+from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.model.wukong import WukongInteraction
 from gem_core.schema import FeatureSchema
 
@@ -49,10 +51,14 @@ class GEMModel(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, schema: FeatureSchema, *,
-                 attention: AttentionBackend, embeddings: nn.Module) -> None:
+                 attention: AttentionBackend, embeddings: nn.Module,
+                 norm: NormBackend | None = None) -> None:
+        """``norm``: the gated-norm backend of ``config.attention_gate`` (default: gem-core's
+        reference)."""
         super().__init__()
         dim = config.embedding_dim
         self.config, self.schema = config, schema
+        norm = norm if norm is not None else ReferenceNorm()
         self.embeddings = embeddings
         self.events = EventTokenizer(dim, schema.num_actions, config.time_buckets,
                                      schema.seq_dense_dim)
@@ -63,11 +69,23 @@ class GEMModel(nn.Module):
         if config.cross_attention and config.num_layers and not self.num_context:
             raise ValueError("model.cross_attention needs non-sequence sparse or dense features; "
                              "the schema has none")
-        self.tower = SequenceTower(dim, config.num_heads, config.num_layers,
-                                   int(config.mlp_ratio * dim), self.attention_params, attention,
-                                   cross_attention=config.cross_attention)
+        moe = config.moe if config.moe.enabled else None
+        # A ranker on cached user embeddings has no upstream: neither tower nor PMA.
+        live = config.user_embeddings == "live"
+        self.tower = (SequenceTower(dim, config.num_heads, config.num_layers,
+                                    int(config.mlp_ratio * dim), self.attention_params, attention,
+                                    cross_attention=config.cross_attention,
+                                    moe=moe if moe and "sequence" in moe.where else None,
+                                    gate_norm=norm if config.attention_gate else None)
+                      if live else None)
         self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
-                    if config.pma_queries else None)
+                    if config.pma_queries and live else None)
+        if not live and schema.user_embedding_dim != config.pma_queries * dim:
+            raise ValueError(
+                f"model.user_embeddings = 'cached' needs data with user embeddings of "
+                f"pma_queries x embedding_dim = {config.pma_queries * dim} floats per sample; "
+                f"the data has {schema.user_embedding_dim} (export them with gem "
+                "export-user-embeddings from a run of the same model)")
         self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
                                                       recent=config.target_history)
                                  if config.target_attention else None)
@@ -80,7 +98,7 @@ class GEMModel(nn.Module):
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
                 fmb_tokens=config.wukong_fmb_tokens, lcb_tokens=config.wukong_lcb_tokens,
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
-                dropout=config.dropout)
+                dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
@@ -101,8 +119,20 @@ class GEMModel(nn.Module):
                          for name, ids in batch.candidate_sparse.items()})
         return features
 
+    def user_embedding(self, batch: JaggedBatch) -> Tensor:
+        """The upstream output alone: ``(B, pma_queries * embedding_dim)`` flattened PMA user
+        tokens, candidate-independent (what ``gem export-user-embeddings`` stores)."""
+        if self.pma is None:
+            raise ValueError("the user embedding is the PMA output: this model has no PMA "
+                             "(model.pma_queries = 0) or no upstream (user_embeddings = "
+                             "'cached')")
+        return self._forward(batch, upstream_only=True)
+
     def forward(self, batch: JaggedBatch) -> dict[str, Tensor]:
         """Logits per task, each ``(B,)``."""
+        return self._forward(batch, upstream_only=False)
+
+    def _forward(self, batch: JaggedBatch, upstream_only: bool) -> Any:
         looked_up = self.embeddings(self.sparse_features(batch))
         offsets = batch.seq_offsets
         lengths = batch.seq_lengths()
@@ -116,9 +146,21 @@ class GEMModel(nn.Module):
         context = [looked_up[f.name] for f in self.schema.sparse_features]
         if self.dense_proj is not None:
             context.append(self.dense_proj(batch.dense))
-        history = self.tower(events, offsets, max_len,
-                             torch.stack(context, dim=1) if len(self.tower.cross) else None)
-        user_tokens = self.pma(history, offsets, max_len) if self.pma is not None else None
+        if self.tower is not None:
+            history = self.tower(events, offsets, max_len,
+                                 torch.stack(context, dim=1) if len(self.tower.cross) else None)
+            user_tokens = self.pma(history, offsets, max_len) if self.pma is not None else None
+        else:
+            if batch.user_embedding is None:
+                raise ValueError("model.user_embeddings = 'cached' but the batch carries no user "
+                                 "embeddings; train on a data set from gem export-user-embeddings")
+            history, user_tokens = None, batch.user_embedding.view(
+                batch.batch_size, self.config.pma_queries, -1)
+        if upstream_only:
+            return user_tokens.flatten(1)
+        # The downstream reads the tower's outputs (one stage) or the raw event tokens (multi
+        # stage: the upstream reaches it only through the user tokens, which can be cached).
+        history = events if self.config.downstream_history == "events" else history
 
         candidate = looked_up["candidate_item"]
         for feature in self.schema.candidate_features:
@@ -150,6 +192,21 @@ class GEMModel(nn.Module):
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
         return esmm_logits(logits) if self.config.multitask == "esmm" else logits
 
+    def auxiliary_losses(self) -> dict[str, Tensor]:
+        """Weighted auxiliary losses of the last training forward, to add to the training loss
+        (the MoE load-balancing losses; empty without MoE)."""
+        return auxiliary_losses(self)
+
+    def step_stats(self) -> dict[str, float]:
+        """Additive per-step counts of the last training forward (summed across ranks by the
+        trainer, then passed to ``summarize_step_stats``); empty without MoE."""
+        return step_stats(self)
+
+    @staticmethod
+    def summarize_step_stats(summed: dict[str, float]) -> dict[str, Any]:
+        """Metrics for ``metrics.jsonl`` from ``step_stats`` summed over ranks."""
+        return summarize_step_stats(summed)
+
     def flops_by_module(self, lengths: Tensor, *, dense: bool = False) -> dict[str, int]:
         """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch with these
         history lengths. ``dense``: attention as a backend that computes every sample's full
@@ -164,8 +221,9 @@ class GEMModel(nn.Module):
             counts["events"] = linear_layer_flops(content, tokens + batch)
         if self.dense_proj is not None:
             counts["dense_proj"] = linear_layer_flops(self.dense_proj, batch)
-        for key, value in self.tower.flops(lengths, self.num_context, dense).items():
-            counts[f"tower.{key}"] = value
+        if self.tower is not None:
+            for key, value in self.tower.flops(lengths, self.num_context, dense).items():
+                counts[f"tower.{key}"] = value
         if self.pma is not None:
             for key, value in self.pma.flops(lengths).items():
                 counts[f"pma.{key}"] = value
@@ -199,7 +257,8 @@ class GEMModel(nn.Module):
 
 
 def build_model(config: ModelConfig, schema: FeatureSchema, *, attention: AttentionBackend,
-                embedding_backend) -> GEMModel:
-    """The model for ``schema`` with the given attention callable and embedding backend."""
+                embedding_backend, norm: NormBackend | None = None) -> GEMModel:
+    """The model for ``schema`` with the given attention callable, embedding backend and
+    gated-norm backend (default: gem-core's reference)."""
     embeddings = embedding_backend.build(embedding_tables(config, schema))
-    return GEMModel(config, schema, attention=attention, embeddings=embeddings)
+    return GEMModel(config, schema, attention=attention, embeddings=embeddings, norm=norm)

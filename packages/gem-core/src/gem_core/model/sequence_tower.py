@@ -6,8 +6,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.config import MoeConfig
 from gem_core.flops import attention_flops, linear_layer_flops, self_attention_pairs
 from gem_core.model.cross_attention import CrossFeatureAttention
+from gem_core.model.moe import build_moe, mlp_flops
+from gem_core.norm import NormBackend, ReferenceNorm
 
 
 class SwiGLU(nn.Module):
@@ -22,31 +25,50 @@ class SwiGLU(nn.Module):
 
 
 class JaggedSelfAttentionBlock(nn.Module):
-    """Pre-norm block: jagged causal (windowed) self-attention, then a SwiGLU MLP."""
+    """Pre-norm block: jagged causal (windowed) self-attention, then a SwiGLU MLP (or a
+    mixture of SwiGLU experts when ``moe`` is given). With ``norm`` (a gated-norm backend) the
+    attention output is gated HSTU-style: ``LayerNorm(attended) * silu(u)``, ``u`` a fourth
+    projection of the input."""
 
     def __init__(self, dim: int, heads: int, mlp_hidden: int, params: AttentionParams,
-                 attention: AttentionBackend) -> None:
+                 attention: AttentionBackend, moe: MoeConfig | None = None,
+                 norm: NormBackend | None = None) -> None:
         super().__init__()
         self.heads, self.params, self.attention = heads, params, attention
+        self.norm_backend = norm
         self.attn_norm = nn.RMSNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.qkv = nn.Linear(dim, (4 if norm is not None else 3) * dim, bias=False)
+        self.gate_norm = nn.LayerNorm(dim) if norm is not None else None
         self.proj = nn.Linear(dim, dim, bias=False)
         self.mlp_norm = nn.RMSNorm(dim)
-        self.mlp = SwiGLU(dim, mlp_hidden)
+        self.mlp = (build_moe(moe, "swiglu", dim, mlp_hidden, dim) if moe is not None
+                    else SwiGLU(dim, mlp_hidden))
 
     def forward(self, x: Tensor, offsets: Tensor, max_len: int) -> Tensor:
         tokens, dim = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(tokens, 3, self.heads, dim // self.heads).unbind(1)
+        parts = self.qkv(self.attn_norm(x))
+        if self.gate_norm is not None:
+            parts, u = parts[:, : 3 * dim], parts[:, 3 * dim:]
+        q, k, v = parts.reshape(tokens, 3, self.heads, dim // self.heads).unbind(1)
         attended = self.attention(q, k, v, offsets, offsets, params=self.params,
-                                  max_q_len=max_len, max_kv_len=max_len)
-        x = x + self.proj(attended.reshape(tokens, dim))
+                                  max_q_len=max_len, max_kv_len=max_len).reshape(tokens, dim)
+        if self.gate_norm is not None:
+            attended = self.norm_backend.gated_norm(
+                attended, F.silu(u), self.gate_norm.weight, self.gate_norm.bias, kind="layer",
+                eps=self.gate_norm.eps)
+        x = x + self.proj(attended)
         return x + self.mlp(self.mlp_norm(x))
 
     def flops(self, lengths: Tensor, dense: bool) -> dict[str, int]:
         """Forward FLOPs (matmuls only) over histories of these lengths; ``dense`` counts every
         sample's full square, as the reference backend computes it."""
         pairs = self_attention_pairs(lengths, self.params.causal, self.params.window, dense)
-        return {"linear": linear_layer_flops(self, int(lengths.sum())),
+        tokens = int(lengths.sum())
+        # Every nn.Linear of the block, the MLP slot as it counts itself (an MoE: its active
+        # experts only, not every expert's weights).
+        linear = (linear_layer_flops(self, tokens) - linear_layer_flops(self.mlp, tokens)
+                  + mlp_flops(self.mlp, tokens))
+        return {"linear": linear,
                 "attention": attention_flops(pairs, self.qkv.in_features)}
 
 
@@ -60,10 +82,13 @@ class SequenceTower(nn.Module):
 
     def __init__(self, dim: int, heads: int, layers: int, mlp_hidden: int,
                  params: AttentionParams, attention: AttentionBackend,
-                 cross_attention: bool = False) -> None:
+                 cross_attention: bool = False, moe: MoeConfig | None = None,
+                 gate_norm: NormBackend | None = None) -> None:
+        """``gate_norm``: gate every attention output through this norm backend (None: no
+        gate)."""
         super().__init__()
         self.blocks = nn.ModuleList(
-            JaggedSelfAttentionBlock(dim, heads, mlp_hidden, params, attention)
+            JaggedSelfAttentionBlock(dim, heads, mlp_hidden, params, attention, moe, gate_norm)
             for _ in range(layers)
         )
         self.cross = nn.ModuleList(

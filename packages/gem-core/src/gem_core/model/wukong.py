@@ -8,21 +8,27 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gem_core.config import MoeConfig
 from gem_core.flops import linear_layer_flops
+from gem_core.model.moe import build_moe, mlp_flops
 
 
 class FactorizationMachineBlock(nn.Module):
     """The optimised FM: ``X (X^T Y)`` with a learned ``(n, k)`` projection ``Y`` costs
     ``O(n d k)`` instead of the ``O(n^2 d)`` Gram matrix ``X X^T``, and keeps the rank-k part of
-    every pairwise interaction; an MLP then maps the ``n x k`` interactions to ``n_F`` tokens."""
+    every pairwise interaction; an MLP (or a mixture of MLP experts routed per sample, given
+    ``moe``) then maps the ``n x k`` interactions to ``n_F`` tokens."""
 
-    def __init__(self, num_tokens: int, dim: int, rank: int, out_tokens: int, hidden: int) -> None:
+    def __init__(self, num_tokens: int, dim: int, rank: int, out_tokens: int, hidden: int,
+                 moe: MoeConfig | None = None) -> None:
         super().__init__()
         self.out_tokens, self.dim = out_tokens, dim
         self.compress = nn.Linear(num_tokens, rank, bias=False)  # Y, applied along tokens
         self.norm = nn.LayerNorm(num_tokens * rank)
-        self.mlp = nn.Sequential(nn.Linear(num_tokens * rank, hidden), nn.SiLU(),
-                                 nn.Linear(hidden, out_tokens * dim))
+        self.mlp = (build_moe(moe, "mlp", num_tokens * rank, hidden, out_tokens * dim)
+                    if moe is not None else
+                    nn.Sequential(nn.Linear(num_tokens * rank, hidden), nn.SiLU(),
+                                  nn.Linear(hidden, out_tokens * dim)))
 
     def forward(self, x: Tensor) -> Tensor:
         projected = self.compress(x.transpose(1, 2))  # (B, d, k) = X^T Y
@@ -34,7 +40,7 @@ class FactorizationMachineBlock(nn.Module):
         tokens, rank = self.compress.in_features, self.compress.out_features
         # X^T Y runs on d rows per sample; X (X^T Y) is a batched (n, d) x (d, k) product.
         return (2 * batch * self.dim * tokens * rank + 2 * batch * tokens * self.dim * rank
-                + linear_layer_flops(self.mlp, batch))
+                + mlp_flops(self.mlp, batch))
 
 
 class LinearCompressBlock(nn.Module):
@@ -57,10 +63,10 @@ class WukongLayer(nn.Module):
     layer changes the number of tokens."""
 
     def __init__(self, num_tokens: int, dim: int, rank: int, fmb_tokens: int, lcb_tokens: int,
-                 hidden: int) -> None:
+                 hidden: int, moe: MoeConfig | None = None) -> None:
         super().__init__()
         out_tokens = fmb_tokens + lcb_tokens
-        self.fmb = FactorizationMachineBlock(num_tokens, dim, rank, fmb_tokens, hidden)
+        self.fmb = FactorizationMachineBlock(num_tokens, dim, rank, fmb_tokens, hidden, moe)
         self.lcb = LinearCompressBlock(num_tokens, lcb_tokens)
         self.residual = (None if out_tokens == num_tokens
                          else LinearCompressBlock(num_tokens, out_tokens))
@@ -78,16 +84,18 @@ class WukongLayer(nn.Module):
 
 
 class WukongInteraction(nn.Module):
-    """``(B, n, d)`` tokens -> ``(B, out_dim)``: Wukong layers, then an MLP (``hidden`` widths)."""
+    """``(B, n, d)`` tokens -> ``(B, out_dim)``: Wukong layers, then an MLP (``hidden`` widths).
+    ``moe``: every factorization-machine block's MLP is a mixture of experts."""
 
     def __init__(self, num_tokens: int, dim: int, *, layers: int, rank: int, fmb_tokens: int,
-                 lcb_tokens: int, mlp_dim: int, hidden: tuple[int, ...], dropout: float) -> None:
+                 lcb_tokens: int, mlp_dim: int, hidden: tuple[int, ...], dropout: float,
+                 moe: MoeConfig | None = None) -> None:
         super().__init__()
         self.dim = dim
         stack = []
         width = num_tokens
         for _ in range(layers):
-            stack.append(WukongLayer(width, dim, rank, fmb_tokens, lcb_tokens, mlp_dim))
+            stack.append(WukongLayer(width, dim, rank, fmb_tokens, lcb_tokens, mlp_dim, moe))
             width = stack[-1].out_tokens
         self.layers = nn.Sequential(*stack)
         mlp: list[nn.Module] = []

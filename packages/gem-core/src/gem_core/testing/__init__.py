@@ -5,5 +5,6 @@ never imports it.
 """
 
 from gem_core.testing.attention_conformance import AttentionCase, AttentionConformance, Tolerance
+from gem_core.testing.norm_conformance import NormConformance
 
-__all__ = ["AttentionCase", "AttentionConformance", "Tolerance"]
+__all__ = ["AttentionCase", "AttentionConformance", "NormConformance", "Tolerance"]

@@ -17,6 +17,7 @@ class RunBackends:
     """The loaded implementation of each kind for one run, and why each was chosen."""
 
     attention: Resolved
+    norm: Resolved
     embedding: Resolved
     dense_sharding: Resolved
     embedding_sharding: Resolved
@@ -46,6 +47,7 @@ def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContex
     context = attrs.evolve(base, dtype=getattr(precision.impl, "compute_dtype", "float32"))
     return RunBackends(
         attention=plugins.resolve("attention", b.attention, context),
+        norm=plugins.resolve("norm", b.norm, context),
         embedding=plugins.resolve("embedding", b.embedding, context),
         dense_sharding=plugins.resolve("dense_sharding", b.dense_sharding, context),
         embedding_sharding=plugins.resolve("embedding_sharding", b.embedding_sharding, context),

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gem_core.checkpoint import latest_checkpoint, remove_torn
 from gem_core.config import GemConfig, unstructure
 from gem_core.distributed import (
     ParallelContext,
@@ -26,18 +26,19 @@ from gem_core.distributed import (
     init_from_environment,
     shutdown,
 )
-from gem_core.errors import GemConfigError
 from gem_core.flops import causal_window_pairs
 from gem_core.model import build_model
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
 from gem_core.train.backends import RunBackends, resolve_backends
+from gem_core.train.checkpointer import Checkpointer
 from gem_core.train.evaluate import evaluate
 from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
+from gem_core.train.resume import check_compatible, load_data_position
 from gem_core.train.run_dir import RunDirectory
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ class _Trainer:
         self.schema = self.source.schema
         self.model = build_model(config.model, self.schema,
                                  attention=self.backends.attention.impl,
-                                 embedding_backend=self.backends.embedding.impl)
+                                 embedding_backend=self.backends.embedding.impl,
+                                 norm=self.backends.norm.impl)
         window = config.model.window or None
         self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
@@ -126,6 +128,7 @@ class _Trainer:
         self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
         self.guard = StepGuard(self.tc)
+        self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
         self.eval_history: list[dict[str, Any]] = []
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
@@ -150,50 +153,44 @@ class _Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _resume(self) -> None:
+        if self.ctx.is_main:
+            for torn in remove_torn(self.run_dir.path):
+                log.warning("removed %s: a checkpoint whose save never finished", torn)
         found = latest_checkpoint(self.run_dir.path)
         if found is None:
             return
         step, path = found
-        state = load_checkpoint(path)
-        saved = state["config"]
-        current = unstructure(self.config)
-        for section in ("model", "data"):
-            if saved[section] != current[section]:
-                changed = sorted(k for k in current[section]
-                                 if saved[section].get(k) != current[section][k])
-                raise GemConfigError(
-                    f"{path} was trained with a different [{section}] ({', '.join(changed)}); "
-                    "use --fresh to start over or another --out"
-                )
-        saved_strategy = state.get("dense_sharding")
-        strategy = self.backends.dense_sharding.spec.name
-        if saved_strategy != strategy:
-            raise GemConfigError(
-                f"{path} was written with dense sharding {saved_strategy!r} and this run uses "
-                f"{strategy!r}; their optimizer states differ, so resume with {saved_strategy!r} "
-                "or use --fresh"
-            )
-        if state["world_size"] != self.ctx.world_size:
-            raise GemConfigError(
-                f"{path} was written by {state['world_size']} ranks and this run has "
-                f"{self.ctx.world_size}; resharding on resume is not supported yet"
-            )
-        self.stream.load_state_dict(state["data"][self.ctx.rank])
-        self._restore(state)
+        state = self.checkpointer.read_state(path)
+        check_compatible(state, path, config=self.config,
+                         strategy=self.backends.dense_sharding.spec.name,
+                         engine_format=self.checkpointer.format, world_size=self.ctx.world_size)
+        load_data_position(self.stream, state, path, rank=self.ctx.rank,
+                           world_size=self.ctx.world_size, source=self.config.data.source)
+        self._restore(state, path)
         self.run_dir.truncate_metrics(after_step=step)
         log.info("resumed from %s at step %d", path, step)
+        if state["world_size"] != self.ctx.world_size:
+            # Resharded: evaluate at once, so eval_history shows the same NE as before the
+            # stop (two entries for this step) and a bad load would be seen before training.
+            log.info("resharded from %d to %d ranks; evaluating the loaded model",
+                     state["world_size"], self.ctx.world_size)
+            self._evaluate()
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], path: Path) -> None:
         """Model, optimizer, RNG, counters and guard as saved (the data position is separate:
-        a rollback keeps the stream where it is so the bad batches are not seen again)."""
-        self.engine.load_state_dict(state["engine"])
-        _set_rng_state(state["rng"][self.ctx.rank])
+        a rollback keeps the stream where it is so the bad batches are not seen again). With
+        another number of ranks, rank r takes the RNG state of saved rank r modulo the saved
+        number."""
+        self.checkpointer.load_engine(path, state)
+        rng = state["rng"]
+        _set_rng_state(rng[self.ctx.rank % len(rng)])
         self.step = state["step"]
         self.totals = state["totals"]
         self.eval_history = state["eval_history"]
         self.guard.load_state_dict(state["guard"])
 
     def _roll_back(self) -> None:
+        self.checkpointer.wait()  # a checkpoint still being written in the background counts
         found = latest_checkpoint(self.run_dir.path)
         if found is None:
             raise RuntimeError(
@@ -204,7 +201,7 @@ class _Trainer:
         step, path = found
         # What went wrong since the checkpoint did happen: keep counting it after the restore.
         reasons, rollbacks = self.guard.reasons.copy(), self.guard.rollbacks + 1
-        self._restore(load_checkpoint(path))
+        self._restore(self.checkpointer.read_state(path), path)
         self.guard.reasons, self.guard.rollbacks = reasons, rollbacks
         self.guard.consecutive_bad = 0
         self.run_dir.truncate_metrics(after_step=step)
@@ -213,15 +210,17 @@ class _Trainer:
     def _save(self) -> None:
         data_states = _gather_objects(self.stream.state_dict(), self.ctx)
         rng_states = _gather_objects(_rng_state(), self.ctx)
-        engine_state = self.engine.state_dict()
-        if self.ctx.is_main:
-            save_checkpoint(self.run_dir.path, self.step, {
-                "step": self.step, "engine": engine_state, "data": data_states,
-                "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
-                "config": unstructure(self.config), "world_size": self.ctx.world_size,
-                "guard": self.guard.state_dict(),
-                "dense_sharding": self.backends.dense_sharding.spec.name,
-            }, keep=self.tc.keep_checkpoints)
+        last = self.eval_history[-1] if self.eval_history else None
+        ne = (statistics.fmean(last[t]["ne"] for t in self.schema.tasks)
+              if last is not None and last["step"] == self.step else None)
+        self.checkpointer.save(self.step, {
+            "step": self.step, "data": data_states,
+            "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
+            "config": unstructure(self.config), "world_size": self.ctx.world_size,
+            "guard": self.guard.state_dict(),
+            "dense_sharding": self.backends.dense_sharding.spec.name,
+            "embedding_sharding": self.backends.embedding_sharding.spec.name,
+        }, ne=ne)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -230,7 +229,8 @@ class _Trainer:
         stop = min(self.tc.steps, until_step) if until_step else self.tc.steps
         self.run_dir.write_config(self.config)
         self.run_dir.open_tensorboard(first_step=self.step)
-        peak = measure_matmul_peak(self.ctx.device)
+        with torch.random.fork_rng(devices=[]):  # random matrices; the training RNG stays exact
+            peak = measure_matmul_peak(self.ctx.device)
         start_step, started = self.step, time.perf_counter()
         bar = Progress(total=self.tc.steps, initial=self.step,
                        enabled=self.show_progress and self.ctx.is_main)
@@ -247,18 +247,26 @@ class _Trainer:
                 bar.update_to(self.step)
                 continue
             self.step += 1
-            if self.step % self.tc.log_every == 0 or self.step == self.tc.steps:
+            self.checkpointer.poll()
+            last = self.step == stop
+            evaluated = last or bool(self.tc.eval_every and self.step % self.tc.eval_every == 0)
+            if evaluated:
+                self._evaluate()
+                # The step's record carries the evaluation too: eval_<figure>_<task>.
+                record.update({f"eval_{figure}_{task}": value
+                               for task, report in self.eval_history[-1].items() if task != "step"
+                               for figure, value in report.items()
+                               if figure in ("ne", "auc", "calibration")})
+            if self.step % self.tc.log_every == 0 or self.step == self.tc.steps or evaluated:
                 self.run_dir.append_metrics(record)
             bar.update(record)
-            last = self.step == stop
-            if last or (self.tc.eval_every and self.step % self.tc.eval_every == 0):
-                self._evaluate()
             if last or (self.tc.checkpoint_every and self.step % self.tc.checkpoint_every == 0):
                 self._save()
         bar.close()
         if not self.eval_history or self.eval_history[-1]["step"] != self.step:
             self._evaluate()  # a resumed run that had nothing left to train
             self._save()
+        self.checkpointer.wait()  # the last background save is published before the summary
         summary = self._summary(peak, start_step, time.perf_counter() - started)
         self.run_dir.write_summary(summary)
         self.run_dir.close()
@@ -276,6 +284,11 @@ class _Trainer:
         # size: averaging gradients across ranks then gives the gradient of the global mean.
         task_sums = task_loss_sums(logits, batch, self.schema.tasks)
         loss = task_sums.sum() * (ctx.world_size / tc.batch_size)
+        # The model's auxiliary losses (MoE load balancing), each a mean over this rank's rows:
+        # gradient averaging across ranks then trains their mean.
+        aux_losses = getattr(self.engine.unwrapped, "auxiliary_losses", dict)()
+        if aux_losses:
+            loss = loss + sum(aux_losses.values())
         self.engine.backward(loss)
         grad_norm = float(self.engine.clip_grad_norm(tc.grad_clip))
         flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu())
@@ -328,16 +341,41 @@ class _Trainer:
             # A straggler shows as a rank with more tokens than the mean.
             "rank_tokens_max_over_mean": busiest / (tokens / ctx.world_size) if tokens else 1.0,
         }
+        record.update(self._model_step_stats(aux_losses))
         if skipped is not None:
             record["skipped"] = skipped
+        return record
+
+    def _model_step_stats(self, aux_losses: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The model's own figures of this step (MoE tokens per expert, load balance, dropped
+        tokens, auxiliary loss), summed over ranks; empty when the model reports none."""
+        model = self.engine.unwrapped
+        stats = dict(getattr(model, "step_stats", dict)())
+        if aux_losses:
+            stats["aux_loss"] = float(sum(loss.detach() for loss in aux_losses.values()))
+        if not stats:
+            return {}
+        keys = sorted(stats)
+        values = all_reduce_sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64),
+                                self.ctx).tolist()
+        summed = dict(zip(keys, values))
+        record = dict(model.summarize_step_stats(summed))
+        if "aux_loss" in summed:
+            record["aux_loss"] = summed["aux_loss"] / self.ctx.world_size
+        if "moe_dropped_tokens" in record:
+            self.totals["moe_dropped_tokens"] = (self.totals.get("moe_dropped_tokens", 0.0)
+                                                 + record["moe_dropped_tokens"])
         return record
 
     def _evaluate(self) -> None:
         was_training = self.engine.model.training
         self.engine.train(False)
-        report = evaluate(self.engine, self.source, self.schema.tasks, self.ctx,
-                          batch_size=self.tc.eval_batch_size,
-                          precision=self.backends.precision.impl)
+        # Evaluating must not move the training RNG, so where evaluations fall (eval_every, a
+        # stop and resume) never changes training.
+        with torch.random.fork_rng(devices=[]):
+            report = evaluate(self.engine, self.source, self.schema.tasks, self.ctx,
+                              batch_size=self.tc.eval_batch_size,
+                              precision=self.backends.precision.impl)
         self.engine.train(was_training)
         entry = {"step": self.step, **report}
         self.eval_history.append(entry)
@@ -385,7 +423,13 @@ class _Trainer:
                 "e2e": local_mfu * scaling if (local_mfu is not None and scaling) else None,
             },
             "guard": self.guard.report(),
+            **({"moe": {"dropped_tokens": t["moe_dropped_tokens"]}}
+               if "moe_dropped_tokens" in t else {}),
+            "checkpoints": self.checkpointer.report(),
             "precision": getattr(self.backends.precision.impl, "summary", lambda: {})(),
+            # e.g. the TorchRec plan: sharding type and ranks per table
+            "embedding_sharding": getattr(self.backends.embedding_sharding.impl, "summary",
+                                          lambda: {})(),
             "backends": self.backends.describe(),
             "data": getattr(self.source, "report", lambda: {})(),
             "config": unstructure(self.config),

@@ -29,7 +29,7 @@ from gem_core.testing.attention_conformance import AttentionCase, AttentionConfo
 from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
-from gem_kernels.norms.reference import gated_norm_reference
+from gem_core.norm import gated_norm_reference
 from gem_kernels.norms.triton_op import gated_norm
 
 SIZES = {

@@ -1,7 +1,7 @@
 """The gated-norm kernels as ``torch.library`` custom ops with autograd, and the public function.
 
 ``gated_norm(x, gate, weight, bias, kind=..., eps=...)`` equals
-:func:`gem_kernels.norms.reference.gated_norm_reference`; ``x`` and ``gate`` are ``(..., D)``.
+:func:`gem_core.norm.gated_norm_reference`; ``x`` and ``gate`` are ``(..., D)``.
 """
 
 from __future__ import annotations

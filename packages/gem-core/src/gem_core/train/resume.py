@@ -1,0 +1,77 @@
+"""What a checkpoint must agree on with the run that resumes from it, and where the data stream
+continues when the number of ranks changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gem_core.config import GemConfig, unstructure
+from gem_core.errors import GemConfigError, GemDataError
+
+
+def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, strategy: str,
+                     engine_format: str, world_size: int) -> None:
+    """Refuse, naming the reason and ``--fresh``, a checkpoint this run cannot continue: another
+    ``[model]`` or ``[data]``, another engine format, or (full-state engines only) another dense
+    strategy or number of ranks. DCP checkpoints load into any DCP engine and number of ranks."""
+    saved, current = state["config"], unstructure(config)
+    for section in ("model", "data"):
+        if saved[section] != current[section]:
+            changed = sorted(k for k in current[section]
+                             if saved[section].get(k) != current[section][k])
+            raise GemConfigError(
+                f"{path} was trained with a different [{section}] ({', '.join(changed)}); "
+                "use --fresh to start over or another --out"
+            )
+    saved_strategy, saved_format = state["dense_sharding"], state["format"]
+    if saved_format != engine_format:
+        raise GemConfigError(
+            f"{path} holds the model and optimizer as {saved_format!r} (written with dense "
+            f"sharding {saved_strategy!r}) and this run's {strategy!r} needs {engine_format!r}; "
+            f"resume with {saved_strategy!r} or use --fresh"
+        )
+    if engine_format == "full" and saved_strategy != strategy:
+        raise GemConfigError(
+            f"{path} was written with dense sharding {saved_strategy!r} and this run uses "
+            f"{strategy!r}; full-state checkpoints keep that strategy's optimizer layout, so "
+            f"resume with {saved_strategy!r} or use --fresh"
+        )
+    if engine_format == "full" and state["world_size"] != world_size:
+        raise GemConfigError(
+            f"{path} was written by {state['world_size']} ranks and this run has {world_size}; "
+            f"{saved_strategy!r} checkpoints hold per-rank optimizer partitions and cannot be "
+            "resharded: resume with the same number of ranks or use --fresh"
+        )
+
+
+def load_data_position(stream: Any, state: dict[str, Any], path: Path, *, rank: int,
+                       world_size: int, source: str) -> None:
+    """Put this rank's training stream where the checkpoint left it.
+
+    Same number of ranks: each rank takes its own saved position. Another number: the position
+    must be global, i.e. the same on every saved rank (what a stream of global batches split by
+    the balancer saves: the global batches consumed), and is loaded on every rank, so the run
+    continues at the same global batch. A per-rank position (ranks reading disjoint shards) has
+    no meaning for another number of ranks: a clear error names the source.
+    """
+    positions = state["data"]
+    saved_world = state["world_size"]
+    if saved_world == world_size:
+        stream.load_state_dict(positions[rank])
+        return
+    advice = (f"resume with {saved_world} ranks, or use --fresh")
+    if any(p != positions[0] for p in positions):
+        raise GemConfigError(
+            f"{path} was written by {saved_world} ranks and this run has {world_size}: data "
+            f"source {source!r} saved a different position on each rank (rank 0: "
+            f"{positions[0]}), so it cannot continue at the same global batch with another "
+            f"number of ranks; {advice}"
+        )
+    try:
+        stream.load_state_dict(positions[0])
+    except GemDataError as error:
+        raise GemConfigError(
+            f"{path} was written by {saved_world} ranks and this run has {world_size}: data "
+            f"source {source!r} cannot continue at the same global batch ({error}); {advice}"
+        ) from None

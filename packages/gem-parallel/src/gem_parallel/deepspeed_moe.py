@@ -1,0 +1,291 @@
+"""``deepspeed-moe``: DeepSpeed's own MoE layer (``deepspeed.moe.layer.MoE``) and its expert
+groups, under DeepSpeed ZeRO stage 0-2, for users who train on DeepSpeed.
+
+Every gem ``MixtureOfExperts`` is swapped for an adapter holding a DeepSpeed MoE layer built from
+it: the same router weights (DeepSpeed's ``TopKGate`` computes in fp32 too), the same experts
+(each a small module of the same kind, with the same weights) and the same top-k; the shared
+expert stays gem's and is added to DeepSpeed's output. DeepSpeed spreads the experts over
+``ep_size`` ranks (its ``ep_size_N`` process groups, created by ``deepspeed.initialize``) and
+dispatches with its own all-to-all; expert gradients are averaged over the expert-data-parallel
+group by DeepSpeed, the rest over all ranks.
+
+Differences from gem's layer: DeepSpeed's capacity rule counts a rank's own tokens, but its
+all-to-all needs equal capacities on all ranks, which jagged histories (different token counts
+per rank) break; so only ``capacity_factor = 0`` is accepted, run as DeepSpeed's no-drop mode
+(capacity = the busiest expert's load over the expert group). Its load-balancing loss counts
+first choices only in ``ce``; its token counts per expert are ``exp_counts``. Only layers whose
+input and output widths are equal can be swapped (DeepSpeed reshapes the output to the input's
+shape): the sequence layers' MoE, not the Wukong one. Checkpoints hold the full weights under
+gem's names; resuming a ``deepspeed-moe`` run is not implemented (a clear error says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gem_core.config import structure
+from gem_core.config.validators import at_least, choice
+from gem_core.distributed import ParallelContext
+from gem_core.errors import GemConfigError
+from gem_core.model.moe import LastForward, MixtureOfExperts, moe_layers
+from gem_core.model.moe_experts import ExpertMLPs
+
+from gem_parallel.deepspeed_zero import DeepSpeedEngine, deepspeed_config
+from gem_parallel.eval_replica import EvalReplica
+
+
+@attrs.frozen(kw_only=True)
+class DeepSpeedMoeOptions:
+    """``[parallel.dense]`` of ``deepspeed-moe``."""
+
+    ep_size: int = attrs.field(default=0, validator=at_least(0))
+    """Ranks over which DeepSpeed spreads each layer's experts; 0: all ranks."""
+
+    zero_stage: int = attrs.field(default=1, validator=choice(0, 1, 2))
+    """ZeRO stage for the optimizer (DeepSpeed's MoE does not support stage 3)."""
+
+
+class _SwiGluExpert(nn.Module):
+    def __init__(self, dim: int, hidden: int, out_dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, out_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class _MlpExpert(nn.Module):
+    def __init__(self, dim: int, hidden: int, out_dim: int) -> None:
+        super().__init__()
+        self.w_in = nn.Linear(dim, hidden)
+        self.w_out = nn.Linear(hidden, out_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_out(F.silu(self.w_in(x)))
+
+
+def _expert_module(experts: ExpertMLPs) -> nn.Module:
+    cls = _SwiGluExpert if experts.kind == "swiglu" else _MlpExpert
+    return cls(experts.in_dim, experts.hidden, experts.out_dim)
+
+
+def _load_expert(module: nn.Module, experts: ExpertMLPs, e: int) -> None:
+    """Copy gem's stacked expert ``e`` ((in, out) matrices) into an expert module."""
+    with torch.no_grad():
+        if experts.kind == "swiglu":
+            module.gate.weight.copy_(experts.gate[e].t())
+            module.up.weight.copy_(experts.up[e].t())
+            module.down.weight.copy_(experts.down[e].t())
+        else:
+            module.w_in.weight.copy_(experts.w_in[e].t())
+            module.w_in.bias.copy_(experts.b_in[e])
+            module.w_out.weight.copy_(experts.w_out[e].t())
+            module.w_out.bias.copy_(experts.b_out[e])
+
+
+def _stacked(modules: list[nn.Module], kind: str) -> dict[str, Tensor]:
+    """The inverse of ``_load_expert`` over a list of expert modules: gem's stacked tensors."""
+    def stack(get: Callable[[nn.Module], Tensor]) -> Tensor:
+        return torch.stack([get(m).detach() for m in modules])
+
+    if kind == "swiglu":
+        return {"gate": stack(lambda m: m.gate.weight.t()), "up": stack(lambda m: m.up.weight.t()),
+                "down": stack(lambda m: m.down.weight.t())}
+    return {"w_in": stack(lambda m: m.w_in.weight.t()), "b_in": stack(lambda m: m.w_in.bias),
+            "w_out": stack(lambda m: m.w_out.weight.t()), "b_out": stack(lambda m: m.w_out.bias)}
+
+
+class DeepSpeedMoeAdapter(nn.Module):
+    """Stands in for a gem ``MixtureOfExperts``: DeepSpeed's MoE plus gem's shared expert, and
+    the same ``last_aux_loss``/``last_stats`` the trainer reads."""
+
+    reports_moe_stats = True
+
+    def __init__(self, layer: MixtureOfExperts, *, ep_size: int, ep_rank: int) -> None:
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        experts = layer.experts
+        if experts.in_dim != experts.out_dim:
+            raise GemConfigError(
+                f"dense_sharding 'deepspeed-moe': DeepSpeed's MoE layer reshapes its output to "
+                f"its input's shape, so it cannot replace a {experts.in_dim} -> "
+                f"{experts.out_dim} MoE (the Wukong one); use model.moe.where = ['sequence'] "
+                "or --sharding ep")
+        if layer.router.capacity_factor > 0:
+            raise GemConfigError(
+                "dense_sharding 'deepspeed-moe' needs model.moe.capacity_factor = 0: DeepSpeed's "
+                "all-to-all sends every expert's full capacity buffer, so all ranks must use the "
+                "same capacity, but its capacity rule counts local tokens and jagged histories "
+                "give ranks different token counts (gloo then fails with 'Received data size "
+                "doesn't match'). With 0 DeepSpeed takes the busiest expert's load over the "
+                "expert group as the capacity and drops nothing; or train with --sharding ep")
+        self.kind, self.num_experts, self.top_k = experts.kind, layer.num_experts, layer.top_k
+        self.aux_loss_weight = layer.aux_loss_weight
+        self.moe = MoE(experts.in_dim, _expert_module(experts), num_experts=layer.num_experts,
+                       ep_size=ep_size, k=layer.top_k, capacity_factor=1.0,
+                       eval_capacity_factor=1.0, min_capacity=0,
+                       drop_tokens=False, use_rts=False, noisy_gate_policy=None,
+                       top2_2nd_expert_sampling=False)
+        with torch.no_grad():
+            self.moe.deepspeed_moe.gate.wg.weight.copy_(layer.router.weight)
+        local = layer.num_experts // ep_size
+        for i, module in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
+            _load_expert(module, experts, ep_rank * local + i)
+        self.shared = layer.shared
+        self._flops_per_row = layer.flops(1)  # router + active experts, as gem counts them
+        self._last = LastForward()
+        self._dropped: Tensor | None = None
+        self.moe.deepspeed_moe.gate.register_forward_hook(self._count_dropped)
+
+    def _count_dropped(self, module: nn.Module, args: Any, output: Any) -> None:
+        # With sparse routes (what MOELayer asks for) the gate returns
+        # (l_aux, capacity, E, indices (k, S), locations, gates, exp_counts); a dropped
+        # assignment's expert index is -1.
+        if not isinstance(output, tuple) or len(output) != 7:
+            raise RuntimeError("deepspeed-moe: this DeepSpeed's TopKGate returns "
+                               f"{type(output).__name__} of {len(output)}, not the 7-tuple of "
+                               "sparse routes (tested with DeepSpeed 0.19.8)")
+        self._dropped = (output[3] < 0).sum().detach()
+
+    def flops(self, rows: int) -> int:
+        return rows * self._flops_per_row
+
+    @property
+    def last_aux_loss(self) -> Tensor | None:
+        return self._last.aux_loss
+
+    @property
+    def last_stats(self) -> dict[str, Tensor]:
+        return self._last.stats
+
+    def forward(self, x: Tensor) -> Tensor:
+        out, aux, counts = self.moe(x)
+        if self.shared is not None:
+            out = out + self.shared.one(0, x)
+        if self.training:
+            self._last.aux_loss = self.aux_loss_weight * aux
+            self._last.stats = {"tokens": counts.detach(), "dropped": self._dropped}
+        return out
+
+    def full_state(self, prefix: str, ep_group) -> dict[str, Tensor]:
+        """This layer's weights under gem's names (experts gathered over the expert-parallel
+        group: a collective)."""
+        local = _stacked(list(self.moe.deepspeed_moe.experts.deepspeed_experts), self.kind)
+        size = dist.get_world_size(ep_group) if ep_group is not None else 1
+        state = {f"{prefix}.router.weight":
+                 self.moe.deepspeed_moe.gate.wg.weight.detach().float().cpu()}
+        for name, tensor in local.items():
+            parts = [torch.empty_like(tensor) for _ in range(size)]
+            if size > 1:
+                dist.all_gather(parts, tensor.contiguous(), group=ep_group)
+            else:
+                parts = [tensor]
+            state[f"{prefix}.experts.{name}"] = torch.cat(parts).cpu()
+        if self.shared is not None:
+            for name, tensor in self.shared.named_parameters():
+                state[f"{prefix}.shared.{name}"] = tensor.detach().cpu()
+        return state
+
+
+class DeepSpeedMoeStrategy:
+    name = "deepspeed-moe"
+
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
+              precision, options) -> "DeepSpeedMoeEngine":
+        opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
+        if not ctx.is_distributed:
+            raise RuntimeError(
+                "dense_sharding 'deepspeed-moe' spreads experts across ranks but this run has "
+                "one process; launch several (gem train --nproc-per-node N) or use --sharding "
+                "none")
+        layers = moe_layers(model)
+        if not layers:
+            raise GemConfigError("dense_sharding 'deepspeed-moe' needs a model with MoE layers; "
+                                 "set model.moe.num_experts (e.g. --preset tiny-moe)")
+        ep_size = opts.ep_size or ctx.world_size
+        if ctx.world_size % ep_size:
+            raise GemConfigError(f"parallel.dense.ep_size ({ep_size}) must divide the number "
+                                 f"of ranks ({ctx.world_size})")
+        for name, layer in layers:
+            if layer.num_experts % ep_size:
+                raise GemConfigError(
+                    f"dense_sharding 'deepspeed-moe': {name} has {layer.num_experts} experts, "
+                    f"which {ep_size} expert-parallel ranks cannot share evenly")
+        dtype = getattr(precision, "compute_dtype", "float32")
+        if dtype not in ("float32", "bfloat16"):
+            raise RuntimeError(f"dense_sharding 'deepspeed-moe' supports float32 and bfloat16 "
+                               f"recipes; {precision.name!r} computes in {dtype}")
+        import deepspeed
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        replica = EvalReplica(model)  # gem's layers: evaluation runs without collectives
+        # DeepSpeed's expert groups: rank r is expert-parallel rank r % ep_size (it groups
+        # consecutive ranks).
+        ep_rank = ctx.rank % ep_size
+        adapters = {}
+        for name, layer in layers:
+            owner_name, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(owner_name) if owner_name else model
+            # DeepSpeed's layer initialises its gate and experts (overwritten from gem's
+            # weights right after): keep the global RNG, which data order depends on, untouched.
+            with torch.random.fork_rng(devices=[]):
+                adapter = DeepSpeedMoeAdapter(layer, ep_size=ep_size, ep_rank=ep_rank)
+            setattr(owner, leaf, adapter.to(ctx.device))
+            adapters[name] = adapter
+        built = make_optimizer(model)
+        # DeepSpeed wants expert parameters in their own groups (named per expert group).
+        groups = split_params_into_different_moe_groups_for_optimizer(
+            [{**g, "name": f"group{i}"} for i, g in enumerate(built.param_groups)])
+        optimizer, optimizer.param_groups = built, []  # no state yet: regroup in place
+        for group in groups:
+            optimizer.add_param_group(group)
+        ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer,
+            config=deepspeed_config(opts.zero_stage, world_size=ctx.world_size,
+                                    bf16=dtype == "bfloat16"))
+        from deepspeed.utils import groups as ds_groups
+
+        ep_group = ds_groups._get_expert_parallel_group(f"ep_size_{ep_size}") \
+            if ep_size > 1 else None
+        return DeepSpeedMoeEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica,
+                                  adapters=adapters, ep_group=ep_group)
+
+
+class DeepSpeedMoeEngine(DeepSpeedEngine):
+    """DeepSpeed's engine; evaluation on a replica with gem's layers (DeepSpeed's MoE runs
+    all-to-alls, which ranks with different numbers of eval batches cannot); checkpoints hold
+    the full weights under gem's names."""
+
+    def __init__(self, ds_engine, optimizer, *, unwrapped: nn.Module, replica: EvalReplica,
+                 adapters: dict[str, DeepSpeedMoeAdapter], ep_group) -> None:
+        super().__init__(ds_engine, optimizer, unwrapped=unwrapped, replica=replica)
+        self.adapters, self.ep_group = adapters, ep_group
+
+    def _full_model_state(self) -> dict[str, Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state: dict[str, Tensor] = {}
+        for name, param in self._named_parameters():
+            if not any(name.startswith(f"{prefix}.") for prefix in self.adapters):
+                state[name] = safe_get_full_fp32_param(param).detach().cpu()
+        for prefix, adapter in self.adapters.items():
+            state.update(adapter.full_state(prefix, self.ep_group))
+        buffers = dict(self.unwrapped.named_buffers())
+        state.update({k: v.cpu() for k, v in self.unwrapped.state_dict().items()
+                      if k in buffers and k not in state})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise RuntimeError(
+            "deepspeed-moe runs cannot resume yet: their checkpoints hold the full weights under "
+            "gem's names, and mapping DeepSpeed's ZeRO partitions of the expert groups back is "
+            "not implemented; start over with --fresh or train with --sharding ep")
