@@ -36,6 +36,8 @@ Consequences worth knowing:
   up in it;
 - the sparse learning rate is ``[parallel.embedding] lr``, constant (the run's schedule drives
   the dense AdamW only);
+- the tables stay float32 (TBE); the lookups come out in the dtype of the dense parameters
+  during the forward, as replicated tables would (bf16 under FSDP2 with a bf16 recipe);
 - row-wise Adagrad keeps one sum of squared gradients per row *of each shard*: a column-wise
   table's shards each keep their own, so its updates differ slightly from a table-wise or
   row-wise one's (with SGD every plan gives the same numbers);
@@ -343,10 +345,10 @@ class ShardedEmbeddingCollection(nn.Module):
         if not self.training:
             raise RuntimeError("TorchRec-sharded embeddings in eval mode without gathered tables: "
                                "call train(False) on every rank together")
-        sharded = self._sharded
-        out: dict[str, Tensor] = {}
         from torchrec.distributed.comm_ops import get_gradient_division
 
+        sharded = self._sharded
+        out: dict[str, Tensor] = {}
         # TorchRec's backward all-to-all divides by the world size, as DDP/FSDP2 average.
         scale = 1.0 if get_gradient_division() else 1.0 / self._world_size
         if sharded.ebc is not None:

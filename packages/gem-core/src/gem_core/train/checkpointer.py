@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
 
 log = logging.getLogger(__name__)
+
+# A single-process run saves with no_dist=True on purpose; DCP still warns on every save that it
+# is "assuming the intent is to save in a single process". That is the intent: keep logs clean.
+warnings.filterwarnings("ignore", category=UserWarning,
+                        message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 @attrs.define
