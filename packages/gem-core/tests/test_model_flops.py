@@ -8,12 +8,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.attention.reference import ReferenceAttention
-from gem_core.config import DataConfig, ModelConfig
-from gem_core.data.synthetic import SyntheticSource
-from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.flops import TRAIN_FACTOR
-from gem_core.model import build_model
+from gem_core.testing.models import small_model, synthetic_batch
 
 VARIANTS = {
     "default": {},
@@ -29,15 +25,10 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def data():
-    source = SyntheticSource(DataConfig(max_seq_len=48), seed=0)
-    return source.schema, source.generate(12, split=1, index=0)
+    return synthetic_batch(12, max_seq_len=48, seed=0)
 
 
-def _model(schema, **kwargs):
-    torch.manual_seed(0)
-    return build_model(ModelConfig(embedding_dim=16, **kwargs), schema,
-                       attention=ReferenceAttention(),
-                       embedding_backend=ReferenceEmbeddingBackend())
+_model = small_model
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -6,10 +6,7 @@ import pytest
 import torch
 
 from gem_core.attention.reference import ReferenceAttention
-from gem_core.config import DataConfig, ModelConfig
-from gem_core.data.synthetic import SyntheticSource
-from gem_core.embedding import ReferenceEmbeddingBackend
-from gem_core.model import build_model
+from gem_core.testing.models import small_model, synthetic_batch
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.heads import product_logit
 from gem_core.model.target_attention import gather_keys
@@ -18,15 +15,10 @@ from gem_core.model.wukong import WukongInteraction
 
 @pytest.fixture(scope="module")
 def data():
-    source = SyntheticSource(DataConfig(max_seq_len=40), seed=1)
-    return source.schema, source.generate(10, split=1, index=0)
+    return synthetic_batch(10, max_seq_len=40, seed=1)
 
 
-def _model(schema, **kwargs):
-    torch.manual_seed(0)
-    return build_model(ModelConfig(embedding_dim=16, **kwargs), schema,
-                       attention=ReferenceAttention(),
-                       embedding_backend=ReferenceEmbeddingBackend())
+_model = small_model
 
 
 @pytest.mark.parametrize("recent", [0, 1, 3])

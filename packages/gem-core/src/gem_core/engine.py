@@ -115,3 +115,15 @@ class SingleProcess:
                 "choose a data-parallel strategy (e.g. --sharding ddp from gem-parallel)"
             )
         return Engine(model, make_optimizer(model))
+
+
+def scale_to_max_norm(params: Any, max_norm: float, total_norm: float) -> None:
+    """Clip gradients whose global norm ``total_norm`` was computed by the caller (over shards,
+    expert groups, ...) as ``torch.nn.utils.clip_grad_norm_`` would: one gradient at a time, so
+    DTensor gradients are scaled by a plain number."""
+    if max_norm <= 0:
+        return
+    coefficient = min(max_norm / (float(total_norm) + 1e-6), 1.0)
+    if coefficient < 1.0:
+        for param in params:
+            param.grad.mul_(coefficient)

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from gem_core.config import structure
 from gem_core.config.validators import at_least
 from gem_core.distributed import ParallelContext
-from gem_core.engine import Engine
+from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.moe import moe_layers
 from gem_core.model.moe_experts import ExpertMLPs
@@ -283,11 +283,7 @@ class ExpertParallelEngine(Engine):
         # Experts are disjoint within an ep group and equal across its copies.
         dist.all_reduce(local, group=self.ep_group)
         total = (squares + local.cpu()).sqrt().float()
-        if max_norm > 0:
-            coefficient = min(max_norm / (float(total) + 1e-6), 1.0)
-            if coefficient < 1.0:
-                for param in params:
-                    param.grad.mul_(coefficient)
+        scale_to_max_norm(params, max_norm, total)
         return total
 
     def _full_model_state(self, *, cpu: bool = True) -> dict[str, Tensor]:

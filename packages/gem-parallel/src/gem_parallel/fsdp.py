@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from gem_core.config import structure
 from gem_core.distributed import ParallelContext
-from gem_core.engine import Engine
+from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
 
 from gem_parallel.eval_replica import EvalReplica
@@ -145,13 +145,9 @@ class FsdpEngine(Engine):
         if isinstance(norm, DTensor):
             # A partial (per-shard) norm: reduce it over the mesh to the global one.
             norm = norm.full_tensor()
-        if max_norm > 0:
-            # As torch.nn.utils.clip_grad_norm_ computes it; applied one gradient at a time
-            # because the fused foreach path mis-scales DTensor gradients by a plain-tensor norm.
-            coefficient = min(max_norm / (float(norm) + 1e-6), 1.0)
-            if coefficient < 1.0:
-                for param in params:
-                    param.grad.mul_(coefficient)
+        # One gradient at a time: the fused foreach path mis-scales DTensor gradients by a
+        # plain-tensor norm.
+        scale_to_max_norm(params, max_norm, norm)
         return norm
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""Small GEM models and batches for tests of model parts, FLOP counts and plugins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gem_core.attention.reference import ReferenceAttention
+from gem_core.batch import JaggedBatch
+from gem_core.config import DataConfig, ModelConfig
+from gem_core.data.synthetic import SyntheticSource
+from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.model import build_model
+from gem_core.model.gem import GEMModel
+from gem_core.schema import FeatureSchema
+
+
+def small_model(schema: FeatureSchema, *, embedding_dim: int = 16, **model_options: Any
+                ) -> GEMModel:
+    """A GEM model of width 16 on the reference backends, seeded, with ``model_options``
+    overriding :class:`ModelConfig` fields."""
+    torch.manual_seed(0)
+    return build_model(ModelConfig(embedding_dim=embedding_dim, **model_options), schema,
+                       attention=ReferenceAttention(),
+                       embedding_backend=ReferenceEmbeddingBackend())
+
+
+def synthetic_batch(rows: int, *, max_seq_len: int, seed: int = 0
+                    ) -> tuple[FeatureSchema, JaggedBatch]:
+    """The schema and one eval-split batch of gem-core's synthetic source."""
+    source = SyntheticSource(DataConfig(max_seq_len=max_seq_len), seed=seed)
+    return source.schema, source.generate(rows, split=1, index=0)
