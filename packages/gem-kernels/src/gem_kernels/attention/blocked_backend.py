@@ -1,17 +1,19 @@
-"""``blocked``: block-sparse jagged attention over the packed token stream, in PyTorch.
+"""``blocked``: jagged attention over the packed token stream, through PyTorch's fused SDPA.
 
-The samples stay concatenated as they arrive: nothing is padded to a batch or bucket maximum.
-The stream of queries is cut into tiles of ``block_q`` tokens and the stream of keys into tiles of
-``block_k``; only the (query tile, key tile) pairs that can hold a visible pair are computed.
-Causality, the local window and the sample boundaries therefore skip whole tiles, and short
-samples share a tile instead of each padding one of their own. All tiles of a call go through one
-batched matmul; softmax is combined across a query tile's key tiles with a shared row maximum
-(the flash-attention identity), so the extra work over the visible pairs is only the partly
-filled tiles at the diagonal, the window edge and the sample boundaries.
+The samples stay concatenated as they arrive: nothing is padded to a batch maximum. The stream of
+queries is cut into tiles of ``block_q`` tokens. Every query of a tile can see only a contiguous
+span of keys (its sample's keys, cut further by causality and the local window), so each tile
+gathers that one span; tiles are grouped by span width, rounded up a quarter octave in units of
+``block_k``, and each group runs as one batched call of the fused SDPA kernel with the exact
+mask (or batched matmuls for SiLU). Short samples share a tile instead of each padding their own,
+and a windowed tile reads about ``block_q + window`` keys, not its whole history. Plain causal
+softmax takes a second path: whole samples grouped by length through SDPA's ``is_causal``
+kernel, which needs no mask tensor.
 
 Autograd differentiates it and there is no custom kernel, so it runs wherever PyTorch does. It is
-the fast CPU backend: the work is a few large batched GEMMs, where per-sample backends pay a
-call per sample and padded SDPA pays for every padded pair.
+the fast CPU backend (``auto`` there): a few dozen batched fused calls per layer, where
+per-sample backends pay a call per sample and padded SDPA pays for the padding. Measured figures
+are in ``docs/perf.md``.
 """
 
 from __future__ import annotations
