@@ -74,6 +74,7 @@ class NormConformance:
         if want.numel() == 0:
             return
         tol = self.tolerances[dtype]
+        want = want.detach()
         got64 = got.detach().cpu().double()
         assert torch.isfinite(got64).all(), f"{name} not finite for {case}"
         bound = tol.atol * max(1.0, float(want.abs().max())) + tol.rtol * want.abs()
