@@ -43,11 +43,23 @@ def gather_rows(offsets: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def check_offsets(offsets: Tensor, total: int, what: str) -> None:
-    """Raise ValueError naming ``what`` if ``offsets`` is not a valid offsets vector for ``total``."""
+    """Raise ValueError naming ``what`` if ``offsets`` is not a valid offsets vector for ``total``.
+
+    On an accelerator the value checks are one asynchronous device assertion instead: reading
+    values back would stall the host on every call (nine syncs per attention call on a GPU
+    before this), and the assertion still stops the run, with the same message, at the next sync.
+    """
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(f"{what}: offsets must be 1-D with batch+1 entries, got {tuple(offsets.shape)}")
     if offsets.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{what}: offsets must be int32 or int64, got {offsets.dtype}")
+    if offsets.device.type != "cpu":
+        valid = (offsets[0] == 0) & (offsets[-1] == total)
+        if offsets.numel() > 1:
+            valid = valid & (offsets[1:] >= offsets[:-1]).all()
+        torch._assert_async(valid, f"{what}: offsets must start at 0, end at {total} (the "
+                                   "number of values) and never decrease")
+        return
     if int(offsets[0]) != 0:
         raise ValueError(f"{what}: offsets must start at 0, got {int(offsets[0])}")
     if int(offsets[-1]) != total:

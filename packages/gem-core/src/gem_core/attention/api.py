@@ -76,6 +76,27 @@ class AttentionBackend(Protocol):
     ) -> Tensor: ...
 
 
+def needs_self_attention(params: AttentionParams, num_targets: Tensor | None) -> bool:
+    """Whether the call is self-attention in the sense that changes the result: causality, a
+    window, contextual prefix or target tokens. Without any of them, attention within each
+    sample is the same whether or not q and k/v share offsets, so backends need not compare them
+    (a comparison of values is a device sync on a GPU)."""
+    return params.is_self_attention_only or num_targets is not None
+
+
+def _check_same_offsets(q_offsets: Tensor, kv_offsets: Tensor) -> None:
+    message = ("causal, window, num_prefix and num_targets need self-attention (q_offsets equal "
+               "to kv_offsets)")
+    if q_offsets is kv_offsets:
+        return
+    if q_offsets.shape != kv_offsets.shape:
+        raise ValueError(message)
+    if q_offsets.device.type != "cpu":
+        torch._assert_async((q_offsets == kv_offsets).all(), message)
+    elif not torch.equal(q_offsets, kv_offsets):
+        raise ValueError(message)
+
+
 def validate_attention_inputs(
     q: Tensor,
     k: Tensor,
@@ -100,12 +121,8 @@ def validate_attention_inputs(
             f"q_offsets has {q_offsets.numel() - 1} samples but kv_offsets has "
             f"{kv_offsets.numel() - 1}"
         )
-    is_self = q_offsets.shape == kv_offsets.shape and bool(torch.equal(q_offsets, kv_offsets))
-    if (params.is_self_attention_only or num_targets is not None) and not is_self:
-        raise ValueError(
-            "causal, window, num_prefix and num_targets need self-attention (q_offsets equal to "
-            "kv_offsets)"
-        )
+    if needs_self_attention(params, num_targets):
+        _check_same_offsets(q_offsets, kv_offsets)
     if num_targets is not None:
         if num_targets.shape != (q_offsets.numel() - 1,):
             raise ValueError(
@@ -114,7 +131,9 @@ def validate_attention_inputs(
             )
         lengths = q_offsets[1:] - q_offsets[:-1]
         bad = (num_targets < 0) | (num_targets > lengths)
-        if bool(bad.any()):
+        if num_targets.device.type != "cpu":  # no host sync on an accelerator (check_offsets)
+            torch._assert_async(~bad.any(), "num_targets must lie in [0, sequence length]")
+        elif bool(bad.any()):
             row = int(torch.nonzero(bad)[0])
             raise ValueError(
                 f"num_targets[{row}] = {int(num_targets[row])} is outside [0, {int(lengths[row])}]"

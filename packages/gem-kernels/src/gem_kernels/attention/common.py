@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams, validate_attention_inputs
+from gem_core.attention.api import (AttentionParams, needs_self_attention,
+                                    validate_attention_inputs)
 
 # Larger than any sequence, so a huge window or prefix can be handed to int32 kernel arguments
 # unchanged in meaning (one at least as long as the sequence covers all of it).
@@ -16,7 +17,8 @@ def checked_inputs(
     backend: str, dtypes: tuple[torch.dtype, ...], q: Tensor, k: Tensor, v: Tensor,
     q_offsets: Tensor, kv_offsets: Tensor, params: AttentionParams, num_targets: Tensor | None,
 ) -> bool:
-    """Validate the call like every backend must; return whether it is self-attention."""
+    """Validate the call like every backend must; return whether it is self-attention that
+    matters (:func:`needs_self_attention`; decided without reading device values)."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{backend} attention needs q, k, v of one dtype, got {q.dtype}, "
@@ -26,7 +28,7 @@ def checked_inputs(
                         f"{', '.join(str(d) for d in dtypes)}")
     if not (q.device == k.device == v.device == q_offsets.device == kv_offsets.device):
         raise ValueError(f"{backend} attention needs every input on one device")
-    return q_offsets.shape == kv_offsets.shape and bool(torch.equal(q_offsets, kv_offsets))
+    return needs_self_attention(params, num_targets)
 
 
 def max_length(offsets: Tensor, given: int | None) -> int:

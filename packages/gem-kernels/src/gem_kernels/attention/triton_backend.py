@@ -7,7 +7,7 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_kernels.attention.common import MAX_WINDOW, checked_inputs, max_length
-from gem_kernels.attention.triton_op import check_device, jagged_attention_fwd
+from gem_kernels.attention.triton_op import check_device, jagged_attention
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -44,7 +44,7 @@ class TritonAttention:
             num_targets = torch.zeros(q_offsets.numel() - 1, dtype=torch.int64, device=q.device)
         window = -1 if params.window is None else min(params.window, MAX_WINDOW)
         block_m, block_n = self._blocks(q)
-        out, _ = jagged_attention_fwd(
+        return jagged_attention(
             q.contiguous(), k.contiguous(), v.contiguous(),
             q_offsets.to(torch.int64).contiguous(), kv_offsets.to(torch.int64).contiguous(),
             num_targets.to(torch.int64).contiguous(),
@@ -53,4 +53,3 @@ class TritonAttention:
             max_length(q_offsets, max_q_len), max_length(kv_offsets, max_kv_len),
             block_m, block_n,
         )
-        return out

@@ -404,3 +404,22 @@ def jagged_attention_bwd_dq_kernel(
                    IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
              + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def softmax_delta_kernel(
+    O, DO, DELTA, total, stride_ot, stride_oh, stride_dot, stride_doh, stride_lt, stride_lh,
+    head_dim, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """``delta[t, h] = sum_d O[t, h, d] * dO[t, h, d]`` in fp32, read once from the 16-bit
+    tensors (in PyTorch it took two fp32 copies, a product and a sum: four passes)."""
+    offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    t_ok = offs_t < total
+    mask = t_ok[:, None] & (offs_d < head_dim)[None, :]
+    o = tl.load(O + offs_t[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    do = tl.load(DO + offs_t[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask,
+                 other=0.0).to(tl.float32)
+    tl.store(DELTA + offs_t * stride_lt + h * stride_lh, tl.sum(o * do, 1), mask=t_ok)

@@ -19,7 +19,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+import traceback
+from typing import Any, Callable
 
 import torch
 
@@ -29,6 +30,7 @@ from gem_core.testing.attention_conformance import AttentionCase, AttentionConfo
 from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
+from gem_kernels.bench.gpu_model_check import check_model, check_moe, model_lines
 from gem_core.norm import gated_norm_reference
 from gem_kernels.norms.triton_op import gated_norm
 
@@ -81,9 +83,10 @@ def check_correctness(device: str, size: dict, dtype: torch.dtype) -> list[dict[
             try:
                 suite.check_case(case)
                 rows.append({"backend": name, "case": label, "ok": True})
-            except AssertionError as error:  # record every failure, then fail the whole check
+            except Exception as error:  # record every failure (a kernel that does not
+                # compile included), then fail the whole check
                 rows.append({"backend": name, "case": label, "ok": False,
-                             "error": str(error)[:400]})
+                             "error": f"{type(error).__name__}: {error}"[:400]})
     return rows
 
 
@@ -140,10 +143,12 @@ def measure_peaks(device: str, size: dict) -> dict[str, float]:
             "copy_gb_per_s": 2 * src.numel() / best_copy / 1e9}
 
 
-def run_bench(device: str, size: dict, dtype: torch.dtype) -> dict[str, Any]:
+def run_bench(device: str, size: dict, dtype: torch.dtype, results: dict[str, Any],
+              saved: Callable[[], None]) -> dict[str, Any]:
+    """Fills ``results`` shape by shape, calling ``saved`` after each (a run cut by the time
+    limit keeps the shapes it finished)."""
     backends = {"triton": TritonAttention(size["block"], size["block"]),
                 "reference": ReferenceAttention(), "blocked": BlockedAttention()}
-    results = {}
     for label, shapes, window in (("self_causal", ("self",), None),
                                   (f"self_window{size['window']}", ("self",), size["window"]),
                                   ("cross_pma", ("cross", "pma"), None)):
@@ -158,24 +163,26 @@ def run_bench(device: str, size: dict, dtype: torch.dtype) -> dict[str, Any]:
         # Progress on stderr, so a run cut by the time limit still says how far it got.
         times = {k: r["fwd_bwd_median_s"] for k, r in results.items()}
         print(f"bench {label} done: {json.dumps(times)}", file=sys.stderr)
+        saved()
     return results
 
 
 def table(report: dict[str, Any]) -> str:
     peaks = report["peaks"]
+    mm = peaks.get("bf16_matmul_tflops", float("nan"))
+    bw = peaks.get("copy_gb_per_s", float("nan"))
     lines = [
         f"device {report['device']}  torch {report['torch']}  triton {report['triton']}  "
-        f"bf16 matmul {peaks['bf16_matmul_tflops']:.0f} TFLOP/s  copy "
-        f"{peaks['copy_gb_per_s']:.0f} GB/s",
+        f"bf16 matmul {mm:.0f} TFLOP/s  copy {bw:.0f} GB/s",
         f"correctness (bf16 vs float64): {report['correct_cases']}/{report['total_cases']} "
         "cases ok",
+        *model_lines(report),
         f"{'shape':18} {'backend':22} {'ms':>9} {'vs SDPA':>8} {'pad/jag':>8} {'TFLOP/s':>8} "
         f"{'%mm':>5} {'GB/s':>7} {'%bw':>5}",
     ]
     def cell(value: float | None, fmt: str) -> str:
         return "" if value is None else format(value, fmt)
 
-    mm, bw = peaks["bf16_matmul_tflops"], peaks["copy_gb_per_s"]
     for shape, r in report["bench"].items():
         for name, seconds in r["fwd_bwd_median_s"].items():
             speedup = r["speedup_over_fastest_padded_sdpa"].get(name)
@@ -190,6 +197,25 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _run_section(report: dict[str, Any], key: str, fn: Callable[[], Any], out: str) -> None:
+    """Run one section into ``report[key]`` and rewrite the JSON file, so a run cut by the time
+    limit keeps what it measured. A section that raises is recorded under ``errors`` (and fails
+    the check); the others still run."""
+    started = time.perf_counter()
+    try:
+        report[key] = fn()
+    except Exception as error:  # one broken section must not hide the others' results
+        report["errors"][key] = f"{type(error).__name__}: {error}"[:2000]
+        traceback.print_exc(file=sys.stderr)
+    print(f"{key} done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    _save(report, out)
+
+
+def _save(report: dict[str, Any], out: str) -> None:
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -201,28 +227,32 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[args.size]
     dtype = torch.bfloat16
     started = time.perf_counter()
-    correctness = check_correctness(args.device, size, dtype) + check_gated_norm(args.device, dtype)
-    print(f"correctness done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    report = {
+    report: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "dtype": "bfloat16",
-        "correctness": correctness,
-        "correct_cases": sum(row["ok"] for row in correctness),
-        "total_cases": len(correctness),
-        "peaks": measure_peaks(args.device, size),
-        "bench": run_bench(args.device, size, dtype),
-        "seconds": None,
+        "torch": torch.__version__, "triton": triton.__version__, "dtype": "bfloat16",
+        "errors": {}, "correctness": [], "peaks": {}, "moe": [], "model": [], "bench": {},
     }
+    # Cheapest and most telling first: a run cut by the limit still has correctness and peaks.
+    _run_section(report, "correctness", lambda: check_correctness(args.device, size, dtype)
+                 + check_gated_norm(args.device, dtype), args.out)
+    report["correct_cases"] = sum(row["ok"] for row in report["correctness"])
+    report["total_cases"] = len(report["correctness"])
+    _run_section(report, "peaks", lambda: measure_peaks(args.device, size), args.out)
+    _run_section(report, "moe", lambda: check_moe(args.device, args.size), args.out)
+    _run_section(report, "model", lambda: check_model(args.device, args.size), args.out)
+    _run_section(report, "bench", lambda: run_bench(
+        args.device, size, dtype, report["bench"], lambda: _save(report, args.out)), args.out)
     report["seconds"] = time.perf_counter() - started
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    for row in correctness:
+    _save(report, args.out)
+    for row in report["correctness"]:
         if not row["ok"]:
             print(f"FAIL {row['backend']} {row['case']}: {row['error']}", file=sys.stderr)
+    for key, error in report["errors"].items():
+        print(f"FAIL section {key}: {error.splitlines()[0]}", file=sys.stderr)
     print(table(report))
-    return 0 if report["correct_cases"] == report["total_cases"] else 1
+    ok = (report["correct_cases"] == report["total_cases"] > 0 and not report["errors"]
+          and all(r.get("loss_relative_error", 0) < 2e-2 for r in report["model"]))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
