@@ -1,4 +1,5 @@
-"""The gated-norm kernels as ``torch.library`` custom ops with autograd, and the public function.
+"""The gated-norm kernels as ``torch.library`` custom ops with autograd (what ``torch.compile``
+sees), the same launches in a plain ``autograd.Function`` for eager mode, and the public function.
 
 ``gated_norm(x, gate, weight, bias, kind=..., eps=...)`` equals
 :func:`gem_core.norm.gated_norm_reference`; ``x`` and ``gate`` are ``(..., D)``.
@@ -23,10 +24,8 @@ def _launch_meta(n_rows: int, n_cols: int, rms: bool, has_bias: bool) -> tuple[t
                       BLOCK_D=max(16, triton.next_power_of_2(n_cols)))
 
 
-@torch.library.custom_op("gem_kernels::gated_norm_fwd", mutates_args=())
-def gated_norm_fwd(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None, rms: bool,
-                   eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, mean, rstd)`` for 2-D contiguous ``x`` and ``gate``."""
+def _forward(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None, rms: bool,
+             eps: float) -> tuple[Tensor, Tensor, Tensor]:
     check_device(x)
     n_rows, n_cols = x.shape
     out = torch.empty_like(x)
@@ -41,6 +40,13 @@ def gated_norm_fwd(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None,
     return out, mean, rstd
 
 
+@torch.library.custom_op("gem_kernels::gated_norm_fwd", mutates_args=())
+def gated_norm_fwd(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None, rms: bool,
+                   eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, mean, rstd)`` for 2-D contiguous ``x`` and ``gate``."""
+    return _forward(x, gate, weight, bias, rms, eps)
+
+
 @gated_norm_fwd.register_fake
 def _(x, gate, weight, bias, rms, eps):
     n_rows = x.shape[0]
@@ -48,11 +54,9 @@ def _(x, gate, weight, bias, rms, eps):
             x.new_empty(n_rows, dtype=torch.float32))
 
 
-@torch.library.custom_op("gem_kernels::gated_norm_bwd", mutates_args=())
-def gated_norm_bwd(grad_out: Tensor, x: Tensor, gate: Tensor, weight: Tensor,
-                   bias: Tensor | None, mean: Tensor, rstd: Tensor, rms: bool
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dx, dgate, dweight, dbias)``; ``dbias`` is empty when there is no bias."""
+def _backward_kernels(grad_out: Tensor, x: Tensor, gate: Tensor, weight: Tensor,
+                      bias: Tensor | None, mean: Tensor, rstd: Tensor, rms: bool
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     check_device(x)
     n_rows, n_cols = x.shape
     dx, dgate = torch.empty_like(x), torch.empty_like(gate)
@@ -67,6 +71,14 @@ def gated_norm_bwd(grad_out: Tensor, x: Tensor, gate: Tensor, weight: Tensor,
     dweight = dw_part.sum(0).to(weight.dtype)
     dbias = db_part.sum(0).to(bias.dtype) if bias is not None else weight.new_empty(0)
     return dx, dgate, dweight, dbias
+
+
+@torch.library.custom_op("gem_kernels::gated_norm_bwd", mutates_args=())
+def gated_norm_bwd(grad_out: Tensor, x: Tensor, gate: Tensor, weight: Tensor,
+                   bias: Tensor | None, mean: Tensor, rstd: Tensor, rms: bool
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dx, dgate, dweight, dbias)``; ``dbias`` is empty when there is no bias."""
+    return _backward_kernels(grad_out, x, gate, weight, bias, mean, rstd, rms)
 
 
 @gated_norm_bwd.register_fake
@@ -96,6 +108,25 @@ torch.library.register_autograd("gem_kernels::gated_norm_fwd", _backward,
                                 setup_context=_setup_context)
 
 
+class _EagerGatedNorm(torch.autograd.Function):
+    """The custom ops' kernels for eager mode, without the custom-op dispatch cost (see
+    :class:`gem_kernels.attention.triton_op._EagerJaggedAttention`)."""
+
+    @staticmethod
+    def forward(ctx, x, gate, weight, bias, rms, eps):
+        out, mean, rstd = _forward(x, gate, weight, bias, rms, eps)
+        ctx.has_bias, ctx.rms = bias is not None, rms
+        ctx.save_for_backward(x, gate, weight, bias, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, gate, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dgate, dweight, dbias = _backward_kernels(grad_out.contiguous(), x, gate, weight,
+                                                      bias, mean, rstd, ctx.rms)
+        return dx, dgate, dweight, dbias if ctx.has_bias else None, None, None
+
+
 def gated_norm(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                kind: str = "layer", eps: float = 1e-5) -> Tensor:
     """Fused ``(norm(x) * weight + bias) * gate`` over the last dimension."""
@@ -108,7 +139,10 @@ def gated_norm(x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None = No
     if x.shape[-1] > MAX_WIDTH:
         raise ValueError(f"gated_norm supports rows up to {MAX_WIDTH} wide, got {x.shape[-1]}")
     shape = x.shape
-    out, _, _ = gated_norm_fwd(x.reshape(-1, shape[-1]).contiguous(),
-                               gate.reshape(-1, shape[-1]).contiguous(), weight.contiguous(),
-                               None if bias is None else bias.contiguous(), kind == "rms", eps)
+    args = (x.reshape(-1, shape[-1]).contiguous(), gate.reshape(-1, shape[-1]).contiguous(),
+            weight.contiguous(), None if bias is None else bias.contiguous(), kind == "rms", eps)
+    if torch.compiler.is_compiling():  # one opaque op for the compiler
+        out = gated_norm_fwd(*args)[0]
+    else:
+        out = _EagerGatedNorm.apply(*args)
     return out.reshape(shape)
