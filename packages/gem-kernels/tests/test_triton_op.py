@@ -78,3 +78,25 @@ def test_kernels_compile_for_an_h200_without_a_gpu():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("shared memory") == 3
+
+
+def test_backward_writes_every_gradient_row(monkeypatch):
+    """The backward allocates dq/dk/dv without a memset: poisoning fresh buffers with NaN shows
+    that the kernels store every row, including rows of samples with no keys or no queries."""
+    real_empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(1)
+    q_offsets = torch.tensor([0, 5, 5, 9, 30])
+    kv_offsets = torch.tensor([0, 7, 9, 9, 25])
+    q = torch.randn(30, 2, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(25, 2, 16, generator=gen, requires_grad=True) for _ in range(2))
+    params = AttentionParams()
+    grad = torch.randn(30, 2, 16, generator=gen)
+    got = torch.autograd.grad(TritonAttention(16, 16)(q, k, v, q_offsets, kv_offsets,
+                                                       params=params), (q, k, v), grad)
+    monkeypatch.undo()
+    want = torch.autograd.grad(reference_attention(q, k, v, q_offsets, kv_offsets,
+                                                   params=params), (q, k, v), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)

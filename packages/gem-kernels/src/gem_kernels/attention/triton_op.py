@@ -128,10 +128,12 @@ def _backward_kernels(
     max_q_len: int, max_kv_len: int, block_m: int, block_n: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_device(q)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     batch, heads = q_offsets.numel() - 1, q.shape[1]
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
-        return dq, dk, dv
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # Every row of every sample is stored by the program of its block (zeros where a row sees
+    # nothing), so no memset is needed first.
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # delta = rowsum(dO * O) of the softmax backward, in fp32. SiLU never reads it: the kernels
     # get an uninitialised buffer of the right shape.
     delta = torch.empty_like(lse) if silu else _softmax_delta(out, grad_out, lse)
