@@ -17,6 +17,9 @@ class TritonAttention:
 
     ``block_m``/``block_n`` are the query/key tile sizes (powers of two, at least 16); None picks
     64, or 32 for fp32 inputs with head_dim > 64, whose fp32 tiles would not fit in shared memory.
+    Only the 64 x 64 default has been checked on a GPU (H200, bf16); two other backward tile
+    settings gave wrong gradients there (docs/perf.md), so check other tiles with
+    ``tools/gpu_check.sh`` or ``python -m gem_kernels.bench.gpu_tune`` before relying on them.
     """
 
     name = "triton"

@@ -61,20 +61,27 @@ def _block_d(head_dim: int) -> int:
 
 
 def _constexprs(q: Tensor, is_self: bool, causal: bool, window: int, silu: bool,
-                block_m: int, block_n: int) -> dict:
+                block_m: int, block_n: int, num_warps: int | None = None,
+                num_stages: int | None = None) -> dict:
     dot_dtype, precision = _dot_config(q.dtype)
-    return dict(
+    meta = dict(
         IS_SELF=is_self, CAUSAL=causal, HAS_WINDOW=window >= 0, SILU=silu,
         DOT_DTYPE=dot_dtype, PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=_block_d(q.shape[-1]), num_warps=NUM_WARPS,
+        BLOCK_D=_block_d(q.shape[-1]), num_warps=num_warps or NUM_WARPS,
     )
+    if num_stages is not None:  # else triton's default software pipelining depth
+        meta["num_stages"] = num_stages
+    return meta
 
 
 def _forward(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor,
     is_self: bool, causal: bool, window: int, num_prefix: int, silu: bool, scale: float,
-    max_q_len: int, max_kv_len: int, block_m: int, block_n: int,
+    max_q_len: int, max_kv_len: int, block_m: int, block_n: int, *,
+    num_warps: int | None = None, num_stages: int | None = None,
 ) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel. The keyword-only launch settings are for tuning tools
+    (``gem_kernels.bench.gpu_tune``); the ops use the defaults."""
     check_device(q)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
@@ -88,7 +95,8 @@ def _forward(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         scale, num_prefix, max(window, 0), q.shape[-1],
-        **_constexprs(q, is_self, causal, window, silu, block_m, block_n),
+        **_constexprs(q, is_self, causal, window, silu, block_m, block_n, num_warps,
+                      num_stages),
     )
     return out, lse
 
@@ -125,8 +133,13 @@ def _backward_kernels(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     q_offsets: Tensor, kv_offsets: Tensor, num_targets: Tensor,
     is_self: bool, causal: bool, window: int, num_prefix: int, silu: bool, scale: float,
-    max_q_len: int, max_kv_len: int, block_m: int, block_n: int,
+    max_q_len: int, max_kv_len: int, block_m: int, block_n: int, *,
+    dkdv_blocks: tuple[int, int] | None = None, dq_blocks: tuple[int, int] | None = None,
+    num_warps: int | None = None, num_stages: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch the backward kernels. ``dkdv_blocks``/``dq_blocks`` (query tile, key tile) of
+    each kernel default to ``(block_m, block_n)``; like the launch settings they are for tuning
+    tools."""
     check_device(q)
     batch, heads = q_offsets.numel() - 1, q.shape[1]
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
@@ -137,17 +150,21 @@ def _backward_kernels(
     # delta = rowsum(dO * O) of the softmax backward, in fp32. SiLU never reads it: the kernels
     # get an uninitialised buffer of the right shape.
     delta = torch.empty_like(lse) if silu else _softmax_delta(out, grad_out, lse)
-    meta = _constexprs(q, is_self, causal, window, silu, block_m, block_n)
+    dkdv_m, dkdv_n = dkdv_blocks or (block_m, block_n)
+    dq_m, dq_n = dq_blocks or (block_m, block_n)
+    dkdv_meta = _constexprs(q, is_self, causal, window, silu, dkdv_m, dkdv_n, num_warps,
+                            num_stages)
+    dq_meta = _constexprs(q, is_self, causal, window, silu, dq_m, dq_n, num_warps, num_stages)
     common = (scale, num_prefix, max(window, 0), q.shape[-1])
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                grad_out.stride(0), grad_out.stride(1), lse.stride(0), lse.stride(1))
-    kernels.jagged_attention_bwd_dkdv_kernel[(triton.cdiv(max_kv_len, block_n), batch, heads)](
+    kernels.jagged_attention_bwd_dkdv_kernel[(triton.cdiv(max_kv_len, dkdv_n), batch, heads)](
         q, k, v, grad_out, lse, delta, dk, dv, q_offsets, kv_offsets, num_targets,
-        *strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *common, **meta,
+        *strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *common, **dkdv_meta,
     )
-    kernels.jagged_attention_bwd_dq_kernel[(triton.cdiv(max_q_len, block_m), batch, heads)](
+    kernels.jagged_attention_bwd_dq_kernel[(triton.cdiv(max_q_len, dq_m), batch, heads)](
         q, k, v, grad_out, lse, delta, dq, q_offsets, kv_offsets, num_targets,
-        *strides, dq.stride(0), dq.stride(1), *common, **meta,
+        *strides, dq.stride(0), dq.stride(1), *common, **dq_meta,
     )
     return dq, dk, dv
 
