@@ -9,7 +9,10 @@ tests read it. Per case, with each rank holding a different number of samples of
   equal the reference's on the union of the ranks' samples with the global-mean loss;
 - the tables after one fused SGD step (the update happens inside the backward, so this is how the
   embedding gradient shows) equal the reference's ``weight - lr * grad``;
-- evaluation (gathered tables), and a state dict written and loaded back, give the same again.
+- evaluation (gathered tables) gives the same again;
+- the checkpoint state is every table as a ShardedTensor holding this rank's shards only (no
+  gathered copy), under the replicated backend's names; written with DCP, perturbed and loaded
+  back, the tables are as before.
 
 Tolerance: float32 everywhere; only the order of sums differs (all-to-all pooling, all-reduce),
 so everything agrees to 1e-5 absolute (measured: about 1e-7).
@@ -49,6 +52,8 @@ def _worker(out_path: str) -> None:
 
     import torch
     import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.tensor import DTensor
 
     from gem_core.attention.bucketed import BucketedAttention
@@ -153,15 +158,30 @@ def _worker(out_path: str) -> None:
                                   for t in tasks)
         engine.train(True)
 
-        # State dict: full tables out, loaded back into the shards after a perturbation.
-        state = sharded.state_dict()  # collective
-        saved = state["_extra_state"]
-        case["state_tables"] = max(float((saved["tables"][t] - tables[t]).abs().max())
-                                   for t in TABLES)
+        # Checkpoint state: this rank's shards of every table, through DCP and back after a
+        # perturbation. The model's own state dict holds no table.
+        case["tables_in_state_dict"] = [k for k in engine.unwrapped.state_dict()
+                                        if k.startswith(("embeddings.", "module.embeddings."))]
+        parts = sharded.sharded_checkpoint_state()
+        case["state_keys"] = sorted(parts["model"])
+        case["state_optimizer_keys"] = sorted(parts["optimizer"])  # SGD keeps no state
+        state_err, local_values = 0.0, 0
+        for key, weight in parts["model"].items():
+            full = tables[key.split(".")[1]]
+            for shard in weight.local_shards():
+                (row, col), (rows, cols) = shard.metadata.shard_offsets, shard.tensor.shape
+                local_values += shard.tensor.numel()
+                state_err = max(state_err, float(
+                    (shard.tensor - full[row:row + rows, col:col + cols]).abs().max()))
+        case["state_tables"] = state_err
+        case["state_local_share"] = local_values / sum(t.numel() for t in tables.values())
+        checkpoint = Path(out_path).parent / f"checkpoint-{name}"
+        dcp.save(parts, checkpoint_id=checkpoint)
         with torch.no_grad():
             for _, _, shard in sharded._local_shards():
                 shard.add_(1.0)
-        sharded.load_state_dict(state)
+        dcp.load(sharded.sharded_checkpoint_state(), checkpoint_id=checkpoint,
+                 planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
         reloaded = sharded.full_tables()
         case["state_roundtrip"] = max(float((reloaded[t] - tables[t]).abs().max())
                                       for t in TABLES)
@@ -214,7 +234,12 @@ def test_sharded_embeddings_match_reference(report, case):
     assert got["tables_after_sgd"] <= ATOL
     assert got["tables_moved"] > 10 * ATOL
     assert got["eval_logits"] <= ATOL
+    assert got["tables_in_state_dict"] == []
+    assert got["state_keys"] == sorted(f"tables.{t}.weight" for t in TABLES)
+    assert got["state_optimizer_keys"] == []
     assert got["state_tables"] == 0.0
+    # Each rank holds its shards only: about half of all the values, never all of them.
+    assert 0.0 < got["state_local_share"] < 1.0
     assert got["state_roundtrip"] == 0.0
     assert "embedding table 'item', feature 'candidate_item'" in got["bad_ids"]
 
@@ -276,23 +301,43 @@ def test_bad_options_are_refused_with_the_reason(options, message):
 def test_column_wise_needs_a_width_that_splits_over_the_ranks():
     from gem_core.embedding import EmbeddingTableConfig
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_sharding import _constraints, parse_options
+    from gem_parallel.torchrec_plan import parse_options, planner_constraints
 
     table = EmbeddingTableConfig(name="t", num_embeddings=10, dim=16, features=("f",))
     with pytest.raises(GemConfigError, match="table 't' is column_wise but its width 16 does "
                                              "not split evenly over 3 ranks"):
-        _constraints([table], parse_options({"plan": {"t": "column_wise"}}), 3, "cpu")
+        planner_constraints([table], parse_options({"plan": {"t": "column_wise"}}), 3, "cpu")
 
 
-def test_one_process_is_refused_with_the_reason():
-    from gem_core.distributed import ParallelContext
+def _layout(plan: dict[str, tuple[str, int]], optimizer: str = "rowwise_adagrad") -> dict:
+    from gem_parallel import torchrec_state
+
+    described = {t: {"sharding_type": kind,
+                     "shards": [{"offsets": [0, c * 8], "sizes": [10, 8]} for c in range(n)]}
+                 for t, (kind, n) in plan.items()}
+    return torchrec_state.layout(described, optimizer)
+
+
+def test_resume_keeps_row_wise_adagrad_state_only_where_rows_stay_whole():
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec_state import check_resume
 
-    model, _ = _tiny_model()
-    with pytest.raises(GemConfigError, match="this run has one process .TorchRec's sharded "
-                                             "tables need a process group"):
-        TorchRecSharding().apply(model, ctx=ParallelContext(), options={})
+    saved = _layout({"item": ("row_wise", 1), "context": ("column_wise", 2)})
+    # Another number of row shards, or table-wise instead of row-wise: one sum per row either way.
+    check_resume(saved, _layout({"item": ("table_wise", 1), "context": ("column_wise", 2)}))
+    with pytest.raises(GemConfigError, match="table 'context': row-wise Adagrad keeps one sum per "
+                                             "row of each column shard; the checkpoint's plan cut "
+                                             "it into 2 column shard.*this run's into 1"):
+        check_resume(saved, _layout({"item": ("row_wise", 1), "context": ("table_wise", 1)}))
+    with pytest.raises(GemConfigError, match=r"resume with --set parallel.embedding.plan.item="
+                                             r"row_wise, or use --fresh"):
+        check_resume(saved, _layout({"item": ("column_wise", 4), "context": ("column_wise", 2)}))
+    with pytest.raises(GemConfigError, match="parallel.embedding.optimizer is 'sgd'"):
+        check_resume(saved, _layout({"item": ("row_wise", 1), "context": ("column_wise", 2)},
+                                    "sgd"))
+    # SGD keeps no state: any layout continues.
+    check_resume(_layout({"context": ("column_wise", 2)}, "sgd"),
+                 _layout({"context": ("table_wise", 1)}, "sgd"))
 
 
 if __name__ == "__main__":

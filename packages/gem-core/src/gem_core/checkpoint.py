@@ -15,7 +15,9 @@ next run. Layout of a published checkpoint::
         engine/         model + optimizer through torch.distributed.checkpoint (each rank
                         writes its own shards; any number of ranks can load them), or
         engine.pt       the full model + optimizer state of engines that keep a full-state
-                        format (DeepSpeed ZeRO), written by rank 0
+                        format (DeepSpeed ZeRO), written by rank 0, and beside it
+        sharded/        with such engines, the sharded modules' state (TorchRec tables and
+                        their sparse optimizer) through DCP, every rank its own shards
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ INFO_FILE = "info.json"
 TRAINER_FILE = "trainer.pt"
 ENGINE_DIR = "engine"
 FULL_ENGINE_FILE = "engine.pt"
+SHARDED_DIR = "sharded"
 PREFIX = "step-"
 TEMPORARY_PREFIX = ".tmp-"
 

@@ -10,14 +10,17 @@ What the strategy does to ``model.embeddings`` (a
   outputs are the reference's;
 - TorchRec's planner (``EmbeddingShardingPlanner`` over a CPU or CUDA ``Topology``, run on rank
   0 and broadcast) chooses a sharding type and ranks per table among ``table_wise``, ``row_wise``
-  and ``column_wise``, or the type given per table by ``plan = {item = "row_wise"}``; the
-  modules are sharded with the composable ``shard_modules`` API (FBGEMM TBE kernels, ``fused``)
-  and looked up with all-to-alls (ids to the shards' owners, embeddings back);
+  and ``column_wise``, or the type given per table by ``plan = {item = "row_wise"}``
+  (:mod:`gem_parallel.torchrec_plan`); the modules are sharded with the composable
+  ``shard_modules`` API (FBGEMM TBE kernels, ``fused``) and looked up with all-to-alls (ids to
+  the shards' owners, embeddings back);
 - what TorchRec 1.8 cannot do is refused with the reason: ``row_wise`` for a pooled table on CPU
   (its ``EmbeddingBagCollectionSharder`` offers it on CUDA only: row-wise pooling sums partial
   bags with a reduce-scatter, which TorchRec does not run over gloo, torchrec issue #1252;
-  sequence tables can be row-wise on CPU), a run of one process (sharded tables need a process
-  group);
+  sequence tables can be row-wise on CPU);
+- one process runs TorchRec in a process group of one rank (gloo; NCCL too on CUDA) that the
+  strategy starts itself: every table is then one shard on that rank, and the run keeps the
+  fused optimizer and its state (a checkpoint of N ranks resumes on one process this way);
 - the tables are updated by TorchRec's fused optimizer inside the backward (FBGEMM TBE on CPU has
   SGD and row-wise Adagrad, not Adam): the dense optimizer never sees them, because the sharded
   modules are kept out of the model's module tree (``parameters()``, ``buffers()``,
@@ -43,87 +46,43 @@ Consequences worth knowing:
   row-wise one's (with SGD every plan gives the same numbers);
 - ``train(False)`` (evaluation) is collective: every rank gathers the full tables once, so that
   evaluation, where ranks see different numbers of batches, runs no collective. That needs every
-  table to fit on one rank, as does the checkpoint format below.
+  table to fit on one rank (checkpoints do not: see below).
 
-Checkpoints: ``model.embeddings`` contributes one state-dict entry, ``embeddings._extra_state``
-(an object, in the full and in the DCP state dicts alike), holding ``tables`` (every table in
-full, unsharded, gathered from its shards: collective, so ``state_dict()`` must run on every rank
-together, as the trainer does), ``optimizer`` (each rank's fused-optimizer state, e.g. row-wise
-Adagrad's per-row sums, as a list indexed by rank: it loads back only with the same number of
-ranks and the same plan, which ``load_state_dict`` checks) and ``plan``. Loading copies each
-rank's slices of the full tables into its shards, so a resumed run continues exactly. TorchRec's
-own sharded (``ShardedTensor``) state dict is not exposed: the tables are not written shard by
-shard, and every rank holds them in full while saving.
+Checkpoints: the collection has nothing in the model's state dict; it hands the checkpointer
+(:mod:`gem_core.train.sharded_modules`) each table and its fused-optimizer state
+as TorchRec's ``ShardedTensor``s under the replicated backend's names
+(:mod:`gem_parallel.torchrec_state`): every rank writes its own shards and DCP reshards them for
+another plan or number of ranks, except row-wise Adagrad's state of a table whose number of
+column shards changed, which is refused with the reason.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
-import attrs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.config import structure
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
+from gem_parallel import torchrec_state
+from gem_parallel.torchrec_plan import (
+    TorchRecOptions,
+    describe_plan,
+    fused_optimizer,
+    parse_options,
+    planner_constraints,
+)
 
 log = logging.getLogger(__name__)
-
-SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
-"""Sharding types this strategy offers (TorchRec's names), where TorchRec's sharders offer them
-(see :func:`offered_types`: no ``row_wise`` for pooled tables on CPU)."""
-
-NOT_OFFERED = {
-    "data_parallel": "it replicates the table and leaves its gradient to the dense strategy; use "
-                     "--embedding-sharding replicated for that",
-    "table_row_wise": "it shards within a node's ranks and needs a multi-node topology; with one "
-                      "node it is row_wise",
-    "table_column_wise": "with one node it is column_wise",
-    "grid_shard": "it needs a multi-node topology",
-}
-
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
-
-
-def _plan_validator(instance: Any, attribute: Any, value: Mapping[str, str]) -> None:
-    for table, kind in value.items():
-        if kind in NOT_OFFERED:
-            raise ValueError(f"table {table!r}: sharding type {kind!r} is not offered: "
-                             f"{NOT_OFFERED[kind]}")
-        if kind not in SHARDING_TYPES:
-            raise ValueError(f"table {table!r}: unknown sharding type {kind!r}; choose one of "
-                             f"{', '.join(SHARDING_TYPES)}")
-
-
-@attrs.frozen(kw_only=True)
-class TorchRecOptions:
-    """``[parallel.embedding]`` of ``torchrec``."""
-
-    plan: dict[str, str] = attrs.field(factory=dict, validator=_plan_validator)
-    """Sharding type forced per table (``table_wise``, ``row_wise`` or ``column_wise``); the
-    planner chooses for the others, and the ranks for all."""
-
-    optimizer: str = attrs.field(default="rowwise_adagrad",
-                                 validator=attrs.validators.in_(SPARSE_OPTIMIZERS))
-    """Fused sparse optimizer: ``rowwise_adagrad`` or ``sgd`` (FBGEMM TBE on CPU has no Adam)."""
-
-    lr: float = attrs.field(default=0.02, validator=attrs.validators.gt(0))
-    """Learning rate of the fused sparse optimizer (constant)."""
-
-    eps: float = attrs.field(default=1e-8, validator=attrs.validators.gt(0))
-    """Row-wise Adagrad's epsilon."""
-
-
-def parse_options(options: Mapping[str, Any]) -> TorchRecOptions:
-    return structure(TorchRecOptions, dict(options), "parallel.embedding")
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -181,84 +140,6 @@ class _TorchRecTables(nn.Module):
             for t in sequence], device=device) if sequence else None
 
 
-def _fused_optimizer(options: TorchRecOptions) -> tuple[type, dict[str, Any]]:
-    if options.optimizer == "sgd":
-        return torch.optim.SGD, {"lr": options.lr}
-    from torchrec.optim import RowWiseAdagrad
-
-    return RowWiseAdagrad, {"lr": options.lr, "eps": options.eps}
-
-
-def offered_types(pooled: bool, device_type: str) -> list[str]:
-    """The sharding types of :data:`SHARDING_TYPES` that TorchRec's sharder offers for a pooled
-    (``EmbeddingBagCollection``) or sequence (``EmbeddingCollection``) table on ``device_type``.
-
-    TorchRec 1.8's ``EmbeddingBagCollectionSharder`` offers ``row_wise`` for pooled tables on
-    CUDA only; its ``EmbeddingCollectionSharder`` offers it on CPU too.
-    """
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    sharder = EmbeddingBagCollectionSharder() if pooled else EmbeddingCollectionSharder()
-    offered = set(sharder.sharding_types(device_type))
-    return [kind for kind in SHARDING_TYPES if kind in offered]
-
-
-def _constraints(tables: Sequence[EmbeddingTableConfig], options: TorchRecOptions,
-                 world_size: int, device_type: str) -> dict[str, Any]:
-    from torchrec.distributed.planner.types import ParameterConstraints
-
-    unknown = sorted(set(options.plan) - {t.name for t in tables})
-    if unknown:
-        raise GemConfigError(
-            f"parallel.embedding.plan names table {unknown[0]!r}, which the model does not have; "
-            f"its tables: {', '.join(t.name for t in tables)}")
-    constraints = {}
-    for table in tables:
-        pooled = table.pooling != "none"
-        offered = offered_types(pooled, device_type)
-        kind = options.plan.get(table.name)
-        if kind is not None and kind not in offered:
-            module = "EmbeddingBagCollection" if pooled else "EmbeddingCollection"
-            why = (" (row-wise pooling sums partial bags with a reduce-scatter, which TorchRec "
-                   "offers on CUDA only: torchrec issue #1252)"
-                   if pooled and kind == "row_wise" else "")
-            raise GemConfigError(
-                f"parallel.embedding.plan: table {table.name!r} cannot be {kind}: it is "
-                f"{'pooled' if pooled else 'a sequence table'} (TorchRec {module}) and TorchRec's "
-                f"sharder offers only {', '.join(offered)} for those on {device_type}{why}")
-        if kind == "column_wise" and table.dim % world_size:
-            raise GemConfigError(
-                f"parallel.embedding.plan: table {table.name!r} is column_wise but its width "
-                f"{table.dim} does not split evenly over {world_size} ranks")
-        if kind == "row_wise" and table.num_embeddings < world_size:
-            raise GemConfigError(
-                f"parallel.embedding.plan: table {table.name!r} is row_wise but has "
-                f"{table.num_embeddings} rows for {world_size} ranks")
-        # column_wise: one shard per rank (TorchRec's default minimum shard width, 128, would
-        # leave a narrow table in one piece on one rank).
-        constraints[table.name] = ParameterConstraints(
-            sharding_types=[kind] if kind else offered, compute_kernels=["fused"],
-            min_partition=max(table.dim // world_size, 1))
-    return constraints
-
-
-def describe_plan(plan: Any) -> dict[str, dict[str, Any]]:
-    """Per table: sharding type, the ranks holding it and each shard's (rows, columns)."""
-    out: dict[str, dict[str, Any]] = {}
-    for module_plan in plan.plan.values():
-        for table, sharding in module_plan.items():
-            shards = []
-            if sharding.sharding_spec is not None:
-                shards = [{"rank": s.placement.rank(), "offsets": list(s.shard_offsets),
-                           "sizes": list(s.shard_sizes)}
-                          for s in sharding.sharding_spec.shards]
-            out[table] = {"sharding_type": sharding.sharding_type,
-                          "compute_kernel": sharding.compute_kernel,
-                          "ranks": list(sharding.ranks or []), "shards": shards}
-    return dict(sorted(out.items()))
-
-
 def _lookup(weight: Tensor, config: EmbeddingTableConfig, jagged: Jagged) -> Tensor:
     if config.pooling == "none":
         return F.embedding(jagged.values, weight)
@@ -269,7 +150,8 @@ class ShardedEmbeddingCollection(nn.Module):
     """``model.embeddings`` after the ``torchrec`` strategy: same forward as the reference.
 
     The TorchRec modules live outside the module tree (see the module docstring); ``plan``
-    describes where every table went.
+    describes where every table went. A copy (``deepcopy``: FSDP2's evaluation replica) is
+    *local*: it owns no shards and looks up the tables its source gathered for evaluation.
     """
 
     def __init__(self, tables: Sequence[EmbeddingTableConfig], *, local: bool = False) -> None:
@@ -277,7 +159,11 @@ class ShardedEmbeddingCollection(nn.Module):
         self.table_configs = {t.name: t for t in tables}
         self.plan: dict[str, dict[str, Any]] = {}
         self._local = local
+        self._source: Callable[[], ShardedEmbeddingCollection | None] | None = None
+        """Local copies: weak reference to the collection they were copied from."""
         self._full: dict[str, Tensor] | None = None
+        self._optimizer = ""
+        """The fused sparse optimizer's name (recorded with checkpoints)."""
         self.__dict__["_sharded"] = None  # not a child module, on purpose
         self._root: Callable[[], nn.Module | None] | None = None
         """Weak reference to the model holding this collection (for the dense dtype)."""
@@ -299,11 +185,12 @@ class ShardedEmbeddingCollection(nn.Module):
         self = cls(tables)
         self.train(reference.training)
         self._world_size, self._rank, self._device = ctx.world_size, ctx.rank, ctx.device
+        self._optimizer = options.optimizer
         weights = {name: reference.tables[name].weight.detach().to(ctx.device)
                    for name in reference.table_configs}
         # Shapes only: shard_modules allocates each rank's shards, filled from the reference below.
         module = _TorchRecTables(tables, torch.device("meta"))
-        optimizer_class, optimizer_kwargs = _fused_optimizer(options)
+        optimizer_class, optimizer_kwargs = fused_optimizer(options)
         apply_optimizer_in_backward(optimizer_class, module.parameters(), optimizer_kwargs)
         sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
         topology = Topology(world_size=ctx.world_size, compute_device=ctx.device.type,
@@ -322,10 +209,14 @@ class ShardedEmbeddingCollection(nn.Module):
         return self
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ShardedEmbeddingCollection:
-        """A local (unsharded) copy with no tables yet: ``load_state_dict`` fills it. (Copies of
-        the model, e.g. FSDP2's evaluation replica, cannot share the process group's shards.)"""
+        """A local copy that owns no shards (copies of the model, e.g. FSDP2's evaluation
+        replica, cannot share the process group's): while this collection is in evaluation
+        mode, the copy looks up the full tables it gathered. The tables are in no state dict,
+        so filling the copy from one (as the replica is) does not need them."""
         replica = ShardedEmbeddingCollection(list(self.table_configs.values()), local=True)
         replica.plan = copy.deepcopy(self.plan, memo)
+        source = self if not self._local else self._source() if self._source else None
+        replica._source = weakref.ref(source) if source is not None else None
         replica.train(self.training)
         return replica
 
@@ -335,13 +226,18 @@ class ShardedEmbeddingCollection(nn.Module):
         for name, config in self.table_configs.items():
             for feature in config.features:
                 check_ids(features[feature].values, config, feature)
-        if self._full is not None:
-            return {feature: _lookup(self._full[name], config, features[feature])
+        full = self._full
+        if self._local:
+            source = self._source() if self._source is not None else None
+            full = source._full if source is not None else None
+            if full is None:
+                raise RuntimeError("this copy of a TorchRec-sharded embedding collection looks "
+                                   "up the tables its source gathered for evaluation: call "
+                                   "train(False) on the source (every rank together) first")
+        if full is not None:
+            return {feature: _lookup(full[name], config, features[feature])
                     for name, config in self.table_configs.items()
                     for feature in config.features}
-        if self._local:
-            raise RuntimeError("this copy of a TorchRec-sharded embedding collection holds no "
-                               "tables until load_state_dict fills it")
         if not self.training:
             raise RuntimeError("TorchRec-sharded embeddings in eval mode without gathered tables: "
                                "call train(False) on every rank together")
@@ -392,24 +288,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def _local_shards(self) -> list[tuple[str, list[int], Tensor]]:
         """``(table, offsets, tensor)`` of every shard on this rank (views of the TBE weights)."""
-        from torch.distributed._shard.sharded_tensor import ShardedTensor
-        from torch.distributed.tensor import DTensor
-
-        shards = []
-        sharded = self._sharded
-        for prefix, module in (("embedding_bags.", sharded.ebc), ("embeddings.", sharded.ec)):
-            if module is None:
-                continue
-            for key, value in module.state_dict(keep_vars=True).items():
-                table = key[len(prefix):].rsplit(".", 1)[0]
-                if isinstance(value, ShardedTensor):
-                    for shard in value.local_shards():
-                        shards.append((table, list(shard.metadata.shard_offsets), shard.tensor))
-                elif isinstance(value, DTensor):
-                    raise RuntimeError(f"table {table!r}: DTensor shards are not handled here")
-                else:
-                    shards.append((table, [0, 0], value))
-        return shards
+        return [(table, list(shard.metadata.shard_offsets), shard.tensor)
+                for table, weight in torchrec_state.table_weights(self._sharded).items()
+                for shard in weight.local_shards()]
 
     def _copy_into_shards(self, tables: Mapping[str, Tensor]) -> None:
         """Copy this rank's slices of the full ``tables`` into its shards."""
@@ -437,65 +318,59 @@ class ShardedEmbeddingCollection(nn.Module):
                                    f"{covered[name]} of {tensor.numel()} values")
         return {name: tensor.to(self._device) for name, tensor in full.items()}
 
-    def _optimizer_states(self) -> dict[str, list[Tensor]]:
-        from torch.distributed._shard.sharded_tensor import ShardedTensor
+    # -- checkpoints (the protocol of gem_core.train.sharded_modules) -------------------------
 
-        states: dict[str, list[Tensor]] = {}
-        for part in ("ebc", "ec"):
-            module = getattr(self._sharded, part)
-            if module is None:
-                continue
-            for param_key, values in module.fused_optimizer.state_dict()["state"].items():
-                for name, value in values.items():
-                    key = f"{part}/{param_key}/{name}"
-                    if isinstance(value, ShardedTensor):
-                        states[key] = [s.tensor for s in value.local_shards()]
-                    elif isinstance(value, Tensor):
-                        states[key] = [value]
-        return states
+    def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
+        """The tables and their fused-optimizer state as live ``ShardedTensor``s, named as
+        :mod:`gem_parallel.torchrec_state` says; DCP writes each rank's shards and loads into
+        them in place. Every rank calls it together."""
+        self._require_shards("saved or loaded")
+        return torchrec_state.checkpoint_state(self._sharded)
 
-    def get_extra_state(self) -> dict[str, Any]:
-        if self._local:
-            return {"tables": {k: v.detach().clone() for k, v in (self._full or {}).items()},
-                    "plan": self.plan, "optimizer": None}
-        tables = {k: v.cpu() for k, v in self.full_tables().items()}
-        mine = {k: [t.detach().cpu().clone() for t in v]
-                for k, v in self._optimizer_states().items()}
-        optimizer: list[Any] = [mine]
-        if self._world_size > 1:
-            optimizer = [None] * self._world_size
-            dist.all_gather_object(optimizer, mine)
-        return {"tables": tables, "plan": self.plan, "optimizer": optimizer}
+    def checkpoint_layout(self) -> dict[str, Any]:
+        """Plain data recorded with each checkpoint: what a resume must agree on."""
+        self._require_shards("saved or loaded")
+        return torchrec_state.layout(self.plan, self._optimizer)
 
-    def set_extra_state(self, state: Mapping[str, Any]) -> None:
-        tables = state["tables"]
-        missing = sorted(set(self.table_configs) - set(tables))
-        if missing:
-            raise RuntimeError(f"embedding state lacks tables {missing}")
-        if self._local:
-            self._full = {k: v.detach().clone() for k, v in tables.items()}
-            return
-        self._copy_into_shards(tables)
-        if self._full is not None:  # evaluating: the gathered copy follows the shards
-            self._full = {name: tables[name].detach().to(self._device).clone()
-                          for name in self.table_configs}
-        optimizer = state.get("optimizer")
-        if optimizer is None:
-            return
-        if len(optimizer) != self._world_size or state.get("plan") != self.plan:
-            raise RuntimeError(
-                f"the checkpoint's sparse optimizer state was written by {len(optimizer)} ranks "
-                f"with another plan or rank count than this run's ({self._world_size} ranks); "
-                "it can only be loaded by the same layout")
-        saved = optimizer[self._rank]
-        current = self._optimizer_states()
-        if set(saved) != set(current):
-            raise RuntimeError(f"sparse optimizer state keys differ: saved {sorted(saved)}, "
-                               f"here {sorted(current)}")
-        with torch.no_grad():
-            for key, tensors in current.items():
-                for target, value in zip(tensors, saved[key], strict=True):
-                    target.copy_(value)
+    def check_checkpoint_layout(self, saved: Mapping[str, Any]) -> None:
+        """Refuse (with the reason) a checkpoint whose sparse optimizer state does not fit this
+        layout, before anything is loaded."""
+        torchrec_state.check_resume(saved, self.checkpoint_layout())
+
+    def checkpoint_loaded(self) -> None:
+        """After DCP loaded into the shards: a gathered evaluation copy follows them (collective,
+        as loading is)."""
+        if self._full is not None:
+            self._full = self.full_tables()
+
+    def _require_shards(self, what: str) -> None:
+        if self._local or self._sharded is None:
+            raise RuntimeError(f"a local copy of a TorchRec-sharded embedding collection owns no "
+                               f"shards to be {what}; its source does")
+
+
+def _join_single_rank_group(ctx: ParallelContext) -> None:
+    """One process: TorchRec shards over a process group, so start one of a single rank (an
+    in-memory store: no port, no launcher). Every table is then one shard on this rank, and the
+    run keeps TorchRec's fused optimizer, so a checkpoint of several ranks continues here with
+    its sparse optimizer state rather than switching the tables to AdamW. The group ends at
+    exit (the trainer ends only groups of several ranks)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists but "
+                               "the run's context says one process")
+        return
+    # On CUDA, gloo too: background checkpoints need a CPU backend in the default group.
+    backend = "cpu:gloo,cuda:nccl" if ctx.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(_end_single_rank_group)
+    log.info("torchrec: one process; the tables live in a process group of one rank (%s)",
+             backend)
+
+
+def _end_single_rank_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class TorchRecSharding:
@@ -515,16 +390,13 @@ class TorchRecSharding:
                 "embedding_sharding 'torchrec' shards model.embeddings built by the 'reference' "
                 f"embedding backend; this model's is {type(reference).__name__}")
         # The plan is checked first, so that a mistake in it is named whatever the launch.
-        constraints = _constraints(list(reference.table_configs.values()), opts,
-                                   ctx.world_size, ctx.device.type)
-        if not ctx.is_distributed:
-            raise GemConfigError(
-                "embedding_sharding 'torchrec' shards tables across ranks but this run has one "
-                "process (TorchRec's sharded tables need a process group); launch several "
-                "(gem train --nproc-per-node N) or use --embedding-sharding replicated")
+        constraints = planner_constraints(list(reference.table_configs.values()), opts,
+                                          ctx.world_size, ctx.device.type)
         if ctx.device.type not in ("cpu", "cuda"):
             raise GemConfigError(f"embedding_sharding 'torchrec' runs on cpu or cuda, not "
                                  f"{ctx.device.type}")
+        if not ctx.is_distributed:
+            _join_single_rank_group(ctx)
         sharded = ShardedEmbeddingCollection.shard(reference, ctx=ctx, options=opts,
                                                    constraints=constraints)
         sharded._root = weakref.ref(model)

@@ -1,6 +1,10 @@
 """The trainer's checkpoints: the engine through torch.distributed.checkpoint (DCP), the rest in a
 small side file from rank 0, saved synchronously or in the background, published atomically by
-:mod:`gem_core.checkpoint` only once every rank's write has finished."""
+:mod:`gem_core.checkpoint` only once every rank's write has finished.
+
+Sharded modules (TorchRec-sharded tables) add their own state: see
+:mod:`gem_core.train.sharded_modules`.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ import attrs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
 
 from gem_core.checkpoint import (
     BEST_BY,
     ENGINE_DIR,
     FULL_ENGINE_FILE,
+    SHARDED_DIR,
     TRAINER_FILE,
     best_checkpoint,
     complete_checkpoints,
@@ -34,6 +40,7 @@ from gem_core.config import TrainConfig
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
+from gem_core.train import sharded_modules
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,7 @@ class Checkpointer:
             # The background writer runs collectives while the training loop runs its own on
             # the default group: a group of its own keeps the two threads' messages apart.
             self._group = dist.new_group(backend="gloo")
+        self.sharded_modules = sharded_modules.find(engine)
         self.blocking_s: list[float] = []
         self.write_s: list[float] = []
         self.last_bytes = 0
@@ -94,16 +102,26 @@ class Checkpointer:
             if self.background:
                 # DCP first copies the tensors to CPU staging memory, so training may change
                 # them as soon as this returns.
+                stager = sharded_modules.Stager(self.sharded_modules)
                 future = dcp.async_save(state, checkpoint_id=target, process_group=self._group,
-                                        no_dist=no_dist)
+                                        async_stager=stager, no_dist=no_dist)
+                stager.close()
             else:
+                sharded_modules.attach(state, sharded_modules.collect(self.sharded_modules))
                 dcp.save(state, checkpoint_id=target, no_dist=no_dist)
         else:
             full = self.engine.state_dict()  # collectives: every rank
             if self.ctx.is_main:
                 torch.save(full, staging / FULL_ENGINE_FILE)
+            if self.sharded_modules:
+                # The full-state file has no room for shards: they go through DCP beside it.
+                dcp.save(sharded_modules.standalone(self.sharded_modules),
+                         checkpoint_id=staging / SHARDED_DIR, no_dist=not self.ctx.is_distributed)
         if self.ctx.is_main:
-            torch.save({**trainer_state, "format": self.format}, staging / TRAINER_FILE)
+            layouts = {name: module.checkpoint_layout()
+                       for name, module in self.sharded_modules.items()}
+            torch.save({**trainer_state, "format": self.format, "sharded_modules": layouts},
+                       staging / TRAINER_FILE)
             write_info(staging, step=step, format=self.format, ne=ne)
         if future is None:
             self._barrier()  # every rank's shards are on disk
@@ -162,27 +180,48 @@ class Checkpointer:
         if state["format"] != self.format:
             raise RuntimeError(f"{path} holds a {state['format']!r} engine; this run's engine "
                                f"needs {self.format!r}")  # the trainer checks this first
+        sharded_modules.check_layouts(path, state, self.sharded_modules)
         if self.format == "full":
             self.engine.load_state_dict(
                 torch.load(path / FULL_ENGINE_FILE, map_location="cpu", weights_only=False))
+            if self.sharded_modules:
+                shards = sharded_modules.standalone(self.sharded_modules)
+                sharded_modules.check_saved_shapes(path / SHARDED_DIR, state,
+                                                   sharded_modules.flat_names(shards))
+                self._load_dcp(shards, path / SHARDED_DIR)
+            for module in self.sharded_modules.values():
+                module.checkpoint_loaded()
             return
         sharded = self.engine.sharded_state_dict()
+        attached = sharded_modules.attach(sharded, sharded_modules.collect(self.sharded_modules))
+        sharded_modules.check_saved_shapes(path / ENGINE_DIR, state, attached)
         try:
-            dcp.load(sharded, checkpoint_id=path / ENGINE_DIR,
-                     no_dist=not self.ctx.is_distributed)
+            self._load_dcp(sharded, path / ENGINE_DIR)
+            sharded_modules.detach(sharded, attached)
             self.engine.load_sharded_state_dict(sharded)
         except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as error:
             saved = state["world_size"]
             if saved == self.ctx.world_size:
                 raise
-            # Parts of the model whose state is per rank (e.g. TorchRec's fused optimizer
-            # state, one entry per rank) have no meaning for another number of ranks.
+            # DCP reshards what it knows the layout of; this names the checkpoint's ranks
+            # when something it holds still did not fit.
             raise GemConfigError(
                 f"{path} was written by {saved} ranks and does not load into "
                 f"{self.ctx.world_size} (embedding sharding "
                 f"{state.get('embedding_sharding')!r}): {_reason(error)}. Resume with {saved} "
                 "ranks or use --fresh"
             ) from error
+        for module in self.sharded_modules.values():
+            module.checkpoint_loaded()
+
+    def _load_dcp(self, state: dict[str, Any], directory: Path) -> None:
+        # flatten_sharded_tensors=False: that step (for FSDP1's nested ShardedTensors) drops a
+        # ShardedTensor with no shard on this rank (a table another rank holds), and DCP then
+        # takes the checkpoint's key for it as a sign of a pre-2.4 checkpoint and looks up
+        # every key in that older format.
+        dcp.load(state, checkpoint_id=directory,
+                 planner=DefaultLoadPlanner(flatten_sharded_tensors=False),
+                 no_dist=not self.ctx.is_distributed)
 
     def report(self) -> dict[str, Any]:
         """For ``summary.json``: format, mode, timings, size, kept steps and the best one."""
@@ -218,16 +257,23 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A whole checkpoint in one process, with full (unsharded) tensors: ``{"trainer": side
-    file, "engine": {"model": ..., "optimizer": ...}}``. For tests and inspection; a run
-    loads through :class:`Checkpointer`."""
+    file, "engine": {"model": ..., "optimizer": ...}}`` (plus ``"sharded"``, the sharded
+    modules' state, for full-state engines). For tests and inspection; a run loads through
+    :class:`Checkpointer`."""
     path = Path(path)
     trainer = read_trainer_state(path)
     if trainer["format"] == "full":
         engine = torch.load(path / FULL_ENGINE_FILE, map_location="cpu", weights_only=False)
+        if (path / SHARDED_DIR).is_dir():
+            engine["sharded"] = _read_dcp(path / SHARDED_DIR)
     else:
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as scratch:
-            dcp_to_torch_save(path / ENGINE_DIR, Path(scratch) / "engine.pt")
-            engine = torch.load(Path(scratch) / "engine.pt", weights_only=False)
+        engine = _read_dcp(path / ENGINE_DIR)
     return {"trainer": trainer, "engine": engine}
+
+
+def _read_dcp(directory: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(directory, Path(scratch) / "state.pt")
+        return torch.load(Path(scratch) / "state.pt", weights_only=False)
