@@ -1,10 +1,12 @@
-"""``gem train --preset tiny-moe`` with expert parallelism (``ep``) on 2 and 4 CPU ranks:
-same losses, expert loads and dropped tokens as data parallelism (``ddp``, every expert on every
-rank) over the same batches; a stopped ``ep`` run resumes on its trajectory."""
+"""``gem train --preset tiny-moe`` with expert parallelism (``ep``, ``deepspeed-moe``) on 1, 2
+and 4 CPU ranks: same losses, gradient norms, expert loads and dropped tokens as data parallelism
+(``ddp``, every expert on every rank) or one process over the same batches; a stopped ``ep`` run
+resumes on its trajectory."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,8 +25,10 @@ LOSS_RTOL = 1e-5
 
 
 def gem(*args: str, timeout: float = 240,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``gem ARGS`` in a subprocess; ``env`` adds variables to this one's (None removes one)."""
+    merged = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    env = {k: v for k, v in merged.items() if v is not None}
     process = subprocess.Popen([sys.executable, "-m", "gem_core.cli.main", *args], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
@@ -50,6 +54,9 @@ def _assert_same_training(got_dir: Path, want_dir: Path) -> None:
     want, got = _records(want_dir), _records(got_dir)
     assert len(got) == len(want) == 6
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=LOSS_RTOL)
+    # The global gradient norm (before clipping): every expert's gradient counted once.
+    assert [r["grad_norm"] for r in got] == \
+        pytest.approx([r["grad_norm"] for r in want], rel=LOSS_RTOL)
     for mine, theirs in zip(got, want):
         assert mine["moe_tokens_per_expert"] == theirs["moe_tokens_per_expert"]
         assert mine["moe_dropped_tokens"] == theirs["moe_dropped_tokens"]
@@ -95,17 +102,40 @@ def test_ep_on_two_ranks_trains_and_resumes_like_data_parallel(tmp_path, ddp_no_
 def test_ep_on_four_ranks_with_two_expert_copies_drops_like_data_parallel(tmp_path):
     """4 ranks as 2 copies (edp) of ep 2, with the preset's capacity: tokens are dropped and
     counted exactly as with ddp (capacity is per rank in both)."""
-    ddp, ep = tmp_path / "ddp", tmp_path / "ep"
+    ddp, ep, ep_fsdp = tmp_path / "ddp", tmp_path / "ep", tmp_path / "ep_fsdp"
     result = _train(ddp, 4, "ddp")
     assert result.returncode == 0, result.stderr[-3000:]
     result = _train(ep, 4, "ep", "--set", "parallel.dense.ep_size=2")
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_same_training(ep, ddp)
     assert json.loads((ep / "summary.json").read_text())["moe"]["dropped_tokens"] > 0
+    # The same with each rank's 2 experts FSDP-sharded over their 2 copies (expert_fsdp): the
+    # all-to-all and the expert all-gathers / reduce-scatters in one run.
+    result = _train(ep_fsdp, 4, "ep", "--set", "parallel.dense.ep_size=2",
+                    "--set", "parallel.dense.expert_fsdp=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_same_training(ep_fsdp, ddp)
+
+
+@pytest.mark.distributed
+def test_ep_with_experts_fsdp_sharded_over_their_copies_trains_and_resumes(tmp_path,
+                                                                           ddp_no_drop):
+    """2 ranks, ep_size 1 and expert_fsdp: every rank has all 4 experts in its layers, but
+    stores half of each stack (FSDP over the 2 copies); stopped at step 3 and resumed (the
+    checkpoint gathers the shards, loading scatters them back)."""
+    ep = tmp_path / "ep"
+    fsdp = ("--set", "parallel.dense.ep_size=1", "--set", "parallel.dense.expert_fsdp=true")
+    result = _train(ep, 2, "ep", *NO_DROP, *fsdp, "--until-step", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = _train(ep, 2, "ep", *NO_DROP, *fsdp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stderr
+    _assert_same_training(ep, ddp_no_drop)
 
 
 def test_ep_refuses_models_without_moe_and_uneven_experts():
     import torch
+    import torch.distributed as dist
 
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
@@ -113,9 +143,10 @@ def test_ep_refuses_models_without_moe_and_uneven_experts():
     from gem_core.model.moe import MixtureOfExperts
 
     strategy = ExpertParallelStrategy()
-    with pytest.raises(RuntimeError, match="has one process"):
+    with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
         strategy.apply(torch.nn.Linear(2, 2), ctx=ParallelContext(), make_optimizer=None,
                        precision=None, options={})
+    assert not dist.is_initialized()  # refused before starting a process group
     with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
         shard_experts(torch.nn.Linear(2, 2), group=None, ep_rank=0, ep_size=2)
     layer = MixtureOfExperts("swiglu", 4, 8, 4, num_experts=3, top_k=1, capacity_factor=0,
@@ -169,3 +200,177 @@ def test_deepspeed_moe_explains_what_it_cannot_run():
         DeepSpeedMoeAdapter(layer(1.25), ep_size=1, ep_rank=0)
     with pytest.raises(GemConfigError, match="cannot replace a 8 -> 12 MoE"):
         DeepSpeedMoeAdapter(layer(0.0, out=12), ep_size=1, ep_rank=0)
+
+
+def test_deepspeed_moe_in_one_process_refuses_cleanly_and_shutdown_ends_its_group():
+    """A refusal after the one-rank group started (capacity > 0 is found while swapping the
+    layers): the error is the user's to read, and ``shutdown`` still destroys the group,
+    although DeepSpeed never adopted it."""
+    pytest.importorskip("deepspeed")
+    import torch
+    import torch.distributed as dist
+
+    from gem_core.distributed import ParallelContext, shutdown
+    from gem_core.errors import GemConfigError
+    from gem_core.model.moe import MixtureOfExperts
+    from gem_core.precision import Float32Recipe
+    from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
+
+    model = torch.nn.Sequential(MixtureOfExperts(
+        "swiglu", 8, 16, 8, num_experts=2, top_k=1, capacity_factor=1.25, shared_expert=False,
+        aux_loss_weight=0.0, impl="grouped"))
+    ctx = ParallelContext()
+    try:
+        with pytest.raises(GemConfigError, match="needs model.moe.capacity_factor = 0"):
+            DeepSpeedMoeStrategy().apply(model, ctx=ctx, make_optimizer=None,
+                                         precision=Float32Recipe(), options={})
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    finally:
+        shutdown(ctx)
+    assert not dist.is_initialized()
+
+
+# -- one process and four ranks with the default expert-parallel size ------------------------------
+# One process is the degenerate layout (ep_size 1: every expert local, no all-to-all) over a
+# one-rank process group the strategies start themselves; its float32 sums run in the same order
+# as --sharding none, except the gradient norm (float64 in the ep engine), which moves the
+# clipped update by an ulp or so: losses agree to about 1e-7 (measured), checked to 1e-6.
+ONE_PROCESS_RTOL = 1e-6
+MOE_KEYS = ("loss", "aux_loss", "moe_tokens_per_expert", "moe_load_max_over_mean",
+            "moe_load_max_over_mean_worst", "moe_dropped_tokens")
+
+
+def _assert_moe_run(run_dir: Path, *, strategy: str, world_size: int) -> list[dict]:
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    for record in records:
+        missing = [k for k in MOE_KEYS if k not in record]
+        assert not missing, f"{run_dir}: step {record['step']} lacks {missing}"
+        assert math.isfinite(record["loss"])
+        loads = record["moe_load_max_over_mean"]  # per MoE layer
+        assert len(loads) == 2 and all(v >= 1.0 for v in loads.values())
+        assert record["moe_load_max_over_mean_worst"] == max(loads.values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backends"]["dense_sharding"]["name"] == strategy
+    assert summary["run"]["world_size"] == world_size
+    assert all(math.isfinite(report["ne"]) for report in summary["eval"].values())
+    return records
+
+
+def _assert_same_losses(got_dir: Path, want_dir: Path, rel: float) -> None:
+    want, got = _records(want_dir), _records(got_dir)
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=rel)
+    assert [r["grad_norm"] for r in got] == \
+        pytest.approx([r["grad_norm"] for r in want], rel=rel)
+    for mine, theirs in zip(got, want):
+        assert mine["moe_tokens_per_expert"] == theirs["moe_tokens_per_expert"]
+        assert mine["moe_dropped_tokens"] == theirs["moe_dropped_tokens"]
+    summary = json.loads((got_dir / "summary.json").read_text())
+    reference = json.loads((want_dir / "summary.json").read_text())
+    for task, report in reference["eval"].items():
+        assert summary["eval"][task]["ne"] == pytest.approx(report["ne"], rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def none_no_drop(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("none") / "run"
+    result = _train(out, 1, "none", *NO_DROP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_ep_on_one_process_trains_and_resumes_like_no_sharding(tmp_path):
+    """The preset as it is (capacity 1.25, load-balancing loss on): same drops, same losses."""
+    none, ep = tmp_path / "none", tmp_path / "ep"
+    result = _train(none, 1, "none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = _train(ep, 1, "ep", "--until-step", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = _train(ep, 1, "ep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stderr
+    records = _assert_moe_run(ep, strategy="ep", world_size=1)
+    assert sum(r["moe_dropped_tokens"] for r in records) > 0
+    _assert_same_losses(ep, none, ONE_PROCESS_RTOL)
+
+
+def test_deepspeed_moe_on_one_process_trains_like_no_sharding(tmp_path, none_no_drop):
+    """No launcher, no RANK/MASTER_ADDR/...: the strategy brings its own one-rank group."""
+    ds = tmp_path / "ds"
+    no_launcher = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                 "MASTER_PORT"))
+    result = gem("train", "--preset", "tiny-moe", "--out", str(ds), "--sharding",
+                 "deepspeed-moe", *NO_DROP, *SMALL, env={**no_launcher, **DS_ENV})
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_moe_run(ds, strategy="deepspeed-moe", world_size=1)
+    _assert_same_losses(ds, none_no_drop, ONE_PROCESS_RTOL)
+
+
+@pytest.mark.distributed
+def test_ep_on_four_ranks_holds_one_expert_each(tmp_path, none_no_drop):
+    """``--nproc-per-node 4 --sharding ep``: ep_size 4, one of tiny-moe's 4 experts per rank.
+    Without a capacity limit (and aux loss) the function does not depend on how the batch is
+    split, so the losses and loads equal one process's, up to float32 summation order."""
+    ep = tmp_path / "ep"
+    result = _train(ep, 4, "ep", *NO_DROP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_moe_run(ep, strategy="ep", world_size=4)
+    want, got = _records(none_no_drop), _records(ep)
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=LOSS_RTOL)
+    assert [r["grad_norm"] for r in got] == \
+        pytest.approx([r["grad_norm"] for r in want], rel=LOSS_RTOL)
+    assert [r["moe_tokens_per_expert"] for r in got] == \
+        [r["moe_tokens_per_expert"] for r in want]
+
+
+def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():
+    """In the calling process: ``ep`` applied without a launcher starts a one-rank group, the
+    layer runs its experts itself (no dispatcher), a step matches the unsharded layer, and
+    ``shutdown`` destroys the group, so a second run can start its own."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from gem_core.distributed import ParallelContext, shutdown
+    from gem_core.model.moe import MixtureOfExperts
+    from gem_core.precision import Float32Recipe
+    from gem_parallel.expert_parallel import ExpertParallelStrategy
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mlp = MixtureOfExperts("swiglu", 8, 16, 8, num_experts=4, top_k=2,
+                                        capacity_factor=0, shared_expert=True,
+                                        aux_loss_weight=0.0, impl="grouped")
+
+        def forward(self, x):
+            return self.mlp(x)
+
+    assert not dist.is_initialized()
+    torch.manual_seed(0)
+    x = torch.randn(24, 8)
+    for _ in range(2):  # the second run gets a fresh group
+        reference = Model()
+        model = copy.deepcopy(reference)
+        ctx = ParallelContext()
+        engine = ExpertParallelStrategy().apply(
+            model, ctx=ctx, make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+            precision=Float32Recipe(), options={})
+        try:
+            assert dist.is_initialized() and dist.get_world_size() == 1
+            assert model.mlp.dispatcher is None and model.mlp.experts.gate.shape[0] == 4
+            engine.backward(engine(x).square().sum())
+            engine.clip_grad_norm(0.0)
+            engine.step()
+            reference(x).square().sum().backward()
+            with torch.no_grad():
+                for param in reference.parameters():
+                    param -= 0.1 * param.grad
+            full = engine.state_dict()["model"]
+            for name, param in reference.state_dict().items():
+                torch.testing.assert_close(full[name], param, rtol=1e-6, atol=1e-7)
+        finally:
+            shutdown(ctx)
+        assert not dist.is_initialized()

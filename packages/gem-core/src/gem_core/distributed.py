@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Callable
 
 import attrs
 import torch
@@ -80,12 +81,46 @@ def init_from_environment(requested_device: str) -> ParallelContext:
     return ParallelContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+_single_process_destroy: Callable[[], None] | None = None
+"""How :func:`shutdown` destroys the group :func:`single_process_group` started (None: none)."""
+
+
+def single_process_group(ctx: ParallelContext, *,
+                         destroy: Callable[[], None] | None = None) -> None:
+    """Give a one-process run a process group of one rank, for strategies built on
+    torch.distributed (DeviceMesh, FSDP2, DeepSpeed) that need one even where every collective is
+    trivial. Gloo (plus NCCL on CUDA) over an in-memory ``HashStore``: no address, port or launcher
+    environment. Nothing is started when a group exists already (several ranks, or a caller that
+    started its own). :func:`shutdown` destroys the group started here with ``destroy`` (default
+    ``torch.distributed.destroy_process_group``); a library that caches its own references to
+    groups (DeepSpeed) passes its own teardown, so that a later run in the same process does not
+    meet stale groups."""
+    global _single_process_destroy
+    if ctx.is_distributed:
+        raise RuntimeError(f"single_process_group is for one-process runs; this run has "
+                           f"{ctx.world_size} ranks")
+    if dist.is_initialized():
+        if _single_process_destroy is not None and destroy is not None:
+            _single_process_destroy = destroy
+        return
+    # On CUDA, gloo too: background checkpoints need a CPU backend in the default group.
+    backend = "cpu:gloo,cuda:nccl" if ctx.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=_TIMEOUT)
+    _single_process_destroy = destroy or dist.destroy_process_group
+
+
 def shutdown(ctx: ParallelContext) -> None:
     """End the process group cleanly (without the barrier, about a third of gloo runs crash at
-    exit)."""
+    exit), or the one-rank group :func:`single_process_group` started."""
+    global _single_process_destroy
     if ctx.is_distributed and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    elif _single_process_destroy is not None:
+        destroy, _single_process_destroy = _single_process_destroy, None
+        if dist.is_initialized():
+            destroy()
 
 
 def all_reduce_sum(values: torch.Tensor, ctx: ParallelContext) -> torch.Tensor:

@@ -17,11 +17,18 @@ first choices only in ``ce``; its token counts per expert are ``exp_counts``. On
 input and output widths are equal can be swapped (DeepSpeed reshapes the output to the input's
 shape): the sequence layers' MoE, not the Wukong one. Checkpoints hold the full weights under
 gem's names; resuming a ``deepspeed-moe`` run is not implemented (a clear error says so).
+
+One process (no launcher) runs with ``ep_size`` 1: the strategy starts a one-rank process group
+(``gem_core.distributed.single_process_group``), which ``deepspeed.initialize`` adopts instead of
+looking for RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, and which is destroyed through
+``deepspeed.comm`` so that DeepSpeed forgets its cached groups with it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import os
+from typing import Any, Callable, Iterator
 
 import attrs
 import torch
@@ -31,7 +38,7 @@ from torch import Tensor, nn
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least, choice
-from gem_core.distributed import ParallelContext
+from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.errors import GemConfigError
 from gem_core.model.moe import LastForward, MixtureOfExperts, moe_layers
 from gem_core.model.moe_experts import ExpertMLPs
@@ -196,17 +203,40 @@ class DeepSpeedMoeAdapter(nn.Module):
         return state
 
 
+def _destroy_with_deepspeed() -> None:
+    """Destroy the process group through DeepSpeed, which then drops its cached groups
+    (expert, data-parallel, world clones): a later run in the same process would otherwise get
+    groups of the destroyed one ("Group ... is not registered"). When DeepSpeed never adopted
+    the group (the run stopped before ``deepspeed.initialize``), torch destroys it."""
+    import deepspeed.comm
+
+    if deepspeed.comm.is_initialized():
+        deepspeed.comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _local_rank_for_deepspeed(ctx: ParallelContext) -> Iterator[None]:
+    """DeepSpeed's engine asserts that ``LOCAL_RANK`` is set (its launcher and torchrun set it);
+    a one-process run started without a launcher has none. Set it to this process's local rank
+    while ``deepspeed.initialize`` runs (the engine reads it once, there) and remove it after."""
+    if "LOCAL_RANK" in os.environ or "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+        yield
+        return
+    os.environ["LOCAL_RANK"] = str(ctx.local_rank)
+    try:
+        yield
+    finally:
+        os.environ.pop("LOCAL_RANK", None)
+
+
 class DeepSpeedMoeStrategy:
     name = "deepspeed-moe"
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> "DeepSpeedMoeEngine":
         opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
-        if not ctx.is_distributed:
-            raise RuntimeError(
-                "dense_sharding 'deepspeed-moe' spreads experts across ranks but this run has "
-                "one process; launch several (gem train --nproc-per-node N) or use --sharding "
-                "none")
         layers = moe_layers(model)
         if not layers:
             raise GemConfigError("dense_sharding 'deepspeed-moe' needs a model with MoE layers; "
@@ -224,6 +254,11 @@ class DeepSpeedMoeStrategy:
         if dtype not in ("float32", "bfloat16"):
             raise RuntimeError(f"dense_sharding 'deepspeed-moe' supports float32 and bfloat16 "
                                f"recipes; {precision.name!r} computes in {dtype}")
+        if not ctx.is_distributed:
+            # One process: ep_size 1, every expert local. deepspeed.initialize adopts an
+            # existing torch.distributed group; without one it would look for a launcher's
+            # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (then MPI).
+            single_process_group(ctx, destroy=_destroy_with_deepspeed)
         import deepspeed
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
@@ -248,10 +283,11 @@ class DeepSpeedMoeStrategy:
         optimizer, optimizer.param_groups = built, []  # no state yet: regroup in place
         for group in groups:
             optimizer.add_param_group(group)
-        ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer,
-            config=deepspeed_config(opts.zero_stage, world_size=ctx.world_size,
-                                    bf16=dtype == "bfloat16"))
+        with _local_rank_for_deepspeed(ctx):
+            ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
+                model=model, optimizer=optimizer,
+                config=deepspeed_config(opts.zero_stage, world_size=ctx.world_size,
+                                        bf16=dtype == "bfloat16"))
         from deepspeed.utils import groups as ds_groups
 
         ep_group = ds_groups._get_expert_parallel_group(f"ep_size_{ep_size}") \
@@ -269,6 +305,29 @@ class DeepSpeedMoeEngine(DeepSpeedEngine):
                  adapters: dict[str, DeepSpeedMoeAdapter], ep_group) -> None:
         super().__init__(ds_engine, optimizer, unwrapped=unwrapped, replica=replica)
         self.adapters, self.ep_group = adapters, ep_group
+
+    def clip_grad_norm(self, max_norm: float) -> Tensor:
+        """As DeepSpeedEngine's, but a rank's expert gradients are only its own experts':
+        their squares are summed over the expert-parallel group (each expert once), the
+        others' are the same on every rank."""
+        from deepspeed.moe.utils import is_moe_param
+        from deepspeed.utils import safe_get_full_grad
+
+        self.ds.optimizer.clip_grad = max_norm
+        device = next(self.unwrapped.parameters()).device  # where the group communicates
+        dense = torch.zeros((), dtype=torch.float64, device=device)
+        experts = torch.zeros((), dtype=torch.float64, device=device)
+        for _, param in self._named_parameters():
+            grad = safe_get_full_grad(param)  # a collective: every rank, same order
+            if grad is not None:
+                squares = grad.double().pow(2).sum().to(device)
+                if is_moe_param(param):
+                    experts += squares
+                else:
+                    dense += squares
+        if self.ep_group is not None:
+            dist.all_reduce(experts, group=self.ep_group)
+        return (dense + experts).sqrt().float().cpu()
 
     def _full_model_state(self) -> dict[str, Tensor]:
         from deepspeed.utils import safe_get_full_fp32_param

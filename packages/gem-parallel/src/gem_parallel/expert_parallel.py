@@ -13,7 +13,14 @@ gradients along the reverse path.
 Every other parameter (attention, routers, shared experts, embeddings, heads) is sharded with
 FSDP2 over all ranks, as ``fsdp2`` does. Expert weights stay plain tensors outside FSDP; after
 the backward their gradients are summed over ``edp`` and divided by the number of ranks, which
-is what FSDP's averaging does for the rest.
+is what FSDP's averaging does for the rest. With ``expert_fsdp`` each rank's experts are instead
+FSDP2-sharded over their copies (the ``edp`` group): the dispatcher's calls into the experts are
+registered as FSDP forward methods, so they are all-gathered around each MoE layer's forward and
+backward and their gradients reduce-scattered over ``edp`` (divided by the number of ranks).
+
+One process (or ``ep_size`` 1) is the degenerate layout: every expert is local, so no dispatcher
+is installed and the layer runs its experts itself; the strategy starts a one-rank process group
+for DeviceMesh and FSDP2 when there is none (``gem_core.distributed.single_process_group``).
 """
 
 from __future__ import annotations
@@ -30,12 +37,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least
-from gem_core.distributed import ParallelContext
+from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.moe import moe_layers
@@ -54,6 +61,12 @@ class EpOptions:
 
     reshard_after_forward: bool = True
     """As for ``fsdp2``: free gathered block parameters after the forward."""
+
+    expert_fsdp: bool = False
+    """FSDP2-shard each rank's experts over their copies (the ``edp`` group, ``ranks / ep_size``
+    of them): a rank stores that fraction of its experts and all-gathers them for every MoE
+    layer's forward and backward. False: whole expert tensors on every copy, gradients
+    all-reduced over ``edp``."""
 
 
 @attrs.define
@@ -139,6 +152,35 @@ class ExpertParallelDispatcher:
                                self.traffic, self.ep_rank)
 
 
+class LocalDispatcher:
+    """Every expert on this rank (``ep_size`` 1) with FSDP-sharded experts: calls the experts
+    through one FSDP forward method per forward (``grouped`` or ``sequential``), never the
+    layer's per-expert reference loop, whose calls (each an all-gather) vary between ranks."""
+
+    def run(self, rows: Tensor, counts: Tensor, experts: ExpertMLPs, impl: str) -> Tensor:
+        return (experts.grouped(rows, counts) if impl == "grouped"
+                else experts.sequential(rows, counts))
+
+
+def fsdp_shard_experts(model: nn.Module, edp_mesh: DeviceMesh, *, policy: MixedPrecisionPolicy,
+                       reshard_after_forward: bool, divide_by: int) -> None:
+    """FSDP2 over ``edp`` for each MoE layer's (local) experts, whose ``grouped`` and
+    ``sequential`` calls become FSDP forward methods (the dispatcher calls those, not
+    ``forward``); gradients are reduce-scattered and divided by ``divide_by``."""
+    for _, layer in moe_layers(model):
+        if layer.dispatcher is None:
+            layer.dispatcher = LocalDispatcher()
+        fully_shard(layer.experts, mesh=edp_mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward)
+        for method in ("grouped", "sequential"):
+            register_fsdp_forward_method(layer.experts, method)
+        layer.experts.set_gradient_divide_factor(float(divide_by))
+        if divide_by != edp_mesh.size():
+            # Any factor but the group size is a PREMUL_SUM reduce-scatter, which gloo lacks
+            # ("Cannot use ReduceOp.PREMUL_SUM with Gloo"): sum, then divide.
+            layer.experts.set_force_sum_reduction_for_comms(True)
+
+
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The routed experts' stacked weights of every MoE layer (not routers or shared experts)."""
     return [p for _, layer in moe_layers(model) for p in layer.experts.parameters()]
@@ -159,6 +201,10 @@ def shard_experts(model: nn.Module, *, group, ep_rank: int, ep_size: int,
                 f"dense_sharding 'ep': {name} has {layer.num_experts} experts, which "
                 f"{ep_size} expert-parallel ranks cannot share evenly; choose "
                 "parallel.dense.ep_size dividing model.moe.num_experts")
+        if ep_size == 1:
+            # This rank holds every expert: the layer runs them itself, as without ``ep``
+            # (no dispatcher, no all-to-all); their gradients are still reduced over ``edp``.
+            continue
         local = layer.num_experts // ep_size
         lo = ep_rank * local
         for pname, param in list(layer.experts.named_parameters(recurse=False)):
@@ -174,6 +220,9 @@ def shard_experts(model: nn.Module, *, group, ep_rank: int, ep_size: int,
 def reduce_expert_grads(model: nn.Module, edp_group, *, divide_by: float) -> None:
     """Sum expert gradients over the copies of the experts (``edp``), then divide."""
     for param in expert_parameters(model):
+        if isinstance(param, DTensor):
+            raise RuntimeError("reduce_expert_grads: these experts are FSDP-sharded "
+                               "(expert_fsdp), which reduces their gradients itself")
         if param.grad is None:
             param.grad = torch.zeros_like(param)
         if edp_group is not None and dist.get_world_size(edp_group) > 1:
@@ -189,8 +238,10 @@ def gather_expert_state(model: nn.Module, ep_group) -> dict[str, Tensor]:
     size = dist.get_world_size(ep_group)
     for name, layer in moe_layers(model):
         for pname, param in layer.experts.named_parameters(recurse=False):
-            parts = [torch.empty_like(param) for _ in range(size)]
-            dist.all_gather(parts, param.detach().contiguous(), group=ep_group)
+            # FSDP-sharded (expert_fsdp): gather over the copies first.
+            local = param.full_tensor() if isinstance(param, DTensor) else param
+            parts = [torch.empty_like(local) for _ in range(size)]
+            dist.all_gather(parts, local.detach().contiguous(), group=ep_group)
             full[f"{name}.experts.{pname}"] = torch.cat(parts).cpu()
     return full
 
@@ -211,20 +262,27 @@ class ExpertParallelStrategy:
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
         opts = structure(EpOptions, dict(options), "parallel.dense")
-        if not ctx.is_distributed:
-            raise RuntimeError(
-                "dense_sharding 'ep' spreads experts across ranks but this run has one process; "
-                "launch several (gem train --nproc-per-node N) or use --sharding none")
         if not moe_layers(model):
             raise GemConfigError("dense_sharding 'ep' needs a model with MoE layers; set "
                                  "model.moe.num_experts (e.g. --preset tiny-moe)")
+        if not ctx.is_distributed:
+            # One process is the degenerate mesh (1, 1): every expert local, no all-to-all,
+            # FSDP2 over one rank. DeviceMesh and FSDP2 still need a process group.
+            single_process_group(ctx)
         experts_mesh, dp_mesh = self.mesh(ctx, opts)
         replica = EvalReplica(model)  # full experts, no dispatcher: evaluation runs locally
         traffic = shard_experts(model, group=experts_mesh.get_group("ep"),
                                 ep_rank=experts_mesh.get_local_rank("ep"),
                                 ep_size=experts_mesh.size(1))
-        ignored = set(expert_parameters(model))
         policy = precision.mixed_precision_policy() or MixedPrecisionPolicy()
+        if opts.expert_fsdp:
+            # Sharded first: the blocks' and the model's fully_shard then leave them to it.
+            fsdp_shard_experts(model, experts_mesh["edp"], policy=policy,
+                               reshard_after_forward=opts.reshard_after_forward,
+                               divide_by=ctx.world_size)
+            ignored: set[nn.Parameter] = set()
+        else:
+            ignored = set(expert_parameters(model))
         for block in getattr(getattr(model, "tower", None), "blocks", ()):
             fully_shard(block, mesh=dp_mesh, mp_policy=policy,
                         reshard_after_forward=opts.reshard_after_forward,
@@ -233,7 +291,7 @@ class ExpertParallelStrategy:
                     ignored_params=ignored)
         return ExpertParallelEngine(model, make_optimizer(model), replica=replica,
                                     experts_mesh=experts_mesh, world_size=ctx.world_size,
-                                    traffic=traffic)
+                                    traffic=traffic, expert_fsdp=opts.expert_fsdp)
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -247,9 +305,10 @@ class ExpertParallelEngine(Engine):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  replica: EvalReplica, experts_mesh: DeviceMesh, world_size: int,
-                 traffic: Traffic) -> None:
+                 traffic: Traffic, expert_fsdp: bool = False) -> None:
         super().__init__(model, optimizer)
         self.replica, self.world_size, self.traffic = replica, world_size, traffic
+        self.expert_fsdp = expert_fsdp
         self.ep_group = experts_mesh.get_group("ep")
         self.edp_group = experts_mesh.get_group("edp")
 
@@ -265,7 +324,8 @@ class ExpertParallelEngine(Engine):
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
-        reduce_expert_grads(self.model, self.edp_group, divide_by=self.world_size)
+        if not self.expert_fsdp:  # FSDP reduce-scatters sharded experts' gradients itself
+            reduce_expert_grads(self.model, self.edp_group, divide_by=self.world_size)
 
     def clip_grad_norm(self, max_norm: float) -> Tensor:
         experts = {id(p) for p in expert_parameters(self.model)}
@@ -279,9 +339,11 @@ class ExpertParallelEngine(Engine):
         local = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
         for p in params:
             if id(p) in experts:
-                local += p.grad.double().pow(2).sum()
-        # Experts are disjoint within an ep group and equal across its copies.
-        dist.all_reduce(local, group=self.ep_group)
+                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                local += grad.double().pow(2).sum()
+        # Experts are disjoint within an ep group and equal across its copies; with
+        # expert_fsdp every rank holds a disjoint shard of its copy: sum over all ranks.
+        dist.all_reduce(local, group=None if self.expert_fsdp else self.ep_group)
         total = (squares + local.cpu()).sqrt().float()
         scale_to_max_norm(params, max_norm, total)
         return total
@@ -313,8 +375,15 @@ class ExpertParallelEngine(Engine):
             for pname, param in layer.experts.named_parameters(recurse=False):
                 key = f"{name}.experts.{pname}"
                 expert_keys.add(key)
+                value = full[key][ep_rank * local:(ep_rank + 1) * local]
+                if isinstance(param, DTensor):  # expert_fsdp: this rank's shard of the slice
+                    value = distribute_tensor(value.to(param.device), param.device_mesh,
+                                              param.placements, src_data_rank=None).to_local()
+                    target = param.to_local()
+                else:
+                    target = param
                 with torch.no_grad():
-                    param.copy_(full[key][ep_rank * local:(ep_rank + 1) * local])
+                    target.copy_(value)
         dense = {k: v for k, v in full.items() if k not in expert_keys}
         set_model_state_dict(self.model, dense,
                              options=StateDictOptions(full_state_dict=True, strict=False))
