@@ -157,11 +157,18 @@ class DeepSpeedEngine(Engine):
         return {"model": self._full_model_state(), "optimizer": {"zero_partitions": partitions}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # The fp32 masters come from the optimizer partitions; DeepSpeed copies them into the
-        # module's parameters.
+        # The fp32 masters come from the optimizer partitions. Stage 3 then refreshes the
+        # module's partitioned parameters from them; stages 1-2 do not (DeepSpeed's own
+        # load_checkpoint loads the module's weights separately), so the first resumed step
+        # would run on the weights of initialisation: copy the full weights in. The module's
+        # parameters are views of DeepSpeed's flat buffers, so an in-place copy updates those.
         self.ds.optimizer.load_state_dict(state["optimizer"]["zero_partitions"],
                                           load_optimizer_states=True,
                                           load_from_fp32_weights=True)
+        if self.replica is None:  # stages 1-2: the module holds every parameter
+            with torch.no_grad():
+                for name, param in self._named_parameters():
+                    param.copy_(state["model"][name])
         for name, buffer in self.unwrapped.named_buffers():
             if name in state["model"]:
                 buffer.copy_(state["model"][name])

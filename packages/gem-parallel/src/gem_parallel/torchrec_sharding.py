@@ -58,7 +58,6 @@ column shards changed, which is refused with the reason.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import logging
 import weakref
@@ -69,7 +68,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.distributed import ParallelContext
+from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
@@ -349,30 +348,6 @@ class ShardedEmbeddingCollection(nn.Module):
                                f"shards to be {what}; its source does")
 
 
-def _join_single_rank_group(ctx: ParallelContext) -> None:
-    """One process: TorchRec shards over a process group, so start one of a single rank (an
-    in-memory store: no port, no launcher). Every table is then one shard on this rank, and the
-    run keeps TorchRec's fused optimizer, so a checkpoint of several ranks continues here with
-    its sparse optimizer state rather than switching the tables to AdamW. The group ends at
-    exit (the trainer ends only groups of several ranks)."""
-    if dist.is_initialized():
-        if dist.get_world_size() != 1:
-            raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists but "
-                               "the run's context says one process")
-        return
-    # On CUDA, gloo too: background checkpoints need a CPU backend in the default group.
-    backend = "cpu:gloo,cuda:nccl" if ctx.device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(_end_single_rank_group)
-    log.info("torchrec: one process; the tables live in a process group of one rank (%s)",
-             backend)
-
-
-def _end_single_rank_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class TorchRecSharding:
     """The ``torchrec`` embedding sharding strategy. After ``apply``, ``summary()`` holds the
     plan (the trainer writes it to ``summary.json``)."""
@@ -396,7 +371,11 @@ class TorchRecSharding:
             raise GemConfigError(f"embedding_sharding 'torchrec' runs on cpu or cuda, not "
                                  f"{ctx.device.type}")
         if not ctx.is_distributed:
-            _join_single_rank_group(ctx)
+            # TorchRec shards over a process group: one process gets a group of one rank, in
+            # which every table is one shard. The run keeps TorchRec's fused optimizer, so a
+            # checkpoint of several ranks continues here with its sparse optimizer state rather
+            # than switching the tables to AdamW. The trainer's shutdown ends the group.
+            single_process_group(ctx)
         sharded = ShardedEmbeddingCollection.shard(reference, ctx=ctx, options=opts,
                                                    constraints=constraints)
         sharded._root = weakref.ref(model)
