@@ -54,6 +54,9 @@ def test_ddp_trains_and_reports_the_plan(ddp_run):
         assert info["ranks"] and set(info["ranks"]) <= {0, 1}
         assert f"torchrec plan: table {table} {info['sharding_type']}" in log
     assert report["sparse_optimizer"]["name"] == "rowwise_adagrad"
+    assert report["sparse_optimizer"]["lr_schedule"] == "constant"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["sparse_lr"] for r in records} == {0.02}
     losses = _losses(out)
     assert len(losses) == 6 and losses[-1] < losses[0]
 
@@ -90,3 +93,22 @@ def test_fsdp2_with_bf16_parameters_takes_the_lookups_in_bf16(gem, tmp_path, ddp
     assert result.returncode == 0, result.stderr[-3000:]
     # bf16 rounding only: within 1 % of the float32 run's losses (measured: about 0.1 %).
     assert _losses(out) == pytest.approx(_losses(reference), rel=1e-2)
+
+
+def test_one_process_follows_the_dense_schedule(gem, tmp_path):
+    """One process runs the tables in a one-rank group; with ``lr_schedule = "dense"`` the
+    sparse learning rate of every step is the configured one times the dense schedule's
+    factor (warmup, then decay)."""
+    out = tmp_path / "one"
+    one = [arg for arg in SMALL if arg not in ("--nproc-per-node", "2")]
+    result = gem("train", "--out", str(out), *one, "--set", "train.checkpoint_every=0",
+                 "--set", "parallel.embedding.lr=0.04",
+                 "--set", "parallel.embedding.lr_schedule=dense")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["world_size"] == 1 and summary["run"]["finished"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    base = summary["config"]["train"]["lr"]
+    assert [r["sparse_lr"] for r in records] == pytest.approx(
+        [0.04 * r["lr"] / base for r in records], rel=1e-12)
+    assert records[0]["sparse_lr"] < records[1]["sparse_lr"]  # warmup

@@ -285,6 +285,7 @@ def _tiny_model():
      "pooling sums partial bags with a reduce-scatter"),
     ({"optimizer": "adam"}, "parallel.embedding.optimizer"),
     ({"lr": 0}, "parallel.embedding.lr"),
+    ({"lr_schedule": "cosine"}, "parallel.embedding.lr_schedule"),
     ({"plans": {}}, "unknown key 'parallel.embedding.plans'"),
 ])
 def test_bad_options_are_refused_with_the_reason(options, message):
@@ -296,6 +297,38 @@ def test_bad_options_are_refused_with_the_reason(options, message):
     with pytest.raises(GemConfigError) as error:
         TorchRecSharding().apply(model, ctx=ParallelContext(), options=options)
     assert message in str(error.value)
+
+
+def test_dense_lr_schedule_reaches_the_fused_update():
+    """With ``lr_schedule = "dense"`` the factor the trainer passes scales the learning rate the
+    fused SGD update of the backward uses: factor 0 leaves the tables as they were, factor 1
+    moves them; ``constant`` ignores the factor."""
+    import torch
+
+    from gem_core.distributed import ParallelContext, shutdown
+    from gem_parallel import torchrec_state
+    from gem_parallel.torchrec_sharding import TorchRecSharding
+
+    def tables(model):
+        return {name: weight.local_shards()[0].tensor.detach().clone() for name, weight in
+                torchrec_state.table_weights(model.embeddings._sharded).items()}
+
+    ctx = ParallelContext()
+    try:
+        for schedule, factor, moves in (("dense", 0.0, False), ("dense", 1.0, True),
+                                        ("constant", 0.0, True)):
+            model, batch = _tiny_model()
+            TorchRecSharding().apply(model, ctx=ctx, options={
+                "optimizer": "sgd", "lr": 0.5, "lr_schedule": schedule})
+            assert model.embeddings.follow_learning_rate(factor) == (
+                0.5 * factor if schedule == "dense" else 0.5)
+            before = tables(model)
+            sum(logits.sum() for logits in model(batch).values()).backward()
+            changed = [name for name, weight in tables(model).items()
+                       if not torch.equal(weight, before[name])]
+            assert bool(changed) == moves, (schedule, factor, changed)
+    finally:
+        shutdown(ctx)  # the one-rank group the strategy started
 
 
 def test_column_wise_needs_a_width_that_splits_over_the_ranks():

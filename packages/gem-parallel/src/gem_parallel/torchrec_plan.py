@@ -39,6 +39,9 @@ def _plan_validator(instance: Any, attribute: Any, value: Mapping[str, str]) -> 
                              f"{', '.join(SHARDING_TYPES)}")
 
 
+LR_SCHEDULES = ("constant", "dense")
+
+
 @attrs.frozen(kw_only=True)
 class TorchRecOptions:
     """``[parallel.embedding]`` of ``torchrec``."""
@@ -52,7 +55,13 @@ class TorchRecOptions:
     """Fused sparse optimizer: ``rowwise_adagrad`` or ``sgd`` (FBGEMM TBE on CPU has no Adam)."""
 
     lr: float = attrs.field(default=0.02, validator=attrs.validators.gt(0))
-    """Learning rate of the fused sparse optimizer (constant)."""
+    """Learning rate of the fused sparse optimizer (its peak, with ``lr_schedule = "dense"``)."""
+
+    lr_schedule: str = attrs.field(default="constant",
+                                   validator=attrs.validators.in_(LR_SCHEDULES))
+    """``constant``: ``lr`` at every step (the usual choice with row-wise Adagrad, whose per-row
+    sums already shrink the steps of frequent rows); ``dense``: ``lr`` times the run's warmup
+    and decay factor, the dense learning rate at the step divided by ``train.lr``."""
 
     eps: float = attrs.field(default=1e-8, validator=attrs.validators.gt(0))
     """Row-wise Adagrad's epsilon."""

@@ -37,8 +37,9 @@ Consequences worth knowing:
   parameters only: fused updates happen during the backward, before a norm could be known;
 - a step the guard skips (non-finite loss or gradient norm) has already updated the rows looked
   up in it;
-- the sparse learning rate is ``[parallel.embedding] lr``, constant (the run's schedule drives
-  the dense AdamW only);
+- the sparse learning rate is ``[parallel.embedding] lr``, constant by default; with
+  ``lr_schedule = "dense"`` it follows the run's warmup and decay (``sparse_lr`` in
+  ``metrics.jsonl``);
 - the tables stay float32 (TBE); the lookups come out in the dtype of the dense parameters
   during the forward, as replicated tables would (bf16 under FSDP2 with a bf16 recipe);
 - row-wise Adagrad keeps one sum of squared gradients per row *of each shard*: a column-wise
@@ -163,6 +164,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._full: dict[str, Tensor] | None = None
         self._optimizer = ""
         """The fused sparse optimizer's name (recorded with checkpoints)."""
+        self._lr, self._lr_schedule = 0.0, "constant"
         self.__dict__["_sharded"] = None  # not a child module, on purpose
         self._root: Callable[[], nn.Module | None] | None = None
         """Weak reference to the model holding this collection (for the dense dtype)."""
@@ -185,6 +187,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.train(reference.training)
         self._world_size, self._rank, self._device = ctx.world_size, ctx.rank, ctx.device
         self._optimizer = options.optimizer
+        self._lr, self._lr_schedule = options.lr, options.lr_schedule
         weights = {name: reference.tables[name].weight.detach().to(ctx.device)
                    for name in reference.table_configs}
         # Shapes only: shard_modules allocates each rank's shards, filled from the reference below.
@@ -319,6 +322,18 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # -- checkpoints (the protocol of gem_core.train.sharded_modules) -------------------------
 
+    def follow_learning_rate(self, factor: float) -> float | None:
+        """The trainer calls this before every step with the dense schedule's factor (the
+        learning rate at the step over ``train.lr``). Returns the sparse learning rate the
+        step uses (None for a local copy, which owns no optimizer)."""
+        if self._local or self._sharded is None:
+            return None
+        if self._lr_schedule == "constant":
+            return self._lr
+        lr = self._lr * factor
+        torchrec_state.set_learning_rate(self._sharded, lr)
+        return lr
+
     def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
         """The tables and their fused-optimizer state as live ``ShardedTensor``s, named as
         :mod:`gem_parallel.torchrec_state` says; DCP writes each rank's shards and loads into
@@ -394,4 +409,5 @@ class TorchRecSharding:
             return {}
         return {"plan": self.plan,
                 "sparse_optimizer": {"name": self.options.optimizer, "lr": self.options.lr,
+                                     "lr_schedule": self.options.lr_schedule,
                                      "fused_in_backward": True}}

@@ -63,6 +63,17 @@ def table_weights(sharded: Any) -> dict[str, Any]:
     return weights
 
 
+def set_learning_rate(sharded: Any, lr: float) -> None:
+    """The fused sparse optimizer's learning rate, from the next backward on. TorchRec's fused
+    optimizers hand ``param_groups[0]["lr"]`` to the FBGEMM kernels in ``step()``, which
+    updates nothing itself (the update ran inside the backward)."""
+    for _, module in _modules(sharded):
+        optimizer = module.fused_optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+
+
 def optimizer_states(sharded: Any) -> dict[str, dict[str, Any]]:
     """Per table, the fused optimizer's state (``{"momentum1": ShardedTensor}`` for row-wise
     Adagrad; tables of a stateless optimizer have none)."""

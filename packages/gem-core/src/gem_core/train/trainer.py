@@ -125,6 +125,8 @@ class _Trainer:
             dense_sharding=self.backends.dense_sharding.impl,
             make_optimizer=make_adamw(self.tc), config=config,
         )
+        self._lr_followers = [m for m in self.engine.unwrapped.modules()
+                              if hasattr(m, "follow_learning_rate")]
         self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
         self.guard = StepGuard(self.tc)
@@ -278,6 +280,10 @@ class _Trainer:
         batch = batch.to(ctx.device)
         lr = learning_rate(tc, self.step)
         self.engine.set_lr(lr)
+        # Modules with their own optimizer (TorchRec's fused sparse one) see the schedule's
+        # factor through ``follow_learning_rate(factor) -> lr | None``.
+        sparse_lr = [m.follow_learning_rate(lr / tc.lr) for m in self._lr_followers]
+        sparse_lr = [x for x in sparse_lr if x is not None]
         with self.backends.precision.impl.autocast(ctx.device.type):
             logits = self.engine(batch)
         # Sum over the local samples, divided by the global batch and multiplied by the world
@@ -334,6 +340,7 @@ class _Trainer:
             "samples_per_s": samples / step_time,
             "tokens_per_s": tokens / step_time,
             "lr": lr,
+            **({"sparse_lr": sparse_lr[0]} if sparse_lr else {}),
             "grad_norm": float(grad_norm),
             "flops": total,
             "padded_flops": padded,
