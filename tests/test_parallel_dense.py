@@ -59,6 +59,9 @@ HSDP_2X2 = ["--set", "parallel.dense.dp_replicate=2", "--set", "parallel.dense.d
     # default distributed set short on 2 cores.
     pytest.param("deepspeed-zero2", 2, [], False, marks=pytest.mark.slow),
     ("deepspeed-zero3", 2, [], True),
+    # One process: ZeRO over a one-rank group (started by the strategy, no launcher), with a
+    # stop and resume through its full-state checkpoint.
+    ("deepspeed-zero3", 1, [], True),
 ])
 def test_sharded_run_matches_one_process(gem, tmp_path, single_process, sharding, ranks, extra,
                                          resume):
@@ -108,8 +111,7 @@ def test_sharded_strategies_refuse_a_single_process_and_unknown_options():
     from gem_parallel.fsdp import FullyShardedStrategy
 
     model = torch.nn.Linear(2, 2)
-    for strategy in (FullyShardedStrategy(hybrid=False), FullyShardedStrategy(hybrid=True),
-                     DeepSpeedZeroStrategy(3)):
+    for strategy in (FullyShardedStrategy(hybrid=False), FullyShardedStrategy(hybrid=True)):
         with pytest.raises(RuntimeError, match="has one process"):
             strategy.apply(model, ctx=ParallelContext(), make_optimizer=None, precision=None,
                            options={})

@@ -26,9 +26,7 @@ looking for RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, and which is destroyed thro
 
 from __future__ import annotations
 
-import contextlib
-import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -43,7 +41,12 @@ from gem_core.errors import GemConfigError
 from gem_core.model.moe import LastForward, MixtureOfExperts, moe_layers
 from gem_core.model.moe_experts import ExpertMLPs
 
-from gem_parallel.deepspeed_zero import DeepSpeedEngine, deepspeed_config
+from gem_parallel.deepspeed_zero import (
+    DeepSpeedEngine,
+    deepspeed_config,
+    destroy_with_deepspeed,
+    local_rank_for_deepspeed,
+)
 from gem_parallel.eval_replica import EvalReplica
 
 
@@ -203,34 +206,6 @@ class DeepSpeedMoeAdapter(nn.Module):
         return state
 
 
-def _destroy_with_deepspeed() -> None:
-    """Destroy the process group through DeepSpeed, which then drops its cached groups
-    (expert, data-parallel, world clones): a later run in the same process would otherwise get
-    groups of the destroyed one ("Group ... is not registered"). When DeepSpeed never adopted
-    the group (the run stopped before ``deepspeed.initialize``), torch destroys it."""
-    import deepspeed.comm
-
-    if deepspeed.comm.is_initialized():
-        deepspeed.comm.destroy_process_group()
-    else:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _local_rank_for_deepspeed(ctx: ParallelContext) -> Iterator[None]:
-    """DeepSpeed's engine asserts that ``LOCAL_RANK`` is set (its launcher and torchrun set it);
-    a one-process run started without a launcher has none. Set it to this process's local rank
-    while ``deepspeed.initialize`` runs (the engine reads it once, there) and remove it after."""
-    if "LOCAL_RANK" in os.environ or "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
-        yield
-        return
-    os.environ["LOCAL_RANK"] = str(ctx.local_rank)
-    try:
-        yield
-    finally:
-        os.environ.pop("LOCAL_RANK", None)
-
-
 class DeepSpeedMoeStrategy:
     name = "deepspeed-moe"
 
@@ -258,7 +233,7 @@ class DeepSpeedMoeStrategy:
             # One process: ep_size 1, every expert local. deepspeed.initialize adopts an
             # existing torch.distributed group; without one it would look for a launcher's
             # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (then MPI).
-            single_process_group(ctx, destroy=_destroy_with_deepspeed)
+            single_process_group(ctx, destroy=destroy_with_deepspeed)
         import deepspeed
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
@@ -283,11 +258,11 @@ class DeepSpeedMoeStrategy:
         optimizer, optimizer.param_groups = built, []  # no state yet: regroup in place
         for group in groups:
             optimizer.add_param_group(group)
-        with _local_rank_for_deepspeed(ctx):
-            ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
-                model=model, optimizer=optimizer,
-                config=deepspeed_config(opts.zero_stage, world_size=ctx.world_size,
-                                        bf16=dtype == "bfloat16"))
+        local_rank_for_deepspeed(ctx)
+        ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer,
+            config=deepspeed_config(opts.zero_stage, world_size=ctx.world_size,
+                                    bf16=dtype == "bfloat16"))
         from deepspeed.utils import groups as ds_groups
 
         ep_group = ds_groups._get_expert_parallel_group(f"ep_size_{ep_size}") \

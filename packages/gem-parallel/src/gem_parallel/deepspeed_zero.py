@@ -1,4 +1,6 @@
-"""``deepspeed-zero1|2|3``: DeepSpeed ZeRO over the process group torchrun started.
+"""``deepspeed-zero1|2|3``: DeepSpeed ZeRO over the process group torchrun started (or, for one
+process, a one-rank group of :func:`gem_core.distributed.single_process_group`, which
+``deepspeed.initialize`` adopts instead of looking for a launcher's environment).
 
 DeepSpeed owns the optimizer step: it wraps the AdamW that ``make_optimizer`` builds (same
 parameter groups as every other strategy) in its ZeRO optimizer, which partitions optimizer
@@ -7,13 +9,14 @@ state (stage 1), gradients too (stage 2) or parameters too (stage 3) across the 
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from gem_core.distributed import ParallelContext
+from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine
 from gem_core.precision import reject_options
 
@@ -37,6 +40,28 @@ def deepspeed_config(stage: int, *, world_size: int, bf16: bool) -> dict[str, An
     }
 
 
+def destroy_with_deepspeed() -> None:
+    """Destroy the process group through DeepSpeed, which then drops its cached groups
+    (expert, data-parallel, world clones): a later run in the same process would otherwise get
+    groups of the destroyed one ("Group ... is not registered"). When DeepSpeed never adopted
+    the group (the run stopped before ``deepspeed.initialize``), torch destroys it."""
+    import deepspeed.comm
+
+    if deepspeed.comm.is_initialized():
+        deepspeed.comm.destroy_process_group()
+    else:
+        dist.destroy_process_group()
+
+
+def local_rank_for_deepspeed(ctx: ParallelContext) -> None:
+    """DeepSpeed reads ``LOCAL_RANK`` (its launcher and torchrun set it) in
+    ``deepspeed.initialize`` and, under ZeRO-3, again in every forward; a one-process run
+    started without a launcher has none. Set it to this process's local rank for the rest of the
+    process (nothing else reads it after start-up)."""
+    if "LOCAL_RANK" not in os.environ and "OMPI_COMM_WORLD_LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(ctx.local_rank)
+
+
 class DeepSpeedZeroStrategy:
     def __init__(self, stage: int) -> None:
         self.stage = stage
@@ -45,22 +70,22 @@ class DeepSpeedZeroStrategy:
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
         reject_options(f"dense_sharding {self.name!r}", options)
-        if not ctx.is_distributed:
-            raise RuntimeError(
-                f"dense_sharding {self.name!r} partitions state across ranks but this run has one "
-                "process; launch several (gem train --nproc-per-node N) or use --sharding none"
-            )
-        import deepspeed
-
         bf16 = getattr(precision, "compute_dtype", "float32") == "bfloat16"
         if getattr(precision, "compute_dtype", "float32") not in ("float32", "bfloat16"):
             raise RuntimeError(
                 f"dense_sharding {self.name!r} supports float32 and bfloat16 recipes; "
                 f"{precision.name!r} computes in {precision.compute_dtype}"
             )
+        if not ctx.is_distributed:
+            # One process: ZeRO over a group of one rank (nothing to partition, the same
+            # engine and checkpoints), so a DeepSpeed setup can be tried on a laptop.
+            single_process_group(ctx, destroy=destroy_with_deepspeed)
+        import deepspeed
+
         # Stage 3 partitions the parameters inside the module itself, so evaluation needs a
         # separate replica (see eval_replica); stages 1-2 keep full parameters on every rank.
         replica = EvalReplica(model) if self.stage == 3 else None
+        local_rank_for_deepspeed(ctx)
         ds_engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=make_optimizer(model),
             config=deepspeed_config(self.stage, world_size=ctx.world_size, bf16=bf16),
