@@ -321,6 +321,16 @@ def test_ep_on_four_ranks_holds_one_expert_each(tmp_path, none_no_drop):
         pytest.approx([r["grad_norm"] for r in want], rel=LOSS_RTOL)
     assert [r["moe_tokens_per_expert"] for r in got] == \
         [r["moe_tokens_per_expert"] for r in want]
+    # The all-to-all bytes gem plan predicts for this layout (uniform routing, rank 0 at the
+    # mean history length) against those rank 0 sent (measured: 1.08x the prediction).
+    plan = gem("plan", "--preset", "tiny-moe", "--gpus", "4", "--gpu-memory", "1",
+               "--sharding", "ep", *NO_DROP, *[a for a in SMALL if a != "--no-progress"],
+               "--json")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    predicted = json.loads(plan.stdout)["communication_bytes_per_rank_per_step"]
+    measured = json.loads((ep / "summary.json").read_text())["dense_sharding"]
+    assert measured["steps_counted"] == 6
+    assert 0.8 < measured["all_to_all_bytes_per_step"] / predicted["moe_all_to_all"] < 1.25
 
 
 def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():

@@ -47,6 +47,33 @@ def test_torchrec_spreads_tables_and_replicated_does_not(tiny, plugins):
     assert replicated["memory_bytes_per_rank"]["embedding_grads"] == emb * 4
 
 
+def test_ep_keeps_a_share_of_the_experts_and_counts_their_traffic(plugins):
+    """``ep`` on 4 GPUs in groups of 2: the experts are split over a group (halves) and all-
+    reduced over the 2 copies; with ``expert_fsdp`` every rank keeps a quarter and the copies
+    all-gather and reduce-scatter; each MoE layer's rows are its tokens (sequence layers)."""
+    from gem_parallel.plan import moe_all_to_all_bytes
+
+    config = load_config(preset="tiny-moe", overrides=TINY)
+    whole, shard = (plan(config, Layout(gpus=4, gpu_memory_gib=1, dense="ep", ep_size=2,
+                                        expert_fsdp=fsdp), plugins) for fsdp in (False, True))
+    experts = whole["experts"]["expert_parameters"]
+    assert experts > 0 and whole["experts"]["copies"] == 2
+    assert whole["memory_bytes_per_rank"]["expert_params"] == experts * 4 // 2
+    assert shard["memory_bytes_per_rank"]["expert_params"] == experts * 4 // 4
+    # Non-expert parameters are FSDP2-sharded over all 4 ranks.
+    assert whole["memory_bytes_per_rank"]["dense_params"] == \
+        (whole["parameters"]["dense"] - experts) * 4 // 4
+    rows = whole["activation_fit"]["moe_rows"]
+    assert set(rows) == {"tower.blocks.0.mlp", "tower.blocks.1.mlp"}
+    assert all(fit == {"per_token": 1.0, "per_sample": 0.0} for fit in rows.values())
+    tokens, dim = whole["per_rank"]["tokens"], config.model.embedding_dim
+    assert whole["communication_bytes_per_rank_per_step"]["moe_all_to_all"] == int(
+        2 * moe_all_to_all_bytes(tokens, top_k=2, in_dim=dim, out_dim=dim, ep_size=2))
+    with pytest.raises(ValueError, match="needs a model with MoE layers"):
+        plan(load_config(preset="tiny", overrides=TINY),
+             Layout(gpus=2, gpu_memory_gib=1, dense="ep"), plugins)
+
+
 def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
     """The fit from two short batches predicts the bytes autograd keeps for a longer, real
     batch of tiny within 25 %."""

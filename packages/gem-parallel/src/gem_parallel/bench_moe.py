@@ -25,6 +25,8 @@ import torch
 
 from gem_core.model.moe import MixtureOfExperts
 
+from gem_parallel.plan import moe_all_to_all_bytes
+
 LAYER = dict(kind="swiglu", dim=64, hidden=128, experts=8, top_k=2, capacity_factor=1.25)
 
 
@@ -78,10 +80,10 @@ def time_paths(tokens: int, repeats: int, seed: int = 0) -> dict[str, Any]:
 
 def predicted_bytes_uniform(tokens: int, *, top_k: int, dim: int, ep_size: int,
                             bytes_per_element: int = 4) -> float:
-    """Bytes one rank sends to other ranks per MoE layer and training step when routing is
-    uniform and nothing is dropped: ``tokens * top_k`` rows, of which ``(ep - 1) / ep`` live on
-    other ranks, ``dim`` wide, sent four times (dispatch and combine, forward and backward)."""
-    return 4 * tokens * top_k * (ep_size - 1) / ep_size * dim * bytes_per_element
+    """``gem plan``'s prediction (:func:`gem_parallel.plan.moe_all_to_all_bytes`) for this
+    layer: uniform routing, nothing dropped."""
+    return moe_all_to_all_bytes(tokens, top_k=top_k, in_dim=dim, out_dim=dim, ep_size=ep_size,
+                                bytes_per_element=bytes_per_element)
 
 
 def _free_port() -> int:

@@ -311,6 +311,8 @@ class ExpertParallelEngine(Engine):
         self.expert_fsdp = expert_fsdp
         self.ep_group = experts_mesh.get_group("ep")
         self.edp_group = experts_mesh.get_group("edp")
+        self.backwards = 0
+        """Training backwards since this engine was built (the traffic counter's span)."""
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)
@@ -324,8 +326,18 @@ class ExpertParallelEngine(Engine):
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
+        self.backwards += 1
         if not self.expert_fsdp:  # FSDP reduce-scatters sharded experts' gradients itself
             reduce_expert_grads(self.model, self.edp_group, divide_by=self.world_size)
+
+    def summary(self) -> dict[str, Any]:
+        """For ``summary.json``: the all-to-all bytes this rank sent per training step, to set
+        against ``gem plan``'s ``moe_all_to_all`` (rows leaving the rank, dispatch and combine,
+        forward and backward; a recomputing checkpoint policy repeats the forward's)."""
+        steps = max(self.backwards, 1)
+        return {"all_to_all_bytes_per_step": self.traffic.bytes_remote / steps,
+                "all_to_all_bytes_per_step_including_self": self.traffic.bytes_total / steps,
+                "steps_counted": self.backwards}
 
     def clip_grad_norm(self, max_norm: float) -> Tensor:
         experts = {id(p) for p in expert_parameters(self.model)}

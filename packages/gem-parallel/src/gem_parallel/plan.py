@@ -26,7 +26,7 @@ from gem_core.plugins import GemPlugins
 
 GIB = 2**30
 DENSE_STRATEGIES = ("ddp", "fsdp2", "hsdp", "deepspeed-zero1", "deepspeed-zero2",
-                    "deepspeed-zero3")
+                    "deepspeed-zero3", "ep")
 EMBEDDING_STRATEGIES = ("replicated", "torchrec")
 ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
 ROWWISE_ADAGRAD_STATE_ROWS = 4  # one fp32 accumulator per row (TorchRec's fused default)
@@ -55,6 +55,12 @@ class Layout:
     hsdp_shard: int | None = None
     """HSDP only: ranks per shard group (default: all ranks, i.e. plain FSDP)."""
 
+    ep_size: int | None = None
+    """``ep`` only: ranks per expert-parallel group (default: all ranks)."""
+
+    expert_fsdp: bool = False
+    """``ep`` only: experts FSDP-sharded over their ``gpus / ep_size`` copies."""
+
     activation_checkpointing: str = "none"
     """A registered activation-checkpointing policy (``none``, ``full``, ``selective``)."""
 
@@ -79,6 +85,8 @@ def _dense_shards(layout: Layout) -> dict[str, int]:
         "deepspeed-zero1": {"params": 1, "grads": 1, "optimizer": n},
         "deepspeed-zero2": {"params": 1, "grads": n, "optimizer": n},
         "deepspeed-zero3": {"params": n, "grads": n, "optimizer": n},
+        # Non-expert parameters; the experts are planned apart (:func:`_expert_plan`).
+        "ep": {"params": n, "grads": n, "optimizer": n},
     }[layout.dense]
 
 
@@ -89,7 +97,7 @@ def _dense_comm_bytes(layout: Layout, dense_params: int) -> int:
     ring = (n - 1) / n
     if layout.dense == "ddp":
         return int(2 * ring * size)  # all-reduce of gradients
-    if layout.dense in ("fsdp2", "deepspeed-zero3"):
+    if layout.dense in ("fsdp2", "deepspeed-zero3", "ep"):
         return int(3 * ring * size)  # all-gather forward and backward, reduce-scatter grads
     if layout.dense == "hsdp":
         shard = layout.hsdp_shard or n
@@ -98,6 +106,70 @@ def _dense_comm_bytes(layout: Layout, dense_params: int) -> int:
         outer = 2 * (replicas - 1) / replicas * size / shard if replicas > 1 else 0
         return int(inner + outer)
     return int(2 * ring * size)  # ZeRO-1/2: reduce-scatter grads, all-gather updated params
+
+
+def moe_all_to_all_bytes(rows: float, *, top_k: int, in_dim: int, out_dim: int, ep_size: int,
+                         bytes_per_element: int = 4) -> float:
+    """Bytes one rank sends to other ranks per MoE layer and training step under ``ep`` when
+    routing is uniform and nothing is dropped: ``rows * top_k`` assignments, ``(ep - 1) / ep``
+    of them to experts on other ranks; dispatch sends ``in_dim`` wide rows and combine
+    ``out_dim`` wide ones, forward and again (as gradients) backward."""
+    remote = rows * top_k * (ep_size - 1) / ep_size
+    return 2 * remote * (in_dim + out_dim) * bytes_per_element
+
+
+def _expert_plan(model: torch.nn.Module, layout: Layout, moe_rows: dict[str, dict[str, float]],
+                 samples: float, tokens: float) -> dict[str, Any]:
+    """Memory and communication of the routed experts under ``ep``: each rank of an expert
+    group keeps ``1 / ep_size`` of every layer's experts (``expert_fsdp``: a ``1 / gpus``
+    shard), their gradients are reduced over the ``gpus / ep_size`` copies, and every MoE layer
+    exchanges its routed rows with all-to-all."""
+    from gem_core.model.moe import moe_layers
+
+    n = layout.gpus
+    ep = layout.ep_size or n
+    if n % ep:
+        raise ValueError(f"ep_size {ep} does not divide {n} GPUs")
+    copies = n // ep
+    layers = moe_layers(model)
+    expert_params = sum(p.numel() for _, layer in layers for p in layer.experts.parameters())
+    held = expert_params / (n if layout.expert_fsdp else ep)
+    group_bytes = expert_params * 4 / ep  # one expert group's share, fp32
+    if copies == 1:
+        reduce_bytes = 0.0
+    elif layout.expert_fsdp:  # all-gather forward and backward, reduce-scatter gradients
+        reduce_bytes = 3 * (copies - 1) / copies * group_bytes
+    else:  # all-reduce of the gradients over the copies
+        reduce_bytes = 2 * (copies - 1) / copies * group_bytes
+    all_to_all = 0.0
+    for name, layer in layers:
+        fit = moe_rows[name]
+        rows = fit["per_token"] * tokens + fit["per_sample"] * samples
+        all_to_all += moe_all_to_all_bytes(rows, top_k=layer.top_k, in_dim=layer.experts.in_dim,
+                                           out_dim=layer.experts.out_dim, ep_size=ep)
+    return {"expert_parameters": expert_params, "params_held": held,
+            "grad_reduce_bytes": reduce_bytes, "all_to_all_bytes": all_to_all,
+            "ep_size": ep, "copies": copies}
+
+
+class _MoeRows:
+    """Rows entering each MoE layer during a forward (forward pre-hooks)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from gem_core.model.moe import moe_layers
+
+        self.rows: dict[str, int] = {}
+        self._handles = [layer.register_forward_pre_hook(self._hook(name))
+                         for name, layer in moe_layers(model)]
+
+    def _hook(self, name: str):
+        def record(module: torch.nn.Module, args: tuple) -> None:
+            self.rows.setdefault(name, args[0].shape[0])  # the first forward (not a recompute)
+        return record
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
@@ -122,13 +194,29 @@ def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
                             embedding_backend=ReferenceEmbeddingBackend())
         impl = plugins.resolve("activation_checkpointing", policy, None).impl
         model = impl.apply(model, ctx=ctx, options={})
+        counter = _MoeRows(model)
         points.append((batch.num_events, batch.batch_size,
-                       saved_activation_bytes(model, batch, schema.tasks)))
-    (t1, n1, m1), (t2, n2, m2) = points
-    per_token = (m2 - m1) / (t2 - t1) if t2 != t1 else m2 / max(t2, 1)
-    per_sample = max(m1 - per_token * t1, 0.0) / n1
+                       saved_activation_bytes(model, batch, schema.tasks), counter.rows))
+        counter.close()
+    (t1, n1, m1, rows1), (t2, n2, m2, rows2) = points
+    per_token, per_sample = _linear_fit((t1, n1, m1), (t2, n2, m2))
+    # The same fit for the rows of each MoE layer: a sequence layer's grow with the tokens, a
+    # Wukong layer's with the samples.
+    moe_rows = {}
+    for name in rows1:
+        a, b = _linear_fit((t1, n1, rows1[name]), (t2, n2, rows2[name]))
+        moe_rows[name] = {"per_token": a, "per_sample": b}
     return {"per_token": per_token, "per_sample": per_sample, "tokens": [t1, t2],
-            "measured_bytes": [m1, m2]}
+            "measured_bytes": [m1, m2], "moe_rows": moe_rows}
+
+
+def _linear_fit(first: tuple[float, float, float], second: tuple[float, float, float]
+                ) -> tuple[float, float]:
+    """``(per_token, per_sample)`` through two ``(tokens, samples, value)`` points of the same
+    number of samples."""
+    (t1, n1, m1), (t2, _, m2) = first, second
+    per_token = (m2 - m1) / (t2 - t1) if t2 != t1 else m2 / max(t2, 1)
+    return per_token, max(m1 - per_token * t1, 0.0) / n1
 
 
 def mean_history_length(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> float:
@@ -151,12 +239,22 @@ def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, An
     samples = config.train.batch_size / n
     mean_len = mean_history_length(config, plugins)
     tokens = samples * mean_len
+    experts = None
+    if layout.dense == "ep":
+        experts = _expert_plan(model, layout, fit["moe_rows"], samples, tokens)
+        if not experts["expert_parameters"]:
+            raise ValueError("the ep layout needs a model with MoE layers (model.moe.num_experts)")
+        dense -= experts["expert_parameters"]  # the rest is FSDP2-sharded over all ranks
     memory = {
         "dense_params": dense * 4 / shards["params"],
         "dense_grads": dense * 4 / shards["grads"],
         "dense_optimizer": dense * ADAM_STATE_BYTES / shards["optimizer"],
         "activations": scale * (fit["per_token"] * tokens + fit["per_sample"] * samples),
     }
+    if experts is not None:
+        held = experts["params_held"]
+        memory.update(expert_params=held * 4, expert_grads=held * 4,
+                      expert_optimizer=held * ADAM_STATE_BYTES)
     if layout.embedding == "replicated":
         memory.update(embedding_params=embedding * 4, embedding_grads=embedding * 4,
                       embedding_optimizer=embedding * ADAM_STATE_BYTES)
@@ -178,8 +276,14 @@ def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, An
         "memory_bytes_per_rank": {**{k: int(v) for k, v in memory.items()}, "total": int(total)},
         "fits": total <= budget,
         "budget_bytes": int(budget),
-        "communication_bytes_per_rank_per_step": {"dense": int(_dense_comm_bytes(layout, dense)),
-                                                  "embedding": int(embedding_comm)},
+        "communication_bytes_per_rank_per_step": {
+            "dense": int(_dense_comm_bytes(layout, dense)
+                         + (experts["grad_reduce_bytes"] if experts else 0)),
+            "embedding": int(embedding_comm),
+            **({"moe_all_to_all": int(experts["all_to_all_bytes"])} if experts else {}),
+        },
+        **({"experts": {k: (int(v) if isinstance(v, float) else v)
+                        for k, v in experts.items()}} if experts else {}),
         "activation_fit": fit,
         "notes": ("activations measured on CPU with the reference attention backend (it keeps "
                   "each sample's score matrix, as a flash kernel does not) and scaled by "

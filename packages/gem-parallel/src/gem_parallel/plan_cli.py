@@ -24,6 +24,10 @@ from gem_parallel.plan import DENSE_STRATEGIES, EMBEDDING_STRATEGIES, GIB, Layou
               default="torchrec", show_default=True)
 @click.option("--hsdp-shard", type=click.IntRange(min=1), default=None,
               help="HSDP: ranks per shard group.")
+@click.option("--ep-size", type=click.IntRange(min=1), default=None,
+              help="ep: ranks per expert-parallel group (default: all).")
+@click.option("--expert-fsdp", is_flag=True,
+              help="ep: experts FSDP-sharded over their copies.")
 @click.option("--activation-checkpointing", default="none", show_default=True,
               help="none, full or selective.")
 @click.option("--bf16/--fp32", "bf16", default=False, show_default=True,
@@ -32,15 +36,17 @@ from gem_parallel.plan import DENSE_STRATEGIES, EMBEDDING_STRATEGIES, GIB, Layou
 @click.pass_context
 def plan_command(click_ctx: click.Context, preset: str | None, config_file: str | None,
                  overrides: tuple[str, ...], gpus: int, gpu_memory: float, sharding: str,
-                 embedding_sharding: str, hsdp_shard: int | None, activation_checkpointing: str,
-                 bf16: bool, as_json: bool) -> None:
+                 embedding_sharding: str, hsdp_shard: int | None, ep_size: int | None,
+                 expert_fsdp: bool, activation_checkpointing: str, bf16: bool,
+                 as_json: bool) -> None:
     """Memory per rank and communication per step of a layout, computed on this machine."""
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
 
     config = load_config(preset=preset, path=config_file, overrides=overrides)
     layout = Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
-                    embedding=embedding_sharding, hsdp_shard=hsdp_shard,
+                    embedding=embedding_sharding, hsdp_shard=hsdp_shard, ep_size=ep_size,
+                    expert_fsdp=expert_fsdp,
                     activation_checkpointing=activation_checkpointing,
                     activation_bytes=2 if bf16 else 4)
     result = plan(config, layout, build_plugins())
@@ -61,8 +67,10 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
     click.echo(f"{verdict} in {result['budget_bytes'] / GIB:.1f} GiB "
                f"({layout.headroom:.0%} of each GPU)")
     comm = result["communication_bytes_per_rank_per_step"]
+    moe = (f", MoE all-to-all {_size(comm['moe_all_to_all'])}"
+           if "moe_all_to_all" in comm else "")
     click.echo(f"sent per rank per step: dense {_size(comm['dense'])}, embedding "
-               f"{_size(comm['embedding'])}")
+               f"{_size(comm['embedding'])}{moe}")
 
 
 def _size(value: float) -> str:

@@ -437,6 +437,8 @@ class _Trainer:
             # e.g. the TorchRec plan: sharding type and ranks per table
             "embedding_sharding": getattr(self.backends.embedding_sharding.impl, "summary",
                                           lambda: {})(),
+            # e.g. expert parallelism's all-to-all bytes per step (this rank's)
+            "dense_sharding": getattr(self.engine, "summary", lambda: {})(),
             "backends": self.backends.describe(),
             "data": getattr(self.source, "report", lambda: {})(),
             "config": unstructure(self.config),
