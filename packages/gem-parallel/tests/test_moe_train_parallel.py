@@ -162,14 +162,24 @@ DS_ENV = {"TORCH_EXTENSIONS_DIR": os.environ.get(
 
 @pytest.mark.distributed
 def test_deepspeed_moe_trains_tiny_moe_like_data_parallel(tmp_path, ddp_no_drop):
+    """Stopped after step 3 and resumed: the full-state checkpoint (gem's names, every rank's
+    ZeRO partitions) must restore DeepSpeed's layers, experts and optimizer state; then it is
+    refused under another expert layout."""
     ds = tmp_path / "ds"
+    result = _train(ds, 2, "deepspeed-moe", *NO_DROP, "--until-step", "3", env=DS_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
     result = _train(ds, 2, "deepspeed-moe", *NO_DROP, env=DS_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stderr
     # DeepSpeed's gate picks the same experts from the same router weights.
     _assert_same_training(ds, ddp_no_drop)
     assert all(r["moe_dropped_tokens"] == 0 for r in _records(ds))
     summary = json.loads((ds / "summary.json").read_text())
     assert summary["backends"]["dense_sharding"]["name"] == "deepspeed-moe"
+    result = _train(ds, 2, "deepspeed-moe", *NO_DROP, "--set", "train.steps=8",
+                    "--set", "parallel.dense.ep_size=1", env=DS_ENV)
+    assert result.returncode != 0
+    assert "expert layout {'ep_size': 2, 'world_size': 2}" in result.stderr
 
 
 @pytest.mark.distributed

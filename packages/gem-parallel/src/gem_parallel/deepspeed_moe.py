@@ -26,6 +26,7 @@ looking for RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, and which is destroyed thro
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import attrs
@@ -139,6 +140,7 @@ class DeepSpeedMoeAdapter(nn.Module):
                 "doesn't match'). With 0 DeepSpeed takes the busiest expert's load over the "
                 "expert group as the capacity and drops nothing; or train with --sharding ep")
         self.kind, self.num_experts, self.top_k = experts.kind, layer.num_experts, layer.top_k
+        self.ep_size, self.ep_rank = ep_size, ep_rank
         self.aux_loss_weight = layer.aux_loss_weight
         self.moe = MoE(experts.in_dim, _expert_module(experts), num_experts=layer.num_experts,
                        ep_size=ep_size, k=layer.top_k, capacity_factor=1.0,
@@ -204,6 +206,23 @@ class DeepSpeedMoeAdapter(nn.Module):
             for name, tensor in self.shared.named_parameters():
                 state[f"{prefix}.shared.{name}"] = tensor.detach().cpu()
         return state
+
+
+    def load_full_state(self, prefix: str, state: dict[str, Tensor]) -> None:
+        """The inverse of :meth:`full_state` on this rank: the router, this rank's experts out
+        of gem's stacked tensors, and the shared expert."""
+        names = ("gate", "up", "down") if self.kind == "swiglu" else (
+            "w_in", "b_in", "w_out", "b_out")
+        stacked = SimpleNamespace(kind=self.kind,
+                                  **{n: state[f"{prefix}.experts.{n}"] for n in names})
+        local = self.num_experts // self.ep_size
+        with torch.no_grad():
+            self.moe.deepspeed_moe.gate.wg.weight.copy_(state[f"{prefix}.router.weight"])
+            for i, module in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
+                _load_expert(module, stacked, self.ep_rank * local + i)
+            if self.shared is not None:
+                for name, tensor in self.shared.named_parameters():
+                    tensor.copy_(state[f"{prefix}.shared.{name}"])
 
 
 class DeepSpeedMoeStrategy:
@@ -274,7 +293,8 @@ class DeepSpeedMoeStrategy:
 class DeepSpeedMoeEngine(DeepSpeedEngine):
     """DeepSpeed's engine; evaluation on a replica with gem's layers (DeepSpeed's MoE runs
     all-to-alls, which ranks with different numbers of eval batches cannot); checkpoints hold
-    the full weights under gem's names."""
+    the full weights under gem's names and every rank's ZeRO partitions, and resume with the
+    same ranks and ``ep_size``."""
 
     def __init__(self, ds_engine, optimizer, *, unwrapped: nn.Module, replica: EvalReplica,
                  adapters: dict[str, DeepSpeedMoeAdapter], ep_group) -> None:
@@ -318,8 +338,30 @@ class DeepSpeedMoeEngine(DeepSpeedEngine):
                       if k in buffers and k not in state})
         return state
 
+    def state_dict(self) -> dict[str, Any]:
+        """DeepSpeedEngine's, plus the expert layout the ZeRO partitions belong to."""
+        state = super().state_dict()
+        state["optimizer"]["expert_parallel"] = self._layout()
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise RuntimeError(
-            "deepspeed-moe runs cannot resume yet: their checkpoints hold the full weights under "
-            "gem's names, and mapping DeepSpeed's ZeRO partitions of the expert groups back is "
-            "not implemented; start over with --fresh or train with --sharding ep")
+        """Same ranks and expert layout only (the trainer checks the ranks): each rank's ZeRO
+        partitions hold the optimizer state of its own experts."""
+        saved = state["optimizer"].get("expert_parallel")
+        if saved != self._layout():
+            raise RuntimeError(
+                f"this deepspeed-moe checkpoint was written with expert layout {saved}; this "
+                f"run has {self._layout()}: resume with the same parallel.dense.ep_size, or "
+                "start over with --fresh")
+        super().load_state_dict(state)
+
+    def _layout(self) -> dict[str, int]:
+        ep_size = next(iter(self.adapters.values())).ep_size if self.adapters else 1
+        return {"ep_size": ep_size, "world_size": dist.get_world_size()}
+
+    def _load_module_weights(self, full: dict[str, Tensor]) -> None:
+        for name, param in self._named_parameters():
+            if not any(name.startswith(f"{prefix}.") for prefix in self.adapters):
+                param.copy_(full[name])
+        for prefix, adapter in self.adapters.items():
+            adapter.load_full_state(prefix, full)

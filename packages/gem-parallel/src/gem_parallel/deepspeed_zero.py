@@ -90,7 +90,8 @@ class DeepSpeedZeroStrategy:
             model=model, optimizer=make_optimizer(model),
             config=deepspeed_config(self.stage, world_size=ctx.world_size, bf16=bf16),
         )
-        return DeepSpeedEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica)
+        return DeepSpeedEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica,
+                               partitions_parameters=self.stage == 3)
 
 
 class DeepSpeedEngine(Engine):
@@ -105,10 +106,12 @@ class DeepSpeedEngine(Engine):
     distributed_checkpoint = False
 
     def __init__(self, ds_engine, optimizer, *, unwrapped: nn.Module,
-                 replica: EvalReplica | None) -> None:
+                 replica: EvalReplica | None, partitions_parameters: bool = False) -> None:
         super().__init__(ds_engine, optimizer, unwrapped=unwrapped)
         self.ds = ds_engine
         self.replica = replica
+        self.partitions_parameters = partitions_parameters
+        """ZeRO-3: the module's parameters are partitioned (DeepSpeed restores them itself)."""
 
     def _named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
@@ -190,13 +193,16 @@ class DeepSpeedEngine(Engine):
         self.ds.optimizer.load_state_dict(state["optimizer"]["zero_partitions"],
                                           load_optimizer_states=True,
                                           load_from_fp32_weights=True)
-        if self.replica is None:  # stages 1-2: the module holds every parameter
-            with torch.no_grad():
-                for name, param in self._named_parameters():
-                    param.copy_(state["model"][name])
-        for name, buffer in self.unwrapped.named_buffers():
-            if name in state["model"]:
-                buffer.copy_(state["model"][name])
+        with torch.no_grad():
+            if not self.partitions_parameters:  # stages 0-2: the module holds every parameter
+                self._load_module_weights(state["model"])
+            for name, buffer in self.unwrapped.named_buffers():
+                if name in state["model"]:
+                    buffer.copy_(state["model"][name])
+
+    def _load_module_weights(self, full: dict[str, torch.Tensor]) -> None:
+        for name, param in self._named_parameters():
+            param.copy_(full[name])
 
 
 def _to_cpu(value: Any) -> Any:
