@@ -195,6 +195,20 @@ def test_deepspeed_moe_on_four_ranks_matches_one_process(tmp_path):
     _assert_same_training(ds, one)
 
 
+@pytest.mark.distributed
+def test_deepspeed_moe_with_a_capacity_drops_and_trains(tmp_path):
+    """The preset as it is (capacity 1.25, top-2): ranks hold different numbers of tokens, so
+    the capacity comes from the expert group's largest rank (otherwise gloo's all-to-all fails
+    on mismatched buffers); DeepSpeed drops over it and the drops are counted."""
+    ds = tmp_path / "ds"
+    result = _train(ds, 2, "deepspeed-moe", env=DS_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = _records(ds)
+    assert len(records) == 6 and all(math.isfinite(r["loss"]) for r in records)
+    summary = json.loads((ds / "summary.json").read_text())
+    assert summary["moe"]["dropped_tokens"] == sum(r["moe_dropped_tokens"] for r in records) > 0
+
+
 def test_deepspeed_moe_explains_what_it_cannot_run():
     pytest.importorskip("deepspeed")
     from gem_core.errors import GemConfigError

@@ -11,12 +11,14 @@ group by DeepSpeed, the rest over all ranks.
 
 Differences from gem's layer: DeepSpeed's capacity rule counts a rank's own tokens, but its
 all-to-all needs equal capacities on all ranks, which jagged histories (different token counts
-per rank) break; so only ``capacity_factor = 0`` is accepted, run as DeepSpeed's no-drop mode
-(capacity = the busiest expert's load over the expert group). Its load-balancing loss counts
-first choices only in ``ce``; its token counts per expert are ``exp_counts``. Only layers whose
-input and output widths are equal can be swapped (DeepSpeed reshapes the output to the input's
-shape): the sequence layers' MoE, not the Wukong one. Checkpoints hold the full weights under
-gem's names; resuming a ``deepspeed-moe`` run is not implemented (a clear error says so).
+per rank) break; so the capacity is taken from the expert group's largest token count (an
+all-reduce before each gate), and DeepSpeed drops in its own order. ``capacity_factor = 0`` runs
+DeepSpeed's no-drop mode (capacity = the busiest expert's load over the expert group); top-1
+routing needs it. Its load-balancing loss counts first choices only in ``ce``; its token counts
+per expert are ``exp_counts``. Only layers whose input and output widths are equal can be
+swapped (DeepSpeed reshapes the output to the input's shape): the sequence layers' MoE, not the
+Wukong one. Checkpoints hold the full weights under gem's names and every rank's ZeRO
+partitions; a resume needs the same ranks and ``ep_size``.
 
 One process (no launcher) runs with ``ep_size`` 1: the strategy starts a one-rank process group
 (``gem_core.distributed.single_process_group``), which ``deepspeed.initialize`` adopts instead of
@@ -26,6 +28,7 @@ looking for RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, and which is destroyed thro
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -131,22 +134,27 @@ class DeepSpeedMoeAdapter(nn.Module):
                 f"its input's shape, so it cannot replace a {experts.in_dim} -> "
                 f"{experts.out_dim} MoE (the Wukong one); use model.moe.where = ['sequence'] "
                 "or --sharding ep")
-        if layer.router.capacity_factor > 0:
+        self.capacity_factor = layer.router.capacity_factor
+        if self.capacity_factor > 0 and layer.top_k < 2:
             raise GemConfigError(
-                "dense_sharding 'deepspeed-moe' needs model.moe.capacity_factor = 0: DeepSpeed's "
-                "all-to-all sends every expert's full capacity buffer, so all ranks must use the "
-                "same capacity, but its capacity rule counts local tokens and jagged histories "
-                "give ranks different token counts (gloo then fails with 'Received data size "
-                "doesn't match'). With 0 DeepSpeed takes the busiest expert's load over the "
-                "expert group as the capacity and drops nothing; or train with --sharding ep")
+                "dense_sharding 'deepspeed-moe' with top_k = 1 needs model.moe.capacity_factor "
+                "= 0: every rank must use the same capacity (DeepSpeed's all-to-all sends every "
+                "expert's full buffer), which this strategy takes from the rank with the most "
+                "tokens, and DeepSpeed's top-1 gate refuses a capacity above a rank's own token "
+                "count; use top_k >= 2, capacity_factor = 0, or --sharding ep")
         self.kind, self.num_experts, self.top_k = experts.kind, layer.num_experts, layer.top_k
         self.ep_size, self.ep_rank = ep_size, ep_rank
         self.aux_loss_weight = layer.aux_loss_weight
+        # capacity_factor 0: DeepSpeed's no-drop mode (capacity = the busiest expert's load over
+        # the expert group). Above 0: DeepSpeed's rule ceil(factor * k * tokens / E), with the
+        # tokens of the expert group's largest rank (see _uniform_capacity).
+        dropping = self.capacity_factor > 0
         self.moe = MoE(experts.in_dim, _expert_module(experts), num_experts=layer.num_experts,
-                       ep_size=ep_size, k=layer.top_k, capacity_factor=1.0,
-                       eval_capacity_factor=1.0, min_capacity=0,
-                       drop_tokens=False, use_rts=False, noisy_gate_policy=None,
-                       top2_2nd_expert_sampling=False)
+                       ep_size=ep_size, k=layer.top_k,
+                       capacity_factor=self.capacity_factor if dropping else 1.0,
+                       eval_capacity_factor=self.capacity_factor if dropping else 1.0,
+                       min_capacity=0, drop_tokens=dropping, use_rts=False,
+                       noisy_gate_policy=None, top2_2nd_expert_sampling=False)
         with torch.no_grad():
             self.moe.deepspeed_moe.gate.wg.weight.copy_(layer.router.weight)
         local = layer.num_experts // ep_size
@@ -157,6 +165,20 @@ class DeepSpeedMoeAdapter(nn.Module):
         self._last = LastForward()
         self._dropped: Tensor | None = None
         self.moe.deepspeed_moe.gate.register_forward_hook(self._count_dropped)
+        if dropping:
+            self.moe.deepspeed_moe.gate.register_forward_pre_hook(self._uniform_capacity)
+
+    def _uniform_capacity(self, gate: nn.Module, args: Any) -> None:
+        """DeepSpeed sizes the capacity from this rank's tokens, but its all-to-all sends every
+        expert's full capacity buffer, so the ranks of an expert group must agree: set the
+        gate's floor (``min_capacity``) from the group's largest token count (one all-reduce of
+        an integer per layer and forward; jagged histories give ranks different counts)."""
+        tokens = torch.tensor([args[0].shape[0]], dtype=torch.int64, device=args[0].device)
+        group = getattr(gate, "ep_group", None)
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(tokens, op=dist.ReduceOp.MAX, group=group)
+        gate.min_capacity = math.ceil(self.capacity_factor * self.top_k * int(tokens)
+                                      / self.num_experts)
 
     def _count_dropped(self, module: nn.Module, args: Any, output: Any) -> None:
         # With sparse routes (what MOELayer asks for) the gate returns
