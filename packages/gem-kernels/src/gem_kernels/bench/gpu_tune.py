@@ -81,7 +81,11 @@ def tune_shape(cfg: BenchConfig, window: int | None) -> dict[str, Any]:
                 x.grad, x.q, x.k, x.v, default_out, default_lse, *head[3:], 64, 64,
                 dkdv_blocks=dkdv, dq_blocks=dq, num_warps=warps, num_stages=stages)
         try:
-            row["rel_error"] = _error(step(), default_grads)
+            grads = step()
+            row["rel_error"] = _error(grads, default_grads)
+            # Per gradient, so a wrong setting shows which kernel is at fault (dQ has its own
+            # kernel; dK and dV share one).
+            row["rel_error_dq_dk_dv"] = [_error((g,), (d,)) for g, d in zip(grads, default_grads)]
             row["ms"] = 1e3 * _time(step, cfg.device, cfg.repeats)
         except Exception as error:
             row["skipped"] = f"{type(error).__name__}: {str(error)[:160]}"
@@ -105,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         report[label] = tune_shape(cfg, window)
         for part in ("forward", "backward"):
             for row in report[label][part]:
-                settings = {k: v for k, v in row.items() if k not in ("ms", "rel_error")}
+                settings = {k: v for k, v in row.items()
+                            if k not in ("ms", "rel_error", "rel_error_dq_dk_dv")}
                 result = (f"{row['ms']:8.3f} ms  rel err {row['rel_error']:.1e}"
                           if "ms" in row else "skipped")
+                if "rel_error_dq_dk_dv" in row:
+                    result += " (dq/dk/dv " + "/".join(
+                        f"{e:.0e}" for e in row["rel_error_dq_dk_dv"]) + ")"
                 print(f"{label:18} {part:8} {json.dumps(settings)[:110]:110} {result}",
                       flush=True)
     if args.out:
