@@ -117,6 +117,23 @@ class SingleProcess:
         return Engine(model, make_optimizer(model))
 
 
+def local_cpu_copy(value: Any) -> Any:
+    """A nested state (dicts, lists, tuples of tensors and plain values) with every tensor
+    detached and copied to the CPU; a DTensor becomes this rank's local shard. For gathering
+    per-rank optimizer states with ``all_gather_object``."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local().detach().cpu()
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: local_cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(local_cpu_copy(v) for v in value)
+    return value
+
+
 def scale_to_max_norm(params: Any, max_norm: float, total_norm: float) -> None:
     """Clip gradients whose global norm ``total_norm`` was computed by the caller (over shards,
     expert groups, ...) as ``torch.nn.utils.clip_grad_norm_`` would: one gradient at a time, so

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gem_core.distributed import ParallelContext, single_process_group
-from gem_core.engine import Engine
+from gem_core.engine import Engine, local_cpu_copy
 from gem_core.precision import reject_options
 
 from gem_parallel.eval_replica import EvalReplica
@@ -181,7 +181,7 @@ class DeepSpeedEngine(Engine):
         rank (its fp32 master partition and AdamW moments), in rank order. Collectives: every
         rank calls it. Resuming needs the same number of ranks (the trainer checks that)."""
         partitions: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(partitions, _to_cpu(self.ds.optimizer.state_dict()))
+        dist.all_gather_object(partitions, local_cpu_copy(self.ds.optimizer.state_dict()))
         return {"model": self._full_model_state(), "optimizer": {"zero_partitions": partitions}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -203,13 +203,3 @@ class DeepSpeedEngine(Engine):
     def _load_module_weights(self, full: dict[str, torch.Tensor]) -> None:
         for name, param in self._named_parameters():
             param.copy_(full[name])
-
-
-def _to_cpu(value: Any) -> Any:
-    if torch.is_tensor(value):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value

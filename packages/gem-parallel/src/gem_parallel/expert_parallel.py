@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from gem_core.config import structure
 from gem_core.config.validators import at_least
 from gem_core.distributed import ParallelContext, single_process_group
-from gem_core.engine import Engine, scale_to_max_norm
+from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.moe import moe_layers
 from gem_core.model.moe_experts import ExpertMLPs
@@ -373,7 +373,7 @@ class ExpertParallelEngine(Engine):
         """Full weights, and every rank's own optimizer state (DTensor moments as their local
         shards) in rank order. Collectives: every rank calls it."""
         model = self._full_model_state()
-        local = _local_tensors(self.optimizer.state_dict())
+        local = local_cpu_copy(self.optimizer.state_dict())
         partitions: list[Any] = [None] * self.world_size
         dist.all_gather_object(partitions, local)
         return {"model": model, "optimizer": {"per_rank": partitions}}
@@ -409,15 +409,3 @@ class ExpertParallelEngine(Engine):
                                                     param.placements, shape=param.shape,
                                                     stride=param.stride())
         self.optimizer.load_state_dict(saved)
-
-
-def _local_tensors(value: Any) -> Any:
-    if isinstance(value, DTensor):
-        return value.to_local().detach().cpu()
-    if torch.is_tensor(value):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _local_tensors(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_local_tensors(v) for v in value)
-    return value
