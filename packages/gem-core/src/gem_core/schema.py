@@ -1,10 +1,32 @@
-"""The feature schema: what a GEM training example holds, and the id-space of every feature."""
+"""The feature schema: what a request-level training example holds, declared by the data set.
+
+A row of data is one **request**: one user's history (a jagged list of events, oldest first),
+the user's and context's non-sequence features, and ``K >= 1`` **candidates** (the ads shown in
+that request), each with its own features and per-task labels. Nothing here names an item id or
+an action specially: a data set declares
+
+- its **embedding tables** (id space and how raw ids reach it: :class:`EmbeddingTable`);
+- **event features**: categorical attributes of every history event (ad id, advertiser,
+  category, action type, ...), each single- or multi-valued per event, each looked up in a
+  declared table;
+- **candidate features**, which may share a table with an event feature (the candidate's ad id
+  and each event's ad id index one table, so candidate tokens live in the event space);
+- **context features**: pooled multi-hot ids of the user or request (segments, surface, ...);
+- dense vectors (per event, per candidate, per request) and the free-named binary **tasks**.
+
+The model, the TorchRec plan, validation, the loader and the exports all follow this schema.
+"""
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import attrs
 
 _positive = attrs.validators.gt(0)
+
+#: How a raw id reaches its table's rows (see :class:`EmbeddingTable`).
+ID_POLICIES = ("dense", "modulo", "hash")
 
 
 def _unique_names(instance: object, attribute: attrs.Attribute, value: tuple) -> None:
@@ -14,57 +36,153 @@ def _unique_names(instance: object, attribute: attrs.Attribute, value: tuple) ->
         raise ValueError(f"{attribute.name} names must be unique, repeated: {', '.join(duplicates)}")
 
 
-@attrs.frozen(kw_only=True)
-class SparseFeature:
-    """A categorical feature with an id space: multi-hot per sample, or one id for a candidate."""
+def _feature_name(instance: object, attribute: attrs.Attribute, value: str) -> None:
+    if not value or not all(c.isalnum() or c in "_-" for c in value):
+        raise ValueError(f"feature and table names are words of letters, digits, '_' or '-'; "
+                         f"got {value!r}")
 
-    name: str
-    """Feature name, also the name of its embedding table."""
+
+@attrs.frozen(kw_only=True)
+class EmbeddingTable:
+    """One embedding table: its rows and how the raw ids of its features are mapped to rows."""
+
+    name: str = attrs.field(validator=_feature_name)
+    """Table name (unique); features refer to it by this name."""
 
     num_embeddings: int = attrs.field(validator=_positive)
-    """Size of the id space: valid ids are ``0 .. num_embeddings - 1``."""
+    """Rows of the table."""
+
+    id_policy: str = attrs.field(default="dense", validator=attrs.validators.in_(ID_POLICIES))
+    """``dense``: raw ids are already rows, ``0 .. num_embeddings - 1``; any other id is an
+    error naming file, row, feature and value. ``modulo``: row = id mod ``num_embeddings`` (ids
+    that are small integers with a known bound). ``hash``: row = a stable 64-bit mix of the raw
+    id (splitmix64's finalizer) mod ``num_embeddings``, for unbounded 64-bit hashed ids; distinct
+    ids may share a row (``gem data inspect`` reports the collision rate)."""
+
+
+@attrs.frozen(kw_only=True)
+class SequenceFeature:
+    """A categorical attribute of every history event, or of every candidate."""
+
+    name: str = attrs.field(validator=_feature_name)
+    """Feature name (the data column is ``event.<name>`` or ``candidate.<name>``)."""
+
+    table: str = attrs.field(validator=_feature_name)
+    """The declared table its ids index; an event and a candidate feature may share one."""
+
+    multi_valued: bool = False
+    """Several ids per event (a movie's genres, an ad's topics), jagged within the event, pooled
+    into one vector per event; at least one id per event (an empty list is an error)."""
+
+    pooling: str = attrs.field(default="mean", validator=attrs.validators.in_(("sum", "mean")))
+    """How a multi-valued feature's ids are pooled into the event's (or candidate's) vector."""
+
+
+@attrs.frozen(kw_only=True)
+class ContextFeature:
+    """A multi-hot feature of the user or the request, pooled into one vector per request."""
+
+    name: str = attrs.field(validator=_feature_name)
+    """Feature name (the data column is ``sparse.<name>``)."""
+
+    table: str = attrs.field(validator=_feature_name)
+    """The declared table its ids index (used by context features only)."""
 
     pooling: str = attrs.field(default="sum", validator=attrs.validators.in_(("sum", "mean")))
-    """How a multi-hot bag is reduced to one vector."""
+    """How the bag is reduced to one vector."""
 
 
 @attrs.frozen(kw_only=True)
 class FeatureSchema:
     """Every feature a batch carries. Data sources declare it; the model is built from it."""
 
-    num_items: int = attrs.field(validator=_positive)
-    """Id space shared by history item ids and the candidate's item id."""
+    tables: tuple[EmbeddingTable, ...] = attrs.field(converter=tuple, validator=_unique_names)
+    """The embedding tables every categorical feature indexes."""
 
-    num_actions: int = attrs.field(validator=_positive)
-    """Id space of the per-event action type (view, click, conversion, ...)."""
+    event_features: tuple[SequenceFeature, ...] = attrs.field(
+        converter=tuple, validator=_unique_names)
+    """Categorical attributes of each history event (at least one)."""
 
-    sparse_features: tuple[SparseFeature, ...] = attrs.field(
-        default=(), converter=tuple, validator=_unique_names
-    )
+    candidate_features: tuple[SequenceFeature, ...] = attrs.field(
+        converter=tuple, validator=_unique_names)
+    """Categorical attributes of each candidate (at least one)."""
+
+    sparse_features: tuple[ContextFeature, ...] = attrs.field(
+        default=(), converter=tuple, validator=_unique_names)
     """Non-sequence multi-hot features of the user or context, pooled into one vector each."""
 
-    candidate_features: tuple[SparseFeature, ...] = attrs.field(
-        default=(), converter=tuple, validator=_unique_names
-    )
-    """Single-id features of the candidate ad besides its item id (advertiser, category, ...)."""
-
     num_dense: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    """Number of dense float features per sample."""
+    """Number of dense float features per request."""
 
     seq_dense_dim: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     """Width of the optional dense content vector of each history event (0: none)."""
 
-    tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
-    """Binary label names, one prediction head each."""
-
     candidate_content: bool = False
-    """The candidate carries a content vector in the history's space (``seq_dense_dim`` floats,
+    """Each candidate carries a content vector in the history's space (``seq_dense_dim`` floats,
     ``JaggedBatch.candidate_dense``)."""
 
+    tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
+    """Binary label names, one prediction head each; a label per candidate."""
+
     user_embedding_dim: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    """Width of a precomputed user embedding carried by each sample (0: none). Set by data sets
+    """Width of a precomputed user embedding carried by each request (0: none). Set by data sets
     exported with ``gem export-user-embeddings``: the upstream tower's output, so a downstream
     ranker can train and evaluate without running the tower."""
 
     max_seq_len: int = attrs.field(default=1024, validator=_positive)
     """Longest history the data holds (after truncation to the most recent events)."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.event_features:
+            raise ValueError("the schema declares no event features: a history event needs at "
+                             "least one categorical attribute (its item or ad id)")
+        if not self.candidate_features:
+            raise ValueError("the schema declares no candidate features: a candidate needs at "
+                             "least one categorical attribute (its item or ad id)")
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks must be distinct and at least one, got {list(self.tasks)}")
+        if self.candidate_content and not self.seq_dense_dim:
+            raise ValueError("candidate_content needs seq_dense_dim > 0 (the candidate's content "
+                             "vector lives in the history's space)")
+        names = {t.name for t in self.tables}
+        users: dict[str, set[str]] = {}
+        for where, features in (("event", self.event_features),
+                                ("candidate", self.candidate_features),
+                                ("context", self.sparse_features)):
+            for feature in features:
+                if feature.table not in names:
+                    raise ValueError(
+                        f"{where} feature {feature.name!r} names table {feature.table!r}, which "
+                        f"is not declared; declared tables: {', '.join(sorted(names)) or 'none'}")
+                users.setdefault(feature.table, set()).add(where)
+        for table, kinds in users.items():
+            if "context" in kinds and len(kinds) > 1:
+                raise ValueError(
+                    f"table {table!r} is used by a context feature and by event or candidate "
+                    "features; context features are pooled per request and need a table of "
+                    "their own")
+        unused = sorted(names - set(users))
+        if unused:
+            raise ValueError(f"tables {', '.join(unused)} are declared but no feature uses them")
+
+    def table(self, name: str) -> EmbeddingTable:
+        """The declared table ``name``."""
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(f"no table {name!r}; declared: {', '.join(t.name for t in self.tables)}")
+
+    def id_features(self) -> Iterator[tuple[str, SequenceFeature | ContextFeature]]:
+        """Every categorical feature with its kind (``event``, ``candidate``, ``context``)."""
+        for feature in self.event_features:
+            yield "event", feature
+        for feature in self.candidate_features:
+            yield "candidate", feature
+        for feature in self.sparse_features:
+            yield "context", feature
+
+
+def feature_key(kind: str, name: str) -> str:
+    """The name under which a feature's ids travel to the embedding backend (and TorchRec's
+    KeyedJaggedTensor): ``event.<name>``, ``candidate.<name>`` or the context feature's name."""
+    return name if kind == "context" else f"{kind}.{name}"

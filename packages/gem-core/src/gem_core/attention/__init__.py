@@ -8,12 +8,25 @@
 Backends are registered through ``gem_register_attention_backends``; ``reference`` lives here.
 """
 
-from gem_core.attention.api import AttentionBackend, AttentionParams, validate_attention_inputs
+from gem_core.attention.api import (
+    ATTENTION_CAPABILITIES,
+    AttentionBackend,
+    AttentionParams,
+    backend_capabilities,
+    require_capabilities,
+    validate_attention_inputs,
+)
 from gem_core.attention.reference import reference_attention
+from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 
 __all__ = [
+    "ATTENTION_CAPABILITIES",
     "AttentionBackend",
     "AttentionParams",
+    "RELATIVE_BIAS",
+    "RelativeBias",
+    "backend_capabilities",
     "reference_attention",
+    "require_capabilities",
     "validate_attention_inputs",
 ]

@@ -9,6 +9,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import check_offsets
 
 Normalization = Literal["softmax", "silu"]
@@ -59,6 +60,17 @@ class AttentionBackend(Protocol):
     ``q.dtype``. ``num_targets`` ``(batch,)`` counts target tokens at the tail of each sequence
     (self-attention only). ``max_q_len``/``max_kv_len`` are upper bounds a kernel may use to size
     its grid without a device sync. A sample with no keys outputs zeros.
+
+    ``bias`` (self-attention only, like ``causal``): a
+    :class:`~gem_core.attention.relative_bias.RelativeBias` whose value for each (query, key, head)
+    is added to ``scale * q.k`` before the softmax or SiLU normalisation; its position and time
+    buckets are defined in :mod:`gem_core.attention.relative_bias`. A backend that accepts it
+    declares the capability ``"relative_bias"`` (:data:`RELATIVE_BIAS`) in its ``capabilities``
+    attribute (a frozenset of names; see :func:`backend_capabilities`) and returns gradients for
+    ``bias.position_weights`` and ``bias.time_weights``. A backend that does not declare it must
+    raise (NotImplementedError) when given a bias, with a message naming ``relative_bias``
+    (:func:`reject_unsupported_bias`); never ignore it. ``capabilities`` is optional: a backend
+    without it declares no optional capability.
     """
 
     def __call__(
@@ -73,20 +85,56 @@ class AttentionBackend(Protocol):
         num_targets: Tensor | None = None,
         max_q_len: int | None = None,
         max_kv_len: int | None = None,
+        bias: RelativeBias | None = None,
     ) -> Tensor: ...
 
 
-def needs_self_attention(params: AttentionParams, num_targets: Tensor | None) -> bool:
+#: Every optional capability an attention backend may declare.
+ATTENTION_CAPABILITIES: tuple[str, ...] = (RELATIVE_BIAS,)
+
+
+def backend_capabilities(backend: object) -> frozenset[str]:
+    """The optional capabilities ``backend`` declares (its ``capabilities`` attribute; none if it
+    has no such attribute). Plain data, so a run can check its choice at start-up."""
+    return frozenset(getattr(backend, "capabilities", frozenset()))
+
+
+def require_capabilities(backend: object, required: tuple[str, ...] | list[str] | frozenset[str],
+                         name: str | None = None) -> None:
+    """Raise ValueError naming each capability in ``required`` that ``backend`` does not declare:
+    what a run calls once at start-up, before the first step, for what its model will ask."""
+    missing = sorted(set(required) - backend_capabilities(backend))
+    if missing:
+        label = name or getattr(backend, "name", type(backend).__name__)
+        raise ValueError(
+            f"attention backend {label!r} does not support {', '.join(missing)} (it declares "
+            f"{', '.join(sorted(backend_capabilities(backend))) or 'no optional capability'}); "
+            "choose a backend that declares it or turn the feature off"
+        )
+
+
+def reject_unsupported_bias(backend: str, bias: RelativeBias | None) -> None:
+    """What a backend without the ``relative_bias`` capability calls first: raise if given one."""
+    if bias is not None:
+        raise NotImplementedError(
+            f"the {backend} attention backend does not support {RELATIVE_BIAS} (a RelativeBias "
+            "was passed); use a backend that declares the relative_bias capability, such as "
+            "reference, bucketed, blocked or triton"
+        )
+
+
+def needs_self_attention(params: AttentionParams, num_targets: Tensor | None,
+                         bias: RelativeBias | None = None) -> bool:
     """Whether the call is self-attention in the sense that changes the result: causality, a
-    window, contextual prefix or target tokens. Without any of them, attention within each
-    sample is the same whether or not q and k/v share offsets, so backends need not compare them
-    (a comparison of values is a device sync on a GPU)."""
-    return params.is_self_attention_only or num_targets is not None
+    window, contextual prefix or target tokens, or a relative bias. Without any of them,
+    attention within each sample is the same whether or not q and k/v share offsets, so backends
+    need not compare them (a comparison of values is a device sync on a GPU)."""
+    return params.is_self_attention_only or num_targets is not None or bias is not None
 
 
 def _check_same_offsets(q_offsets: Tensor, kv_offsets: Tensor) -> None:
-    message = ("causal, window, num_prefix and num_targets need self-attention (q_offsets equal "
-               "to kv_offsets)")
+    message = ("causal, window, num_prefix, num_targets and a relative bias need self-attention "
+               "(q_offsets equal to kv_offsets)")
     if q_offsets is kv_offsets:
         return
     if q_offsets.shape != kv_offsets.shape:
@@ -105,6 +153,7 @@ def validate_attention_inputs(
     kv_offsets: Tensor,
     params: AttentionParams,
     num_targets: Tensor | None,
+    bias: RelativeBias | None = None,
 ) -> None:
     """Raise ValueError with a one-sentence reason for inputs no backend should accept."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
@@ -121,8 +170,12 @@ def validate_attention_inputs(
             f"q_offsets has {q_offsets.numel() - 1} samples but kv_offsets has "
             f"{kv_offsets.numel() - 1}"
         )
-    if needs_self_attention(params, num_targets):
+    if needs_self_attention(params, num_targets, bias):
         _check_same_offsets(q_offsets, kv_offsets)
+    if bias is not None:
+        if not isinstance(bias, RelativeBias):
+            raise TypeError(f"bias must be a RelativeBias, got {type(bias).__name__}")
+        bias.check(q.shape[0], q.shape[1], q.device)
     if num_targets is not None:
         if num_targets.shape != (q_offsets.numel() - 1,):
             raise ValueError(

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
 from gem_core.attention.masks import self_attention_masks
+from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+                                              relative_bias_values)
 from gem_core.jagged import lengths_from_offsets
 
 
@@ -56,18 +58,33 @@ def bucketed_attention(
     max_q_len: int | None = None,
     max_kv_len: int | None = None,
     growth: float = 1.25,
+    bias: RelativeBias | None = None,
 ) -> Tensor:
     """See :class:`gem_core.attention.AttentionBackend`."""
-    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
+    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets, bias)
     # The backend does its own float32 (or float64) math; an enclosing bf16 autocast must
     # not recast its matmuls.
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _bucketed_attention_fp(q, k, v, q_offsets, kv_offsets, params, num_targets, growth)
+        return _bucketed_attention_fp(q, k, v, q_offsets, kv_offsets, params, num_targets, growth,
+                                      bias)
+
+
+def _bucket_bias(bias: RelativeBias, starts: Tensor, lengths: Tensor, targets: Tensor, width: int,
+                 total: int, compute: torch.dtype) -> Tensor:
+    """``(n, heads, width, width)`` relative bias of ``n`` samples padded to ``width`` (padding
+    slots get finite values that the mask discards)."""
+    index = torch.arange(width, device=starts.device)
+    pos = bias_positions(index[None, :], lengths[:, None], targets[:, None])  # (n, width)
+    token = (starts[:, None] + index[None, :]).clamp(max=max(total - 1, 0))
+    values = relative_bias_values(bias, pos[:, :, None], pos[:, None, :], token[:, :, None],
+                                  token[:, None, :])  # (heads, n, width, width)
+    return values.transpose(0, 1).to(compute)
 
 
 def _bucketed_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
                            kv_offsets: Tensor, params: AttentionParams,
-                           num_targets: Tensor | None, growth: float) -> Tensor:
+                           num_targets: Tensor | None, growth: float,
+                           bias: RelativeBias | None = None) -> Tensor:
     is_self = torch.equal(q_offsets, kv_offsets)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = params.resolved_scale(q.shape[-1])
@@ -85,9 +102,12 @@ def _bucketed_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
         # (n, heads, Lq, Lk)
         scores = torch.einsum("nqhd,nkhd->nhqk", qb.to(compute), kb.to(compute)) * scale
         if is_self:
-            targets = (num_targets[members] if num_targets is not None
+            targets = (num_targets[members].to(q_len.dtype) if num_targets is not None
                        else torch.zeros_like(q_len))
             mask = self_attention_masks(q_len, targets, params, q_width)
+            if bias is not None:
+                scores = scores + _bucket_bias(bias, q_offsets[members], q_len, targets, q_width,
+                                               q.shape[0], compute)
         else:
             mask = q_valid[:, :, None] & kv_valid[:, None, :]
         # Padding query rows see key 0 so softmax stays finite; their output is discarded.
@@ -106,6 +126,7 @@ class BucketedAttention:
     """The ``bucketed`` backend object handed to the model."""
 
     name = "bucketed"
+    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, growth: float = 1.25) -> None:
         if growth <= 1.0:
@@ -113,6 +134,6 @@ class BucketedAttention:
         self.growth = growth
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
-                 max_q_len=None, max_kv_len=None):
+                 max_q_len=None, max_kv_len=None, bias=None):
         return bucketed_attention(q, k, v, q_offsets, kv_offsets, params=params,
-                                  num_targets=num_targets, growth=self.growth)
+                                  num_targets=num_targets, growth=self.growth, bias=bias)

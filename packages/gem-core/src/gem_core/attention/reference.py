@@ -12,6 +12,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
 from gem_core.attention.masks import self_attention_mask
+from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+                                              relative_bias_values)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -29,18 +31,32 @@ def reference_attention(
     num_targets: Tensor | None = None,
     max_q_len: int | None = None,
     max_kv_len: int | None = None,
+    bias: RelativeBias | None = None,
 ) -> Tensor:
     """See :class:`gem_core.attention.AttentionBackend`."""
-    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
+    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets, bias)
     # The backend does its own float32 (or float64) math; an enclosing bf16 autocast must
     # not recast its matmuls.
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _reference_attention_fp(q, k, v, q_offsets, kv_offsets, params, num_targets)
+        return _reference_attention_fp(q, k, v, q_offsets, kv_offsets, params, num_targets,
+                                       bias)
+
+
+def _sample_bias(bias: RelativeBias, start: int, length: int, num_targets: int,
+                 compute: torch.dtype) -> Tensor:
+    """``(heads, length, length)`` relative bias of the sample starting at token ``start``."""
+    index = torch.arange(length, device=bias.position_weights.device)
+    pos = bias_positions(index, torch.tensor(length, device=index.device),
+                         torch.tensor(num_targets, device=index.device))
+    token = start + index
+    return relative_bias_values(bias, pos[:, None], pos[None, :], token[:, None],
+                                token[None, :]).to(compute)
 
 
 def _reference_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
                             kv_offsets: Tensor, params: AttentionParams,
-                            num_targets: Tensor | None) -> Tensor:
+                            num_targets: Tensor | None, bias: RelativeBias | None = None
+                            ) -> Tensor:
     compute = _compute_dtype(q.dtype)
     scale = params.resolved_scale(q.shape[-1])
     is_self = torch.equal(q_offsets, kv_offsets)
@@ -60,6 +76,9 @@ def _reference_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
         kb = k[ks:ke].to(compute).transpose(0, 1)
         vb = v[ks:ke].to(compute).transpose(0, 1)
         scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (heads, Lq, Lk)
+        if bias is not None:  # self-attention only (validated)
+            scores = scores + _sample_bias(bias, qs, qe - qs, targets[b] if targets else 0,
+                                           compute)
         if is_self:
             mask = self_attention_mask(qe - qs, targets[b] if targets else 0, params, q.device)
         else:
@@ -80,8 +99,9 @@ class ReferenceAttention:
     """The ``reference`` backend object handed to the model."""
 
     name = "reference"
+    capabilities = frozenset({RELATIVE_BIAS})
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
-                 max_q_len=None, max_kv_len=None):
+                 max_q_len=None, max_kv_len=None, bias=None):
         return reference_attention(q, k, v, q_offsets, kv_offsets, params=params,
-                                   num_targets=num_targets)
+                                   num_targets=num_targets, bias=bias)

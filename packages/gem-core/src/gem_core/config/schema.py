@@ -82,6 +82,17 @@ class ModelConfig:
     time_buckets: int = attrs.field(default=24, validator=greater_than(1))
     """Log-spaced buckets of the age of an event relative to the request."""
 
+    position_buckets: int = attrs.field(default=32, validator=at_least(0))
+    """Each event token carries an embedding of its position from the end of the history (0 for
+    the most recent event), one bucket per position up to ``position_buckets - 1``, later
+    positions sharing the last bucket; 0 leaves positions out (age buckets only). Ages alone
+    cannot single out "the last few events" when events are bursty."""
+
+    relative_bias: bool = False
+    """HSTU-style relative attention bias in every self-attention layer: a learned bias per head
+    by relative position and by time-difference bucket, added to the attention scores (the
+    attention backend must declare the ``relative_bias`` capability)."""
+
     interaction_dims: tuple[int, ...] = attrs.field(
         default=(128, 64), converter=tuple, validator=each(greater_than(0))
     )
@@ -154,7 +165,12 @@ class ModelConfig:
 
     multitask: str = attrs.field(default="independent", validator=choice("independent", "esmm"))
     """``independent``: one logit head per task. ``esmm``: entire-space conversion,
-    p(conversion) = p(click) * p(conversion | click) (tasks ``click`` and ``conversion``)."""
+    p(conversion) = p(click) * p(conversion | click), for the tasks named by ``esmm_tasks``."""
+
+    esmm_tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
+    """With ``multitask = "esmm"``: the data set's task names of the click-like parent and the
+    conversion-like child (``["click", "purchase"]``, ...); the child head is read as p(child |
+    parent) and the model returns p(parent) * p(child | parent)."""
 
     moe: MoeConfig = attrs.field(factory=MoeConfig)
     """Mixture of experts in place of the sequence and/or Wukong MLPs (off by default)."""
@@ -171,6 +187,9 @@ class ModelConfig:
             raise ValueError("model.user_embeddings = 'cached' needs downstream_history = "
                              "'events' and pma_queries > 0 (the cached embedding is the PMA "
                              "user tokens, and the ranker must not need the tower's outputs)")
+        if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
+            raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
+                             f"got {list(self.esmm_tasks)}")
         if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
             raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
 

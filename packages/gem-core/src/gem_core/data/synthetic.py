@@ -24,7 +24,7 @@ from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, between, greater_than
 from gem_core.data.api import Balancer, IndexedStream
 from gem_core.jagged import Jagged
-from gem_core.schema import FeatureSchema, SparseFeature
+from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
 NUM_ACTIONS = 3  # view, click, conversion
 _TRAIN, _EVAL = 1, 2
@@ -79,6 +79,10 @@ class SyntheticOptions:
     conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
     """Intercept of the conversion-given-click logit."""
 
+    candidates_per_request: int = attrs.field(default=1, validator=greater_than(0))
+    """Candidates (impressions) per request, each with its own labels; ``train.batch_size``
+    counts requests."""
+
     content_dim: int = attrs.field(default=8, validator=at_least(0))
     """Width of each item's dense content vector (its cluster's centroid plus noise), carried
     by every history event (``seq_dense``) and by the candidate (``candidate_dense``); 0 leaves
@@ -108,15 +112,26 @@ class SyntheticSource:
         self.item_content = (centroids[self.item_cluster] + 0.5 * world.standard_normal(
             (o.num_items, max(o.content_dim, 1))))[:, :o.content_dim].astype(np.float32)
         self.schema = FeatureSchema(
-            num_items=o.num_items,
-            num_actions=NUM_ACTIONS,
+            tables=(
+                EmbeddingTable(name="item", num_embeddings=o.num_items),
+                EmbeddingTable(name="action", num_embeddings=NUM_ACTIONS),
+                EmbeddingTable(name="advertiser", num_embeddings=100),
+                EmbeddingTable(name="category", num_embeddings=o.num_clusters),
+                EmbeddingTable(name="user_segment", num_embeddings=64),
+                EmbeddingTable(name="context", num_embeddings=16),
+            ),
+            event_features=(
+                SequenceFeature(name="item", table="item"),
+                SequenceFeature(name="action", table="action"),
+            ),
             sparse_features=(
-                SparseFeature(name="user_segment", num_embeddings=64),
-                SparseFeature(name="context", num_embeddings=16),
+                ContextFeature(name="user_segment", table="user_segment"),
+                ContextFeature(name="context", table="context"),
             ),
             candidate_features=(
-                SparseFeature(name="advertiser", num_embeddings=100),
-                SparseFeature(name="category", num_embeddings=o.num_clusters),
+                SequenceFeature(name="item", table="item"),
+                SequenceFeature(name="advertiser", table="advertiser"),
+                SequenceFeature(name="category", table="category"),
             ),
             num_dense=4,
             seq_dense_dim=o.content_dim,
@@ -181,40 +196,48 @@ class SyntheticSource:
         age_from_end = _reverse_cumsum_per_row(gaps, offsets)
         timestamps = request_ts[row] - age_from_end.astype(np.int64)
 
-        # Candidates: half from the user's interests, half by popularity.
-        candidate = rng.choice(o.num_items, size=n, p=self.item_popularity)
-        from_interest = rng.random(n) < 0.5
+        # Candidates, K per request: half from the user's interests, half by popularity.
+        k = o.candidates_per_request
+        owner = np.repeat(np.arange(n), k)
+        m = n * k
+        candidate = rng.choice(o.num_items, size=m, p=self.item_popularity)
+        from_interest = rng.random(m) < 0.5
         candidate[from_interest] = self._draw_from_clusters(
-            rng, self.user_clusters[users[from_interest], rng.integers(0, 3, int(from_interest.sum()))]
+            rng, self.user_clusters[users[owner[from_interest]],
+                                    rng.integers(0, 3, int(from_interest.sum()))]
         )
         recent_window = o.session_length or 16
         position = _position_from_end(offsets)
         recent = position < recent_window
-        retarget = (rng.random(n) < o.retarget_fraction) & (lengths > 0)
+        retarget = (rng.random(m) < o.retarget_fraction) & (lengths[owner] > 0)
         if retarget.any():
-            # One of the row's recent events, uniformly: the k-th from the end, k < window.
-            rows_r = np.flatnonzero(retarget)
-            pick = (rng.random(rows_r.size) * np.minimum(lengths[rows_r], recent_window)).astype(
+            # One of the request's recent events, uniformly: the j-th from the end, j < window.
+            picks = np.flatnonzero(retarget)
+            rows_r = owner[picks]
+            pick = (rng.random(picks.size) * np.minimum(lengths[rows_r], recent_window)).astype(
                 np.int64)
-            candidate[rows_r] = items[offsets[rows_r + 1] - 1 - pick]
+            candidate[picks] = items[offsets[rows_r + 1] - 1 - pick]
         candidate_cluster = self.item_cluster[candidate]
-        seen_recently = _row_sums((items == candidate[row]) & recent, row, n) > 0
+        recent_keys = row[recent].astype(np.int64) * o.num_items + items[recent]
+        seen_recently = np.isin(owner.astype(np.int64) * o.num_items + candidate, recent_keys)
 
         # Planted label model: affinity of the recent history to the candidate's cluster.
         recency = np.exp(-_position_from_end(offsets) / 32.0)
         weight = recency * np.array([1.0, 3.0, 6.0])[actions]
-        match = (self.item_cluster[items] == candidate_cluster[row]) * weight
-        affinity = _row_sums(match, row, n) / np.maximum(_row_sums(weight, row, n), 1e-9)
+        by_cluster = np.zeros((n, o.num_clusters))
+        np.add.at(by_cluster, (row, self.item_cluster[items]), weight)
+        affinity = (by_cluster[owner, candidate_cluster]
+                    / np.maximum(_row_sums(weight, row, n), 1e-9)[owner])
         dense = rng.standard_normal((n, 4)).astype(np.float32)
         segment = self.user_segment[users]
         segment_effect = np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
         context = rng.integers(0, 16, n)
-        click_logit = (o.click_bias + o.history_weight * affinity + 0.5 * dense[:, 0]
+        click_logit = (o.click_bias + o.history_weight * affinity + 0.5 * dense[owner, 0]
                        + o.repeat_weight * seen_recently
-                       + segment_effect + 0.3 * (context == 3))
-        click = rng.random(n) < _sigmoid(click_logit)
-        conversion_logit = o.conversion_bias + 2.0 * affinity + 0.8 * dense[:, 1]
-        conversion = click & (rng.random(n) < _sigmoid(conversion_logit))
+                       + (segment_effect + 0.3 * (context == 3))[owner])
+        click = rng.random(m) < _sigmoid(click_logit)
+        conversion_logit = o.conversion_bias + 2.0 * affinity + 0.8 * dense[owner, 1]
+        conversion = click & (rng.random(m) < _sigmoid(conversion_logit))
 
         segment_lengths = rng.integers(1, 3, n)
         segment_ids = np.where(np.arange(2)[None, :] < segment_lengths[:, None], segment, -1)
@@ -222,11 +245,16 @@ class SyntheticSource:
         t = torch.from_numpy
         return JaggedBatch(
             seq_offsets=t(offsets),
-            seq_item_ids=t(items.astype(np.int64)),
-            seq_action_ids=t(actions.astype(np.int64)),
             seq_timestamps=t(timestamps),
+            event_ids={"item": t(items.astype(np.int64)),
+                       "action": t(actions.astype(np.int64))},
             request_timestamps=t(request_ts.astype(np.int64)),
-            candidate_item_ids=t(candidate.astype(np.int64)),
+            candidate_offsets=torch.arange(n + 1, dtype=torch.int64) * k,
+            candidate_ids={
+                "item": t(candidate.astype(np.int64)),
+                "advertiser": t(self.advertiser[candidate].astype(np.int64)),
+                "category": t(candidate_cluster.astype(np.int64)),
+            },
             labels={
                 "click": t(click.astype(np.float32)),
                 "conversion": t(conversion.astype(np.float32)),
@@ -236,13 +264,10 @@ class SyntheticSource:
                                        t(np.concatenate([[0], np.cumsum(segment_lengths)]))),
                 "context": Jagged(t(context.astype(np.int64)), torch.arange(n + 1)),
             },
-            candidate_sparse={
-                "advertiser": t(self.advertiser[candidate].astype(np.int64)),
-                "category": t(candidate_cluster.astype(np.int64)),
-            },
             dense=t(dense),
             seq_dense=t(self.item_content[items]) if o.content_dim else None,
             candidate_dense=t(self.item_content[candidate]) if o.content_dim else None,
+            user_ids=t(users.astype(np.int64)),
         )
 
     def _draw_from_clusters(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
-from gem_core.jagged import Jagged
-from gem_core.model.heads import CLICK, CONVERSION, esmm_logits
+from gem_core.model.features import FeatureLookup, embedding_tables as feature_tables
+from gem_core.model.heads import esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
 from gem_core.model.moe import auxiliary_losses, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
@@ -24,22 +24,10 @@ from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.model.wukong import WukongInteraction
 from gem_core.schema import FeatureSchema
 
-ITEM_TABLE = "item"
-
-
 def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[EmbeddingTableConfig]:
-    """The sparse tables of the model: one item table shared by history and candidate, one per
-    sparse feature (pooled) and one per candidate feature."""
-    dim = config.embedding_dim
-    tables = [EmbeddingTableConfig(name=ITEM_TABLE, num_embeddings=schema.num_items, dim=dim,
-                                   pooling="none", features=("history_item", "candidate_item"))]
-    tables += [EmbeddingTableConfig(name=f.name, num_embeddings=f.num_embeddings, dim=dim,
-                                    pooling=f.pooling, features=(f.name,))
-               for f in schema.sparse_features]
-    tables += [EmbeddingTableConfig(name=f"candidate_{f.name}", num_embeddings=f.num_embeddings,
-                                    dim=dim, pooling="sum", features=(f"candidate_{f.name}",))
-               for f in schema.candidate_features]
-    return tables
+    """The sparse tables of the model: one per table the data set declares (see
+    :mod:`gem_core.model.features`)."""
+    return feature_tables(config.embedding_dim, schema)
 
 
 class GEMModel(nn.Module):
@@ -60,8 +48,9 @@ class GEMModel(nn.Module):
         self.config, self.schema = config, schema
         norm = norm if norm is not None else ReferenceNorm()
         self.embeddings = embeddings
-        self.events = EventTokenizer(dim, schema.num_actions, config.time_buckets,
-                                     schema.seq_dense_dim)
+        self.lookup = FeatureLookup(schema)
+        self.events = EventTokenizer(dim, config.time_buckets, schema.seq_dense_dim,
+                                     config.position_buckets)
         self.attention_params = AttentionParams(
             causal=True, window=config.window or None, normalization=config.normalization
         )
@@ -102,25 +91,17 @@ class GEMModel(nn.Module):
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
-        if config.multitask == "esmm" and not {CLICK, CONVERSION} <= set(schema.tasks):
-            raise ValueError(f"model.multitask = 'esmm' needs tasks {CLICK!r} and "
-                             f"{CONVERSION!r}; the data has {', '.join(schema.tasks)}")
+        if config.multitask == "esmm" and not set(config.esmm_tasks) <= set(schema.tasks):
+            raise ValueError(
+                f"model.multitask = 'esmm' combines the tasks model.esmm_tasks = "
+                f"{list(config.esmm_tasks)}, but the data's tasks are {list(schema.tasks)}: set "
+                "model.esmm_tasks to the data's (parent, child) task names, or model.multitask "
+                "= 'independent'")
         self.heads = nn.ModuleDict({t: nn.Linear(self.interaction.out_dim, 1)
                                     for t in schema.tasks})
 
-    def sparse_features(self, batch: JaggedBatch) -> dict[str, Jagged]:
-        one_per_row = torch.arange(batch.batch_size + 1, device=batch.seq_offsets.device)
-        features = {
-            "history_item": Jagged(batch.seq_item_ids, batch.seq_offsets),
-            "candidate_item": Jagged(batch.candidate_item_ids, one_per_row),
-        }
-        features.update(batch.sparse)
-        features.update({f"candidate_{name}": Jagged(ids, one_per_row)
-                         for name, ids in batch.candidate_sparse.items()})
-        return features
-
     def user_embedding(self, batch: JaggedBatch) -> Tensor:
-        """The upstream output alone: ``(B, pma_queries * embedding_dim)`` flattened PMA user
+        """The upstream output alone: ``(R, pma_queries * embedding_dim)`` flattened PMA user
         tokens, candidate-independent (what ``gem export-user-embeddings`` stores)."""
         if self.pma is None:
             raise ValueError("the user embedding is the PMA output: this model has no PMA "
@@ -129,21 +110,20 @@ class GEMModel(nn.Module):
         return self._forward(batch, upstream_only=True)
 
     def forward(self, batch: JaggedBatch) -> dict[str, Tensor]:
-        """Logits per task, each ``(B,)``."""
+        """Logits per task, each ``(N,)``: one per candidate (impression)."""
         return self._forward(batch, upstream_only=False)
 
     def _forward(self, batch: JaggedBatch, upstream_only: bool) -> Any:
-        looked_up = self.embeddings(self.sparse_features(batch))
+        looked_up = self.lookup(self.embeddings, batch)
         offsets = batch.seq_offsets
         lengths = batch.seq_lengths()
         max_len = int(lengths.max()) if lengths.numel() else 0
         rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
                                        lengths)
         ages = batch.request_timestamps[rows] - batch.seq_timestamps
-        events = self.events(looked_up["history_item"], batch.seq_action_ids, ages,
-                             batch.seq_dense)
+        events = self.events(looked_up.events, ages, offsets, batch.seq_dense)
         # Non-sequence user/context tokens: candidate-independent, so the tower may see them.
-        context = [looked_up[f.name] for f in self.schema.sparse_features]
+        context = list(looked_up.context)
         if self.dense_proj is not None:
             context.append(self.dense_proj(batch.dense))
         if self.tower is not None:
@@ -162,35 +142,45 @@ class GEMModel(nn.Module):
         # stage: the upstream reaches it only through the user tokens, which can be cached).
         history = events if self.config.downstream_history == "events" else history
 
-        candidate = looked_up["candidate_item"]
-        for feature in self.schema.candidate_features:
-            candidate = candidate + looked_up[f"candidate_{feature.name}"]
+        # Everything above ran once per request; from here on, once per candidate.
+        candidate_offsets = batch.candidate_offsets
+        counts = candidate_offsets[1:] - candidate_offsets[:-1]
+        max_candidates = int(counts.max()) if counts.numel() else 0
+        owner = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
+                                        counts)
+        candidate = looked_up.candidates
         candidate_content = self.events.content_vector(batch.candidate_dense)
         if candidate_content is not None:
             candidate = candidate + candidate_content
+        context = [token[owner] for token in context]
 
         tokens = [candidate]
         if self.target_attention is not None:
             if self.config.target_queries == "all":
                 queries = torch.stack([candidate, *context], dim=1)
-                attended = self.target_attention(queries, history, offsets, max_len, user_tokens)
+                attended = self.target_attention(queries, history, offsets, max_len, user_tokens,
+                                                 candidate_offsets, max_candidates)
                 tokens.append(attended[:, 0])
                 context = [token + attended[:, 1 + i] for i, token in enumerate(context)]
             else:
                 tokens.append(self.target_attention(candidate, history, offsets, max_len,
-                                                    user_tokens))
+                                                    user_tokens, candidate_offsets,
+                                                    max_candidates))
         if self.config.history_mean:
-            history_mean = torch.zeros_like(candidate).index_add_(0, rows, history)
-            tokens.append(history_mean
-                          / lengths.clamp(min=1).unsqueeze(1).to(history.dtype))
+            history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
+                0, rows, history)
+            history_mean = history_mean / lengths.clamp(min=1).unsqueeze(1).to(history.dtype)
+            tokens.append(history_mean[owner])
         if user_tokens is not None:
-            tokens += list(user_tokens.unbind(1))
+            tokens += list(user_tokens[owner].unbind(1))
         tokens += context
         shared = self.interaction(torch.stack(tokens, dim=1))
-        # A copy, not a view of the (B, 1) head output: FSDP2 warns about views returned from
-        # a forward (B floats per task, nothing to save by avoiding it).
+        # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
+        # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
-        return esmm_logits(logits) if self.config.multitask == "esmm" else logits
+        if self.config.multitask == "esmm":
+            return esmm_logits(logits, *self.config.esmm_tasks)
+        return logits
 
     def auxiliary_losses(self) -> dict[str, Tensor]:
         """Weighted auxiliary losses of the last training forward, to add to the training loss
@@ -207,18 +197,23 @@ class GEMModel(nn.Module):
         """Metrics for ``metrics.jsonl`` from ``step_stats`` summed over ranks."""
         return summarize_step_stats(summed)
 
-    def flops_by_module(self, lengths: Tensor, *, dense: bool = False) -> dict[str, int]:
-        """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch with these
-        history lengths. ``dense``: attention as a backend that computes every sample's full
-        query x key rectangle (the reference backend) spends it; otherwise the masked pairs."""
+    def flops_by_module(self, lengths: Tensor, candidates: Tensor | None = None, *,
+                        dense: bool = False) -> dict[str, int]:
+        """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch of requests
+        with these history lengths and ``candidates`` per request (None: one each). ``dense``:
+        attention as a backend that computes every sample's full query x key rectangle (the
+        reference backend) spends it; otherwise the masked pairs."""
         c = self.config
         lengths = lengths.to(torch.int64).cpu()
+        candidates = (torch.ones_like(lengths) if candidates is None
+                      else candidates.to(torch.int64).cpu())
         batch, tokens = lengths.numel(), int(lengths.sum())
+        impressions = int(candidates.sum())
         counts: dict[str, int] = {}
         content = self.events.content
         if content is not None:
-            # History events, and the candidate (the data sends its content vector with it).
-            counts["events"] = linear_layer_flops(content, tokens + batch)
+            # History events, and the candidates (the data sends their content vectors).
+            counts["events"] = linear_layer_flops(content, tokens + impressions)
         if self.dense_proj is not None:
             counts["dense_proj"] = linear_layer_flops(self.dense_proj, batch)
         if self.tower is not None:
@@ -229,21 +224,21 @@ class GEMModel(nn.Module):
                 counts[f"pma.{key}"] = value
         if self.target_attention is not None:
             queries = 1 + (self.num_context if c.target_queries == "all" else 0)
-            for key, value in self.target_attention.flops(lengths, queries,
-                                                          c.pma_queries).items():
+            for key, value in self.target_attention.flops(lengths, queries, c.pma_queries,
+                                                          candidates).items():
                 counts[f"target_attention.{key}"] = value
-        counts["interaction"] = self.interaction.flops(batch)
-        counts["heads"] = linear_layer_flops(self.heads, batch)
+        counts["interaction"] = self.interaction.flops(impressions)
+        counts["heads"] = linear_layer_flops(self.heads, impressions)
         return counts
 
-    def flops(self, lengths: Tensor) -> Mapping[str, int]:
-        """Training FLOPs (3 x forward) of one batch with these history lengths, jagged and as
-        if every history were padded to the batch maximum (where a padded kernel computes every
-        query x key tile)."""
+    def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
+        """Training FLOPs (3 x forward) of one batch of requests with these history lengths
+        and ``candidates`` per request (None: one each), jagged and as if every history were
+        padded to the batch maximum (where a padded kernel computes every query x key tile)."""
         lengths = lengths.to(torch.int64).cpu()
         max_len = int(lengths.max()) if lengths.numel() else 0
-        jagged = self.flops_by_module(lengths)
-        padded = self.flops_by_module(torch.full_like(lengths, max_len), dense=True)
+        jagged = self.flops_by_module(lengths, candidates)
+        padded = self.flops_by_module(torch.full_like(lengths, max_len), candidates, dense=True)
 
         def attention(counts: Mapping[str, int]) -> int:
             return sum(v for k, v in counts.items() if k.endswith(".attention"))

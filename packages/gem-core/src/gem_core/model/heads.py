@@ -35,9 +35,10 @@ def product_logit(logit_a: Tensor, logit_b: Tensor) -> Tensor:
     return log_p - log1mexp(log_p)
 
 
-def esmm_logits(logits: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Replace the conversion logit (read as p(conversion | click)) by that of
-    p(click) * p(conversion | click); the click logit is unchanged."""
+def esmm_logits(logits: dict[str, Tensor], parent: str = CLICK,
+                child: str = CONVERSION) -> dict[str, Tensor]:
+    """Replace the child's logit (read as p(child | parent), e.g. p(conversion | click)) by that
+    of p(parent) * p(child | parent); the parent's logit is unchanged."""
     out = dict(logits)
-    out[CONVERSION] = product_logit(logits[CLICK], logits[CONVERSION])
+    out[child] = product_logit(logits[parent], logits[child])
     return out

@@ -59,29 +59,40 @@ class TargetAwareAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, queries: Tensor, history: Tensor, offsets: Tensor, max_len: int,
-                user_tokens: Tensor | None = None) -> Tensor:
-        """``queries`` ``(B, d)`` or ``(B, Q, d)``; returns the same shape."""
+                user_tokens: Tensor | None = None, candidate_offsets: Tensor | None = None,
+                max_candidates: int = 1) -> Tensor:
+        """``queries`` ``(N, d)`` or ``(N, Q, d)``, one entry per candidate; request ``r``'s
+        candidates are rows ``candidate_offsets[r]:candidate_offsets[r + 1]`` (None: one
+        candidate per request) and all attend to that request's keys, which are projected once
+        per request. Returns the shape of ``queries``."""
         single = queries.dim() == 2
         queries = queries.unsqueeze(1) if single else queries
-        batch, num_queries, dim = queries.shape
+        rows, num_queries, dim = queries.shape
         head_dim = dim // self.heads
         keys, kv_offsets = gather_keys(history, offsets, user_tokens, self.recent)
         max_kv = (min(max_len, self.recent) if self.recent else max_len) + (
             0 if user_tokens is None else user_tokens.shape[1])
-        q = self.query(queries).view(batch * num_queries, self.heads, head_dim)
+        q = self.query(queries).view(rows * num_queries, self.heads, head_dim)
         k, v = self.key_value(keys).view(-1, 2, self.heads, head_dim).unbind(1)
-        q_offsets = torch.arange(batch + 1, device=queries.device,
-                                 dtype=offsets.dtype) * num_queries
+        if candidate_offsets is None:
+            candidate_offsets = torch.arange(offsets.numel(), device=queries.device,
+                                             dtype=offsets.dtype)
+        q_offsets = candidate_offsets.to(offsets.dtype) * num_queries
         out = self.attention(q, k, v, q_offsets, kv_offsets, params=_FULL,
-                             max_q_len=num_queries, max_kv_len=max_kv)
-        out = self.proj(out.reshape(batch, num_queries, dim))
+                             max_q_len=num_queries * max_candidates, max_kv_len=max_kv)
+        out = self.proj(out.reshape(rows, num_queries, dim))
         return out.squeeze(1) if single else out
 
-    def flops(self, lengths: Tensor, num_queries: int, num_user: int) -> dict[str, int]:
-        """Forward FLOPs (matmuls only)."""
-        batch, dim = lengths.numel(), self.query.in_features
-        kv_lengths = recent_lengths(lengths.to(torch.int64), self.recent) + num_user
-        linear = (2 * 2 * batch * num_queries * dim * dim
+    def flops(self, lengths: Tensor, num_queries: int, num_user: int,
+              candidates: Tensor | None = None) -> dict[str, int]:
+        """Forward FLOPs (matmuls only); ``candidates``: per request (None: one each)."""
+        dim = self.query.in_features
+        lengths = lengths.to(torch.int64)
+        candidates = torch.ones_like(lengths) if candidates is None else candidates.to(torch.int64)
+        kv_lengths = recent_lengths(lengths, self.recent) + num_user
+        impressions = int(candidates.sum())
+        linear = (2 * 2 * impressions * num_queries * dim * dim
                   + 2 * int(kv_lengths.sum()) * dim * 2 * dim)
         return {"linear": linear,
-                "attention": attention_flops(cross_pairs(num_queries, kv_lengths), dim)}
+                "attention": attention_flops(cross_pairs(num_queries * candidates, kv_lengths),
+                                             dim)}

@@ -19,6 +19,12 @@ and the gradients of q, k and v with the reference backend computed in float64 o
 Capabilities a backend does not declare are not drawn; instead the suite checks that asking for
 them raises an error whose message names the missing capability (no silent fallback).
 
+The relative attention bias (:mod:`gem_core.attention.relative_bias`) is an optional capability
+the backend declares itself (``"relative_bias"`` in its ``capabilities``): a backend that declares
+it is compared, forward and gradients of q, k, v and both bias weight tables, with a float64
+padded oracle written independently here (:func:`padded_biased_attention`); one that does not
+must refuse a bias with an error naming ``relative_bias``.
+
 pytest and hypothesis are imported inside the tests, so :meth:`AttentionConformance.check_case`
 also serves scripts on machines without them (``python -m gem_kernels.bench.gpu_check``).
 """
@@ -27,12 +33,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import math
+
 import attrs
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams
+from gem_core.attention.api import AttentionParams, backend_capabilities
+from gem_core.attention.masks import self_attention_masks
 from gem_core.attention.reference import reference_attention
+from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import offsets_from_lengths
 
 if TYPE_CHECKING:
@@ -67,6 +78,18 @@ DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 @attrs.frozen(kw_only=True)
+class BiasSpec:
+    """The relative bias of a drawn case: bucket counts (``num_time_buckets = 0``: no time
+    weights) and the time divisor. Weights (std 0.5) and timestamps are drawn from the case's
+    seed; timestamps lie in ``[0, max_timestamp]`` so float32 and float64 time buckets agree."""
+
+    num_position_buckets: int
+    num_time_buckets: int = 0
+    time_bucket_divisor: float = 0.301
+    max_timestamp: int = 5000
+
+
+@attrs.frozen(kw_only=True)
 class AttentionCase:
     """One drawn batch: everything needed to rebuild the inputs and say what failed."""
 
@@ -79,6 +102,53 @@ class AttentionCase:
     head_dim: int
     dtype: torch.dtype
     seed: int
+    bias: BiasSpec | None = None
+    """A relative bias (self-attention only), or None."""
+
+
+def padded_biased_attention(
+    q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, num_targets: Tensor | None,
+    params: AttentionParams, position_weights: Tensor, time_weights: Tensor | None,
+    timestamps: Tensor | None, time_bucket_divisor: float,
+) -> Tensor:
+    """The oracle of the relative bias, independent of every backend: self-attention over
+    samples padded to the longest, in the dtype of the inputs (float64 in the suite), with the
+    bucket formulas of :mod:`gem_core.attention.relative_bias` written out again here (the time
+    bucket in the inputs' precision). Differentiable in every tensor argument."""
+    batch, total = lengths.numel(), q.shape[0]
+    heads, dim = q.shape[1:]
+    width = int(lengths.max()) if batch else 0
+    if total == 0 or width == 0:
+        return q * 0.0
+    targets = num_targets if num_targets is not None else torch.zeros_like(lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    slot = torch.arange(width)
+    valid = slot[None, :] < lengths[:, None]  # (B, W)
+    token = (starts[:, None] + slot[None, :]).clamp(max=total - 1)
+    pad = lambda t: t[token] * valid[..., None, None].to(t.dtype)  # noqa: E731  (B, W, H, D)
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    scale = params.resolved_scale(dim)
+    scores = torch.einsum("bihd,bjhd->bhij", qp, kp) * scale
+    history = (lengths - targets)[:, None]
+    pos = torch.where(slot[None, :] < history, slot[None, :], history)  # targets sit at H
+    distance = (pos[:, :, None] - pos[:, None, :]).abs()
+    p_bucket = distance.clamp(max=position_weights.shape[1] - 1)
+    bias = position_weights[:, p_bucket]  # (H, B, W, W)
+    if time_weights is not None:
+        ts = timestamps[token]
+        dt = (ts[:, :, None] - ts[:, None, :]).abs().clamp(min=1).to(q.dtype)
+        t_bucket = torch.floor(torch.log(dt) / time_bucket_divisor).long()
+        bias = bias + time_weights[:, t_bucket.clamp(max=time_weights.shape[1] - 1)]
+    scores = scores + bias.transpose(0, 1).to(q.dtype)
+    mask = self_attention_masks(lengths, targets, params, width)[:, None]  # (B, 1, W, W)
+    if params.normalization == "softmax":
+        any_seen = mask.any(-1, keepdim=True)
+        masked = scores.masked_fill(~mask, float("-inf")).masked_fill(~any_seen, 0.0)
+        probs = torch.softmax(masked, dim=-1) * mask
+    else:
+        probs = F.silu(scores) * mask / lengths.clamp(min=1).to(q.dtype)[:, None, None, None]
+    out = torch.einsum("bhij,bjhd->bihd", probs, vp)
+    return out[valid]
 
 
 def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: AttentionCase) -> None:

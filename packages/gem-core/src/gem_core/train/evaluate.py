@@ -13,13 +13,15 @@ from gem_core.metrics import task_report
 @torch.no_grad()
 def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batch_size: int,
              precision) -> dict[str, Any]:
-    """NE, AUC and calibration per task over the whole eval split.
+    """NE, AUC, calibration and (when the data names users) GAUC per task over the whole eval
+    split, per impression.
 
     Rank ``r`` computes eval batches ``r, r + W, ...``; predictions are gathered so every sample
     counts exactly once, whatever the number of ranks.
     """
     logits: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
     labels: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
+    users: list[torch.Tensor] = []
     for index, batch in enumerate(source.eval_batches(batch_size=batch_size)):
         if index % ctx.world_size != ctx.rank:
             continue
@@ -29,11 +31,16 @@ def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batc
         for task in tasks:
             logits[task].append(out[task].float().cpu())
             labels[task].append(batch.labels[task].cpu())
+        if batch.user_ids is not None:  # the user of every impression, for GAUC
+            users.append(batch.user_ids[batch.candidate_rows()].cpu())
     report: dict[str, Any] = {}
+    groups = None
+    if users:
+        groups = torch.cat(all_gather_tensors(torch.cat(users), ctx))
     for task in tasks:
         local_logits = torch.cat(logits[task]) if logits[task] else torch.zeros(0)
         local_labels = torch.cat(labels[task]) if labels[task] else torch.zeros(0)
         all_logits = torch.cat(all_gather_tensors(local_logits, ctx))
         all_labels = torch.cat(all_gather_tensors(local_labels, ctx))
-        report[task] = task_report(all_logits, all_labels)
+        report[task] = task_report(all_logits, all_labels, groups)
     return report

@@ -13,7 +13,7 @@ from gem_core.batch import JaggedBatch
 
 def task_loss_sums(logits: Mapping[str, Tensor], batch: JaggedBatch,
                    tasks: Sequence[str]) -> Tensor:
-    """``(num_tasks,)`` sums over the batch of each task's BCE (float32 whatever the autocast)."""
+    """``(num_tasks,)`` sums over the batch's impressions of each task's BCE (float32 whatever the autocast)."""
     return torch.stack([
         F.binary_cross_entropy_with_logits(logits[t].float(), batch.labels[t], reduction="sum")
         for t in tasks
@@ -21,5 +21,5 @@ def task_loss_sums(logits: Mapping[str, Tensor], batch: JaggedBatch,
 
 
 def mean_loss(logits: Mapping[str, Tensor], batch: JaggedBatch, tasks: Sequence[str]) -> Tensor:
-    """Sum over tasks of the per-sample mean BCE: the loss a calibration pass looks at."""
-    return task_loss_sums(logits, batch, tasks).sum() / max(batch.batch_size, 1)
+    """Sum over tasks of the per-impression mean BCE: the loss a calibration pass looks at."""
+    return task_loss_sums(logits, batch, tasks).sum() / max(batch.num_candidates, 1)

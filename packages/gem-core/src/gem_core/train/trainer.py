@@ -67,11 +67,13 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
         shutdown(ctx)
 
 
-def sample_costs(lengths: torch.Tensor, window: int | None) -> list[float]:
-    """What one sample costs a rank, for batch balancing: its attention pairs plus its tokens
-    (linear layers) plus one (the per-sample work above the towers), so an empty history still
-    costs something."""
-    return (causal_window_pairs(lengths, window) + lengths + 1).tolist()
+def sample_costs(lengths: torch.Tensor, window: int | None,
+                 candidates: torch.Tensor | None = None) -> list[float]:
+    """What one request costs a rank, for batch balancing: its attention pairs plus its tokens
+    (linear layers) plus its candidates (the per-impression work above the towers; one when
+    not given), so an empty history still costs something."""
+    per_request = 1 if candidates is None else candidates.to(lengths.dtype)
+    return (causal_window_pairs(lengths, window) + lengths + per_request).tolist()
 
 
 def seed_everything(seed: int) -> None:
@@ -115,7 +117,7 @@ class _Trainer:
         self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
             balancer=self.backends.balancer.impl,
-            cost_fn=lambda b: sample_costs(b.seq_lengths(), window),
+            cost_fn=lambda b: sample_costs(b.seq_lengths(), window, b.candidate_counts()),
         )
         self._calibrate_precision()
         self.engine = parallelize(
@@ -133,7 +135,7 @@ class _Trainer:
         self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
         self.eval_history: list[dict[str, Any]] = []
         self.step_times: list[float] = []
-        self.totals = {"samples": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
+        self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
                        "padded_flops": 0.0, "padded_attention_flops": 0.0}
 
     def _calibrate_precision(self) -> None:
@@ -286,10 +288,15 @@ class _Trainer:
         sparse_lr = [x for x in sparse_lr if x is not None]
         with self.backends.precision.impl.autocast(ctx.device.type):
             logits = self.engine(batch)
-        # Sum over the local samples, divided by the global batch and multiplied by the world
-        # size: averaging gradients across ranks then gives the gradient of the global mean.
+        # Sum over the local impressions, divided by the global batch's impressions and
+        # multiplied by the world size: averaging gradients across ranks then gives the gradient
+        # of the mean over every impression of the global batch (requests hold several).
         task_sums = task_loss_sums(logits, batch, self.schema.tasks)
-        loss = task_sums.sum() * (ctx.world_size / tc.batch_size)
+        impressions = float(batch.num_candidates)
+        if ctx.world_size > 1:
+            impressions = all_reduce_sum(torch.tensor([impressions], dtype=torch.float64),
+                                         ctx).item()
+        loss = task_sums.sum() * (ctx.world_size / max(impressions, 1.0))
         # The model's auxiliary losses (MoE load balancing), each a mean over this rank's rows:
         # gradient averaging across ranks then trains their mean.
         aux_losses = getattr(self.engine.unwrapped, "auxiliary_losses", dict)()
@@ -297,7 +304,8 @@ class _Trainer:
             loss = loss + sum(aux_losses.values())
         self.engine.backward(loss)
         grad_norm = float(self.engine.clip_grad_norm(tc.grad_clip))
-        flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu())
+        flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu(),
+                                            batch.candidate_counts().cpu())
         local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
                               flops["padded_total"], flops["padded_attention"],
@@ -307,8 +315,9 @@ class _Trainer:
         # so all ranks take or skip the step together.
         reduced = all_reduce_sum(local, ctx).tolist()
         num_tasks = len(self.schema.tasks)
-        task_loss = [x / tc.batch_size for x in reduced[:num_tasks]]
-        samples, tokens, total, attention, padded, padded_attention, bad = reduced[num_tasks:]
+        task_loss = [x / max(impressions, 1.0) for x in reduced[:num_tasks]]
+        requests, tokens, total, attention, padded, padded_attention, bad = reduced[num_tasks:]
+        samples = impressions
         busiest = all_reduce_max(torch.tensor([float(batch.num_events)]), ctx).item()
         skipped = self.guard.verdict(sum(task_loss), math.inf if bad else grad_norm)
         self.guard.record(sum(task_loss), skipped)
@@ -324,6 +333,7 @@ class _Trainer:
             torch.cuda.synchronize(ctx.device)
         step_time = time.perf_counter() - started
         self.totals["samples"] += int(samples)
+        self.totals["requests"] += int(requests)
         self.totals["tokens"] += int(tokens)
         self.totals["flops"] += total
         self.totals["attention_flops"] += attention
@@ -334,10 +344,14 @@ class _Trainer:
             "step": self.step + 1,
             "loss": sum(task_loss),
             **{f"loss_{t}": v for t, v in zip(self.schema.tasks, task_loss)},
+            # A sample is an impression (a candidate of a request, with its labels); a request
+            # is one history with its candidates, encoded once.
             "samples": self.totals["samples"],
+            "requests": self.totals["requests"],
             "tokens": self.totals["tokens"],
             "step_time_s": step_time,
             "samples_per_s": samples / step_time,
+            "requests_per_s": requests / step_time,
             "tokens_per_s": tokens / step_time,
             "lr": lr,
             **({"sparse_lr": sparse_lr[0]} if sparse_lr else {}),
@@ -409,7 +423,10 @@ class _Trainer:
             "eval_history": self.eval_history,
             "throughput": {
                 "step_time_s_median": median_step,
-                "samples_per_s": self.tc.batch_size / median_step,
+                # impressions (samples) and requests per second at the median step
+                "samples_per_s": (t["samples"] / steps) / median_step,
+                "impressions_per_s": (t["samples"] / steps) / median_step,
+                "requests_per_s": (t["requests"] / steps) / median_step,
                 "tokens_per_s": (t["tokens"] / steps) / median_step,
                 "steps_timed": len(timed),
             },
