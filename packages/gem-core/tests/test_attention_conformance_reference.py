@@ -7,7 +7,9 @@ import torch
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import ReferenceAttention
+from gem_core.attention.relative_bias import RelativeBias
 from gem_core.testing import AttentionCase, AttentionConformance
+from gem_core.testing.attention_conformance import BiasSpec
 
 
 class TestReferenceConformance(AttentionConformance):
@@ -51,3 +53,58 @@ def test_the_suite_catches_broken_backends(broken):
     with pytest.raises(AssertionError):
         suite.check_case(case)
     TestReferenceConformance().check_case(case)  # the same case passes with the real reference
+
+
+class _IgnoresTimeBias(ReferenceAttention):
+    def __call__(self, *args, bias=None, **kwargs):
+        if bias is not None:
+            bias = RelativeBias(position_weights=bias.position_weights)
+        return super().__call__(*args, bias=bias, **kwargs)
+
+
+class _DetachedPositionWeights(ReferenceAttention):
+    """Right forward, but no gradient reaches the position weights."""
+
+    def __call__(self, *args, bias=None, **kwargs):
+        bias = attrs.evolve(bias, position_weights=bias.position_weights.detach())
+        return super().__call__(*args, bias=bias, **kwargs)
+
+
+class _SignedDistance(ReferenceAttention):
+    """A plausible bucketing bug: the weights of the next bucket (as if the distance were
+    counted from 1): forward and gradients both move."""
+
+    def __call__(self, *args, bias=None, **kwargs):
+        weights = torch.roll(bias.position_weights, -1, dims=1)
+        return super().__call__(*args, bias=attrs.evolve(bias, position_weights=weights),
+                                **kwargs)
+
+
+class _RefusesBias(ReferenceAttention):
+    capabilities = frozenset()
+
+    def __call__(self, *args, bias=None, **kwargs):
+        return super().__call__(*args, **kwargs)  # silently ignores the bias
+
+
+@pytest.mark.parametrize("broken", [_IgnoresTimeBias, _DetachedPositionWeights, _SignedDistance])
+@pytest.mark.parametrize("normalization", ["softmax", "silu"])
+def test_the_suite_catches_broken_relative_bias(broken, normalization):
+    suite = TestReferenceConformance()
+    suite.make_backend = broken
+    case = AttentionCase(
+        shape="self", q_lengths=(9, 0, 1, 12), kv_lengths=(9, 0, 1, 12),
+        params=AttentionParams(causal=True, window=5, normalization=normalization),
+        num_targets=(2, 0, 0, 3), heads=2, head_dim=16, dtype=torch.float32, seed=4,
+        bias=BiasSpec(num_position_buckets=6, num_time_buckets=10),
+    )
+    with pytest.raises(AssertionError):
+        suite.check_case(case)
+    TestReferenceConformance().check_case(case)
+
+
+def test_a_backend_that_drops_an_undeclared_bias_fails_the_suite():
+    suite = TestReferenceConformance()
+    suite.make_backend = _RefusesBias
+    with pytest.raises(pytest.fail.Exception):  # DID NOT RAISE
+        suite.test_undeclared_relative_bias_raises_naming_it()

@@ -186,3 +186,72 @@ def feature_key(kind: str, name: str) -> str:
     """The name under which a feature's ids travel to the embedding backend (and TorchRec's
     KeyedJaggedTensor): ``event.<name>``, ``candidate.<name>`` or the context feature's name."""
     return name if kind == "context" else f"{kind}.{name}"
+
+
+_SECTIONS = {"tables": EmbeddingTable, "event_features": SequenceFeature,
+             "candidate_features": SequenceFeature, "sparse_features": ContextFeature}
+
+
+def schema_to_dict(schema: FeatureSchema) -> dict:
+    """The schema as plain data (JSON or TOML ready): the form of a data set's manifest and of
+    the schema file a user writes for their own data (see :func:`schema_from_dict`)."""
+    return attrs.asdict(schema, recurse=True)
+
+
+def schema_from_dict(data: dict, where: str = "schema") -> FeatureSchema:
+    """The :class:`FeatureSchema` of ``data`` (a manifest's ``schema`` or a user's TOML schema
+    file), with errors that name ``where``, the section and the field.
+
+    Example (TOML)::
+
+        tasks = ["click", "conversion"]
+        max_seq_len = 512
+        [[tables]]
+        name = "ad"
+        num_embeddings = 1000000
+        id_policy = "hash"
+        [[tables]]
+        name = "genre"
+        num_embeddings = 32
+        [[event_features]]
+        name = "ad_id"
+        table = "ad"
+        [[event_features]]
+        name = "genres"
+        table = "genre"
+        multi_valued = true
+        [[candidate_features]]
+        name = "ad_id"
+        table = "ad"
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a table of schema fields, got {type(data).__name__}")
+    known = {f.name for f in attrs.fields(FeatureSchema)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(known))}")
+    kwargs: dict = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            cls = _SECTIONS[key]
+            fields = {f.name for f in attrs.fields(cls)}
+            items = []
+            for index, item in enumerate(value or []):
+                if not isinstance(item, dict):
+                    raise ValueError(f"{where}: {key}[{index}] must be a table, got {item!r}")
+                extra = sorted(set(item) - fields)
+                if extra:
+                    raise ValueError(f"{where}: {key}[{index}] has unknown field(s) "
+                                     f"{', '.join(extra)}; known: {', '.join(sorted(fields))}")
+                try:
+                    items.append(cls(**item))
+                except (TypeError, ValueError) as error:
+                    raise ValueError(f"{where}: {key}[{index}]: {error}") from None
+            kwargs[key] = tuple(items)
+        else:
+            kwargs[key] = tuple(value) if key == "tasks" else value
+    try:
+        return FeatureSchema(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None

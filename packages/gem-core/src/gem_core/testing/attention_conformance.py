@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import math
-
 import attrs
 import torch
 import torch.nn.functional as F
@@ -353,6 +351,9 @@ class AttentionConformance:
 
     def check_case(self, case: AttentionCase) -> None:
         """Compare the backend with the float64 reference on ``case``; raise AssertionError."""
+        if case.bias is not None:
+            self.check_bias_case(case)
+            return
         backend = self.make_backend()
         inputs = self._inputs(case)
         offsets = self._offsets(case)
@@ -368,6 +369,195 @@ class AttentionConformance:
         if backward:
             for name, got, want in zip(("grad q", "grad k", "grad v"), grads, ref_grads):
                 _close(name, got, want, tol, case)
+
+    # ----------------------------------------------------------------------------------------
+    # The relative bias.
+    # ----------------------------------------------------------------------------------------
+
+    bias_weight_dtype: ClassVar[torch.dtype] = torch.float32
+    """The dtype of the bias weight tables handed to the backend (parameters stay fp32)."""
+
+    def declares_relative_bias(self) -> bool:
+        return RELATIVE_BIAS in backend_capabilities(self.make_backend())
+
+    def _bias_tensors(self, case: AttentionCase) -> dict[str, Tensor | None]:
+        """Weights (std 0.5, rounded once to :attr:`bias_weight_dtype`) and timestamps."""
+        spec = case.bias
+        gen = torch.Generator().manual_seed(case.seed + 1)
+        weights = lambda n: (torch.randn(case.heads, n, generator=gen, dtype=torch.float64)  # noqa: E731
+                             * 0.5).to(self.bias_weight_dtype)
+        position = weights(spec.num_position_buckets)
+        time = weights(spec.num_time_buckets) if spec.num_time_buckets else None
+        timestamps = (torch.randint(0, spec.max_timestamp + 1, (sum(case.q_lengths),),
+                                    generator=gen, dtype=torch.int64)
+                      if spec.num_time_buckets else None)
+        return {"position_weights": position, "time_weights": time, "timestamps": timestamps}
+
+    def check_bias_case(self, case: AttentionCase) -> None:
+        """Compare the backend given a relative bias with :func:`padded_biased_attention` in
+        float64: the output and the gradients of q, k, v and both weight tables."""
+        assert case.bias is not None and case.shape == "self", "bias cases are self-attention"
+        backend = self.make_backend()
+        inputs = self._inputs(case)
+        tables = self._bias_tensors(case)
+        q_offsets, _, num_targets = self._offsets(case)
+        backward = self.supports_backward
+        names = ["q", "k", "v", "position_weights"] + (
+            ["time_weights"] if tables["time_weights"] is not None else [])
+
+        def run(fn, dtype: torch.dtype, weight_dtype: torch.dtype, device: str
+                ) -> tuple[Tensor, list[Tensor]]:
+            leaves = {n: inputs[n].to(device, dtype).detach().requires_grad_(backward)
+                      for n in ("q", "k", "v")}
+            for n in ("position_weights", "time_weights"):
+                if tables[n] is not None:
+                    leaves[n] = (tables[n].to(device, weight_dtype).detach()
+                                 .requires_grad_(backward))
+            timestamps = (tables["timestamps"].to(device) if tables["timestamps"] is not None
+                          else None)
+            out = fn(leaves, timestamps)
+            if not backward:
+                return out, []
+            wanted = [leaves[n] for n in names]
+            if not out.requires_grad:
+                return out, [torch.zeros_like(t) for t in wanted]
+            loss = (out.to(dtype) * inputs["grad_out"].to(device, dtype)).sum()
+            grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+            return out, [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
+
+        def backend_call(leaves: dict[str, Tensor], timestamps: Tensor | None) -> Tensor:
+            bias = RelativeBias(position_weights=leaves["position_weights"],
+                                time_weights=leaves.get("time_weights"), timestamps=timestamps,
+                                time_bucket_divisor=case.bias.time_bucket_divisor)
+            return backend(leaves["q"], leaves["k"], leaves["v"], q_offsets, q_offsets,
+                           params=case.params, num_targets=num_targets,
+                           max_q_len=max(case.q_lengths, default=0),
+                           max_kv_len=max(case.kv_lengths, default=0), bias=bias)
+
+        lengths = torch.tensor(case.q_lengths, dtype=torch.int64)
+        targets = (torch.tensor(case.num_targets, dtype=torch.int64)
+                   if case.num_targets is not None else None)
+
+        def oracle_call(leaves: dict[str, Tensor], timestamps: Tensor | None) -> Tensor:
+            return padded_biased_attention(
+                leaves["q"], leaves["k"], leaves["v"], lengths, targets, case.params,
+                leaves["position_weights"], leaves.get("time_weights"), timestamps,
+                case.bias.time_bucket_divisor)
+
+        out, grads = run(backend_call, case.dtype, self.bias_weight_dtype, self.device)
+        assert out.dtype == case.dtype, f"output dtype {out.dtype} != input dtype {case.dtype}"
+        ref_out, ref_grads = run(oracle_call, torch.float64, torch.float64, "cpu")
+        tol = self.tolerances[case.dtype]
+        _close("output (relative bias)", out, ref_out, tol, case)
+        for name, got, want in zip(names, grads, ref_grads):
+            _close(f"grad {name} (relative bias)", got, want, tol, case)
+
+    def _draw_bias(self, data: st.DataObject, max_len: int) -> BiasSpec:
+        from hypothesis import strategies as st
+
+        return BiasSpec(
+            num_position_buckets=data.draw(
+                st.sampled_from([1, 2, 5, self.block_size + 3, max_len + 5]),
+                label="num_position_buckets"),
+            num_time_buckets=data.draw(st.sampled_from([0, 1, 7, 24]), label="num_time_buckets"),
+            time_bucket_divisor=data.draw(st.sampled_from([0.301, 0.5]),
+                                          label="time_bucket_divisor"),
+        )
+
+    def _skip_unless_bias(self) -> None:
+        import pytest
+
+        if not self.declares_relative_bias():
+            pytest.skip(f"backend does not declare the {RELATIVE_BIAS} capability")
+        if "self" not in self.shapes:
+            pytest.skip("backend does not declare the self shape")
+
+    def test_relative_bias(self) -> None:
+        """Drawn self-attention cases (every declared mask feature and normalisation) with a
+        relative position bias and, in most, a time bias."""
+        from hypothesis import given
+        from hypothesis import strategies as st
+
+        self._skip_unless_bias()
+
+        @self._settings()
+        @given(data=st.data())
+        def run(data: st.DataObject) -> None:
+            case = self._draw_case(data, "self")
+            long_len = max(1, self.max_tokens // len(case.q_lengths))
+            self.check_case(attrs.evolve(case, bias=self._draw_bias(data, long_len)))
+
+        run()
+
+    def test_relative_bias_fixed_cases(self) -> None:
+        """Causal, windowed (with prefix and targets where declared) and full attention, in every
+        normalisation, over samples empty, of length 1 and across block boundaries; then a batch
+        without tokens."""
+        self._skip_unless_bias()
+        features = self.mask_features
+        block = self.block_size
+        lengths = (block + 5, 0, 1, 2 * block + 3)
+        lengths = tuple(min(n, self.max_tokens // len(lengths)) for n in lengths)
+        spec = BiasSpec(num_position_buckets=block // 2 + 3, num_time_buckets=24)
+        configs = [AttentionParams()]
+        if "causal" in features:
+            configs.append(AttentionParams(causal=True))
+        configs.append(AttentionParams(
+            causal="causal" in features,
+            window=block // 2 + 1 if "window" in features else None,
+            num_prefix=3 if "prefix" in features else 0))
+        for normalization in self.normalizations:
+            for n, params in enumerate(configs):
+                targets = None
+                if n == len(configs) - 1 and "targets" in features:
+                    targets = tuple(min(2, x) for x in lengths)
+                self.check_case(AttentionCase(
+                    shape="self", q_lengths=lengths, kv_lengths=lengths,
+                    params=attrs.evolve(params, normalization=normalization),
+                    num_targets=targets, heads=self.max_heads, head_dim=self.head_dims[0],
+                    dtype=self.dtypes[0], seed=5 + n, bias=spec if n % 2 == 0 else
+                    attrs.evolve(spec, num_time_buckets=0),
+                ))
+        for lengths in ((0, 0), (1,), (0, 1, 1, 0)):
+            self.check_case(AttentionCase(
+                shape="self", q_lengths=lengths, kv_lengths=lengths,
+                params=AttentionParams(normalization=self.normalizations[0]), num_targets=None,
+                heads=1, head_dim=self.head_dims[0], dtype=self.dtypes[0], seed=1, bias=spec,
+            ))
+
+    def test_relative_bias_needs_self_attention(self) -> None:
+        """A declared relative bias is refused for cross-attention (different offsets)."""
+        import pytest
+
+        self._skip_unless_bias()
+        backend = self.make_backend()
+        d = self.head_dims[0]
+        x = torch.randn(9, 1, d, dtype=self.dtypes[0], device=self.device)
+        y = torch.randn(3, 1, d, dtype=self.dtypes[0], device=self.device)
+        bias = RelativeBias(position_weights=torch.randn(1, 4, device=self.device))
+        with pytest.raises(ValueError, match="self-attention"):
+            backend(x, y, y, torch.tensor([0, 5, 9], device=self.device),
+                    torch.tensor([0, 2, 3], device=self.device),
+                    params=AttentionParams(normalization=self.normalizations[0]), bias=bias)
+
+    def test_undeclared_relative_bias_raises_naming_it(self) -> None:
+        """A backend that does not declare ``relative_bias`` must refuse a bias by that name."""
+        import pytest
+
+        if self.declares_relative_bias():
+            pytest.skip(f"backend declares {RELATIVE_BIAS}")
+        backend = self.make_backend()
+        d = self.head_dims[0]
+        x = torch.randn(9, 1, d, dtype=self.dtypes[0], device=self.device)
+        offsets = torch.tensor([0, 5, 9], device=self.device)
+        bias = RelativeBias(position_weights=torch.randn(1, 4, device=self.device),
+                            time_weights=torch.randn(1, 3, device=self.device),
+                            timestamps=torch.arange(9, device=self.device))
+        with pytest.raises((NotImplementedError, ValueError, TypeError)) as caught:
+            backend(x, x, x, offsets, offsets,
+                    params=AttentionParams(normalization=self.normalizations[0]), bias=bias)
+        assert RELATIVE_BIAS in str(caught.value), (
+            f"an undeclared {RELATIVE_BIAS} raised {caught.value!r}, which does not name it")
 
     def _run_drawn(self, shape: str) -> None:
         import pytest
