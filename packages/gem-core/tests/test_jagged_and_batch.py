@@ -49,11 +49,11 @@ def test_synthetic_batches_are_valid_and_deterministic(source):
     a = source.generate(64, split=1, index=5)
     b = source.generate(64, split=1, index=5)
     a.validate(source.schema)
-    assert torch.equal(a.seq_item_ids, b.seq_item_ids)
+    assert torch.equal(a.event_ids["item"], b.event_ids["item"])
     assert torch.equal(a.labels["click"], b.labels["click"])
     assert int(a.seq_lengths().max()) <= 32
     c = source.generate(64, split=1, index=6)
-    assert not torch.equal(a.candidate_item_ids, c.candidate_item_ids)
+    assert not torch.equal(a.candidate_ids["item"], c.candidate_ids["item"])
 
 
 def test_batch_select_keeps_every_field_aligned(source):
@@ -63,18 +63,20 @@ def test_batch_select_keeps_every_field_aligned(source):
     for new, old in enumerate([3, 0, 3]):
         start, end = batch.seq_offsets[old], batch.seq_offsets[old + 1]
         n_start, n_end = picked.seq_offsets[new], picked.seq_offsets[new + 1]
-        assert torch.equal(picked.seq_item_ids[n_start:n_end], batch.seq_item_ids[start:end])
-        assert picked.candidate_item_ids[new] == batch.candidate_item_ids[old]
+        assert torch.equal(picked.event_ids["item"][n_start:n_end],
+                           batch.event_ids["item"][start:end])
+        assert picked.candidate_ids["item"][new] == batch.candidate_ids["item"][old]
         assert torch.equal(picked.dense[new], batch.dense[old])
     picked.validate(source.schema)
 
 
 def test_validate_names_row_feature_and_value(source):
     batch = source.generate(8, split=1, index=0)
-    bad_ids = batch.candidate_item_ids.clone()
+    bad_ids = batch.candidate_ids["item"].clone()
     bad_ids[5] = 10**6
-    broken = attrs.evolve(batch, candidate_item_ids=bad_ids)
-    with pytest.raises(GemDataError, match=r"row 5: candidate item_id id 1000000 is outside"):
+    broken = attrs.evolve(batch, candidate_ids={**batch.candidate_ids, "item": bad_ids})
+    with pytest.raises(GemDataError, match=r"row 5: candidate item id 1000000 is outside "
+                                           r"\[0, 300\) of table 'item'"):
         broken.validate(source.schema, where="unit")
     labels = dict(batch.labels)
     labels["click"] = labels["click"].clone()

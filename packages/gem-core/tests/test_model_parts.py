@@ -59,10 +59,10 @@ def test_user_tokens_do_not_depend_on_the_candidate(data):
     model = _model(schema, pma_queries=3, cross_attention=True, target_queries="all")
     captured = []
     model.pma.register_forward_hook(lambda module, args, out: captured.append(out))
-    other = attrs.evolve(batch,
-                         candidate_item_ids=(batch.candidate_item_ids + 7) % schema.num_items,
-                         candidate_sparse={k: torch.zeros_like(v)
-                                           for k, v in batch.candidate_sparse.items()})
+    items = schema.table("item").num_embeddings
+    other = attrs.evolve(batch, candidate_ids={
+        k: (v + 7) % items if k == "item" else torch.zeros_like(v)
+        for k, v in batch.candidate_ids.items()})
     with torch.no_grad():
         first, second = model(batch), model(other)
     assert torch.equal(captured[0], captured[1])
@@ -107,5 +107,13 @@ def test_esmm_and_cross_attention_say_what_they_need(data):
     schema, _ = data
     with pytest.raises(ValueError, match="esmm"):
         _model(attrs.evolve(schema, tasks=("click",)), multitask="esmm")
+    with pytest.raises(ValueError, match="esmm_tasks"):
+        _model(attrs.evolve(schema, tasks=("click", "purchase")), multitask="esmm")
+    # Free task names: ESMM is configured by naming the parent and child tasks.
+    renamed = attrs.evolve(schema, tasks=("click", "purchase"))
+    _model(renamed, multitask="esmm", esmm_tasks=("click", "purchase"))
+    context_tables = {f.table for f in schema.sparse_features}
+    no_context = attrs.evolve(schema, sparse_features=(), num_dense=0,
+                              tables=[t for t in schema.tables if t.name not in context_tables])
     with pytest.raises(ValueError, match="cross_attention"):
-        _model(attrs.evolve(schema, sparse_features=(), num_dense=0), cross_attention=True)
+        _model(no_context, cross_attention=True)

@@ -56,6 +56,25 @@ def test_bench_balance_json_meets_the_goal():
         assert report["balancer_ms_per_global_batch"][name]["256"] < 50  # goal 5 ms, slack for CI
 
 
+def test_bench_balance_costs_are_the_trainers_per_request():
+    """The benchmark balances the trainer's cost of a request (gem_core.train.trainer.
+    sample_costs): attention pairs + tokens + candidates."""
+    import numpy as np
+    import torch
+
+    from gem_core.train.trainer import sample_costs
+    from gem_parallel.bench_balance import balance, zipf_costs
+
+    one = zipf_costs(np.random.default_rng(3), 50)
+    four = zipf_costs(np.random.default_rng(3), 50, candidates=4)
+    assert [b - a for a, b in zip(one, four)] == [3.0] * 50
+    lengths = torch.from_numpy(np.minimum(np.random.default_rng(3).zipf(1.2, 50), 4096))
+    assert one == sample_costs(lengths, None, torch.ones_like(lengths))
+    report = json.loads(CliRunner().invoke(
+        balance, ["--json", "--batches", "2", "--candidates", "4"]).output)
+    assert report["candidates_per_request"] == 4
+
+
 def test_bench_memory_json_reports_every_policy():
     from gem_parallel.bench_memory import memory
 

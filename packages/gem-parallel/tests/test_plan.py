@@ -77,23 +77,59 @@ def test_ep_keeps_a_share_of_the_experts_and_counts_their_traffic(plugins):
 def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
     """The fit from two short batches predicts the bytes autograd keeps for a longer, real
     batch of tiny within 25 %."""
-    import attrs
-
     fit = measure_activations(tiny, plugins, "none")
     source = plugins.resolve("data", tiny.data.source, None).impl(tiny.data, seed=0)
     batch = next(iter(source.eval_batches(batch_size=16)))
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model.gem import build_model
 
-    schema = attrs.evolve(source.schema, num_items=4096)
-    batch = attrs.evolve(batch, seq_item_ids=batch.seq_item_ids % 4096,
-                         candidate_item_ids=batch.candidate_item_ids % 4096)
+    from gem_parallel.plan import _measuring_schema
+
+    schema = _measuring_schema(source.schema)
     model = build_model(tiny.model, schema,
                         attention=plugins.resolve("attention", "reference", None).impl,
                         embedding_backend=ReferenceEmbeddingBackend())
     measured = saved_activation_bytes(model, batch, schema.tasks)
     predicted = fit["per_token"] * batch.num_events + fit["per_sample"] * batch.batch_size
     assert abs(predicted - measured) / measured < 0.25, (predicted, measured)
+
+
+def test_plan_follows_the_declared_tables(tiny, plugins):
+    """One entry per table the data declares, sized ``num_embeddings x dim``, with the feature
+    keys that index it (the item table is shared by the event and the candidate feature); the
+    embedding totals are the tables' sums; lookups count ids per request."""
+    from gem_core.data.synthetic import SyntheticSource
+
+    schema = SyntheticSource(tiny.data, seed=0).schema
+    result = plan(tiny, Layout(gpus=2, gpu_memory_gib=1), plugins)
+    tables = result["tables"]
+    dim = tiny.model.embedding_dim
+    assert list(tables) == [t.name for t in schema.tables]
+    for declared in schema.tables:
+        entry = tables[declared.name]
+        assert entry["num_embeddings"] == declared.num_embeddings and entry["dim"] == dim
+        assert entry["bytes"] == declared.num_embeddings * dim * 4
+        assert entry["id_policy"] == declared.id_policy
+    assert tables["item"]["features"] == ["event.item", "candidate.item"]
+    assert tables["context"]["pooling"] == "sum" and tables["item"]["pooling"] == "none"
+    assert sum(t["parameters"] for t in tables.values()) == result["parameters"]["embedding"]
+    per_rank = result["per_rank"]
+    # item: every event and every candidate; a context feature: one pooled bag per request.
+    assert tables["item"]["lookups_per_request"] == pytest.approx(
+        per_rank["mean_history_length"] + per_rank["candidates"] / per_rank["samples"])
+    assert tables["context"]["lookups_per_request"] == 1.0
+    assert result["communication_bytes_per_rank_per_step"]["embedding"] == pytest.approx(
+        sum(t["comm_bytes_per_rank_per_step"] for t in tables.values()), abs=len(tables))
+
+
+def test_candidates_per_request_raise_the_lookup_traffic(plugins):
+    one, four = (plan(load_config(preset="tiny", overrides=(
+        *TINY, f"data.options.candidates_per_request={k}")), Layout(gpus=2, gpu_memory_gib=1),
+        plugins) for k in (1, 4))
+    assert four["per_rank"]["candidates"] == 4 * four["per_rank"]["samples"]
+    assert (four["tables"]["advertiser"]["comm_bytes_per_rank_per_step"]
+            == pytest.approx(4 * one["tables"]["advertiser"]["comm_bytes_per_rank_per_step"],
+                             rel=1e-6))
 
 
 def test_full_checkpointing_plans_less_activation_memory(tiny, plugins):
@@ -117,3 +153,4 @@ def test_cli_json_and_verdict():
     text = runner.invoke(plan_command, ["--preset", "tiny", "--gpus", "2", "--gpu-memory",
                                         "16"], catch_exceptions=False).output
     assert "fits in" in text and "does NOT" not in text
+    assert "embedding tables:" in text and "event.item, candidate.item" in text

@@ -30,19 +30,98 @@ import pytest
 
 ATOL = 1e-5
 LR = 0.5
-TABLES = ("item", "user_segment", "context", "candidate_advertiser", "candidate_category")
-POOLED = TABLES[1:]
-# (case name, forced plan, dense strategy). TorchRec offers row_wise for pooled tables on CUDA
-# only (test_row_wise_pooled_table_is_refused_on_cpu), so the row-wise cases split the sequence
-# table (item, the large one) by rows and the pooled tables by columns.
-ROW_WISE = {"item": "row_wise", **{t: "column_wise" for t in POOLED}}
+# The synthetic source's tables plus "topic" (multi-valued event and candidate features, hash
+# ids) that the request-level cases add. "item" is shared by an event and a candidate feature.
+SEQUENCE = ("item", "action", "advertiser", "category", "topic")
+POOLED = ("user_segment", "context")
+TABLES = SEQUENCE + POOLED
+PLAIN_TABLES = tuple(t for t in TABLES if t != "topic")
+# (case name, forced plan, dense strategy, data). TorchRec offers row_wise for pooled tables on
+# CUDA only (test_row_wise_pooled_table_is_refused_on_cpu), so the row-wise cases split the
+# sequence tables by rows and the pooled tables by columns. Data "requests": K = 4 candidates
+# per request from the synthetic source, cut to 1..4 per request (jagged), with a multi-valued
+# feature; "plain": the synthetic source as it is (one candidate per request).
+ROW_WISE = {**{t: "row_wise" for t in SEQUENCE}, **{t: "column_wise" for t in POOLED}}
 CASES = [
-    ("table_wise", {t: "table_wise" for t in TABLES}, "ddp"),
-    ("row_wise", ROW_WISE, "ddp"),
-    ("column_wise", {t: "column_wise" for t in TABLES}, "ddp"),
-    ("row_wise_fsdp2", ROW_WISE, "fsdp2"),
-    ("planner", {}, "ddp"),
+    ("table_wise", {t: "table_wise" for t in TABLES}, "ddp", "requests"),
+    ("row_wise", ROW_WISE, "ddp", "requests"),
+    ("column_wise", {t: "column_wise" for t in TABLES}, "ddp", "requests"),
+    ("row_wise_fsdp2", ROW_WISE, "fsdp2", "requests"),
+    ("planner", {}, "ddp", "requests"),
+    ("plain", {}, "ddp", "plain"),
 ]
+OVERRIDES = ["data.max_seq_len=24", "model.num_layers=1", "model.window=8",
+             "data.options.num_items=64", "model.embedding_dim=16"]
+
+
+def with_topics(schema, batch, seed: int = 0):
+    """``schema`` and ``batch`` with a ``topic`` table (hash ids) indexed by a multi-valued
+    event feature (mean-pooled) and a multi-valued candidate feature (sum-pooled): 1 to 3 raw
+    64-bit ids per event and per candidate."""
+    import attrs
+    import torch
+
+    from gem_core.jagged import Jagged, offsets_from_lengths
+    from gem_core.schema import EmbeddingTable, SequenceFeature
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def topics(rows: int) -> Jagged:
+        lengths = torch.randint(1, 4, (rows,), generator=generator)
+        values = torch.randint(-2**62, 2**62, (int(lengths.sum()),), generator=generator)
+        return Jagged(values, offsets_from_lengths(lengths))
+
+    schema = attrs.evolve(
+        schema,
+        tables=(*schema.tables, EmbeddingTable(name="topic", num_embeddings=24,
+                                               id_policy="hash")),
+        event_features=(*schema.event_features,
+                        SequenceFeature(name="topics", table="topic", multi_valued=True)),
+        candidate_features=(*schema.candidate_features,
+                            SequenceFeature(name="topics", table="topic", multi_valued=True,
+                                            pooling="sum")))
+    batch = attrs.evolve(batch,
+                         event_ids={**batch.event_ids, "topics": topics(batch.num_events)},
+                         candidate_ids={**batch.candidate_ids,
+                                        "topics": topics(batch.num_candidates)})
+    return schema, batch
+
+
+def jagged_candidates(batch):
+    """``batch`` with request ``r`` keeping its first ``1 + r % K`` candidates."""
+    import attrs
+    import torch
+
+    from gem_core.batch import select_ids
+    from gem_core.jagged import offsets_from_lengths
+
+    counts = batch.candidate_counts()
+    keep = torch.minimum(1 + torch.arange(batch.batch_size) % counts, counts)
+    index = torch.cat([torch.arange(int(start), int(start) + int(k))
+                       for start, k in zip(batch.candidate_offsets[:-1], keep)])
+    return attrs.evolve(
+        batch, candidate_offsets=offsets_from_lengths(keep),
+        candidate_ids={k: select_ids(v, index) for k, v in batch.candidate_ids.items()},
+        labels={k: v[index] for k, v in batch.labels.items()},
+        candidate_dense=None if batch.candidate_dense is None else batch.candidate_dense[index])
+
+
+def case_data(kind: str):
+    """``(config, schema, batch)`` of a case's data: 12 requests."""
+    from gem_core.config import load_config
+    from gem_core.data.synthetic import SyntheticSource
+
+    if kind == "plain":
+        config = load_config(preset="tiny", overrides=OVERRIDES)
+        source = SyntheticSource(config.data, seed=0)
+        return config, source.schema, source.generate(12, split=0, index=0)
+    config = load_config(preset="tiny", overrides=[
+        *OVERRIDES, "data.options.candidates_per_request=4"])
+    source = SyntheticSource(config.data, seed=0)
+    schema, batch = with_topics(source.schema, source.generate(12, split=0, index=0))
+    batch = jagged_candidates(batch)
+    batch.validate(schema)
+    return config, schema, batch
 
 
 # -- the worker (runs on every rank under torchrun) ---------------------------------------------
@@ -57,8 +136,6 @@ def _worker(out_path: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from gem_core.attention.bucketed import BucketedAttention
-    from gem_core.config import load_config
-    from gem_core.data.synthetic import SyntheticSource
     from gem_core.distributed import init_from_environment
     from gem_core.model import build_model
     from gem_core.embedding import ReferenceEmbeddingBackend
@@ -73,28 +150,29 @@ def _worker(out_path: str) -> None:
 
     torch.set_num_threads(1)
     ctx = init_from_environment("cpu")
-    config = load_config(preset="tiny", overrides=[
-        "data.max_seq_len=24", "model.num_layers=1", "model.window=8",
-        "data.options.num_items=64", "model.embedding_dim=16"])
-    source = SyntheticSource(config.data, seed=0)
-    schema = source.schema
-    batch = source.generate(12, split=0, index=0)
-    global_n = batch.batch_size
-    # Uneven split: rank 0 gets 7 samples, rank 1 gets 5.
-    cut = 7
-    mine = torch.arange(0, cut) if ctx.rank == 0 else torch.arange(cut, global_n)
-    local = batch.select(mine)
-    tasks = schema.tasks
     report: dict = {}
 
-    for name, forced, dense in CASES:
+    for name, forced, dense, data in CASES:
+        config, schema, batch = case_data(data)
+        tables_of_case = TABLES if data == "requests" else PLAIN_TABLES
+        global_n = batch.batch_size
+        # Uneven split: rank 0 gets 7 requests, rank 1 gets 5 (with their candidates).
+        cut = 7
+        mine = torch.arange(0, cut) if ctx.rank == 0 else torch.arange(cut, global_n)
+        local = batch.select(mine)
+        # The candidates (impressions) of this rank's requests, in the global batch's order.
+        mine_candidates = torch.cat([torch.arange(int(batch.candidate_offsets[r]),
+                                                  int(batch.candidate_offsets[r + 1]))
+                                     for r in mine])
+        impressions = batch.num_candidates
+        tasks = schema.tasks
         torch.manual_seed(0)
         reference = build_model(config.model, schema, attention=BucketedAttention(),
                                 embedding_backend=ReferenceEmbeddingBackend())
         model = copy.deepcopy(reference)
         # Reference: one process on the union of the ranks' samples, loss = global mean.
         ref_logits = reference(batch)
-        task_loss_sums(ref_logits, batch, tasks).sum().div(global_n).backward()
+        task_loss_sums(ref_logits, batch, tasks).sum().div(impressions).backward()
         ref_grads = {n: p.grad.clone() for n, p in reference.named_parameters()
                      if p.grad is not None}
 
@@ -108,11 +186,15 @@ def _worker(out_path: str) -> None:
             precision=Float32Recipe(), options={})
         engine.train(True)
         logits = engine(local)
-        loss = task_loss_sums(logits, local, tasks).sum() * (ctx.world_size / global_n)
+        loss = task_loss_sums(logits, local, tasks).sum() * (ctx.world_size / impressions)
         engine.backward(loss)
 
-        case: dict = {"plan": strategy.plan}
-        case["logits"] = max(float((logits[t] - ref_logits[t][mine]).abs().max()) for t in tasks)
+        case: dict = {"plan": strategy.plan, "data": data,
+                      "candidates_per_request": batch.candidate_counts().tolist(),
+                      "plan_features": {t: list(c.features) for t, c in
+                                        engine.unwrapped.embeddings.table_configs.items()}}
+        case["logits"] = max(float((logits[t] - ref_logits[t][mine_candidates]).abs().max())
+                             for t in tasks)
         grad_err, compared = 0.0, 0
         for pname, param in engine.unwrapped.named_parameters():
             pname = pname.removeprefix("module.")
@@ -135,7 +217,7 @@ def _worker(out_path: str) -> None:
         sharded = engine.unwrapped.embeddings
         tables = sharded.full_tables()  # collective
         row_err = 0.0
-        for t in TABLES:
+        for t in tables_of_case:
             weight = reference.embeddings.tables[t].weight
             expected = weight.detach() - LR * weight.grad
             row_err = max(row_err, float((tables[t] - expected).abs().max()))
@@ -143,19 +225,19 @@ def _worker(out_path: str) -> None:
         # The step changed the tables (the comparison is not of untouched ones).
         case["tables_moved"] = min(
             float((tables[t] - reference.embeddings.tables[t].weight).abs().max())
-            for t in TABLES)
+            for t in tables_of_case)
 
         # Evaluation: gathered tables, no collective in the forward.
         engine.train(False)
         updated = copy.deepcopy(reference)
         with torch.no_grad():
-            for t in TABLES:
+            for t in tables_of_case:
                 updated.embeddings.tables[t].weight.copy_(tables[t])
         updated.eval()
         eval_logits = engine.predict(local)
         expected_eval = updated(batch)
-        case["eval_logits"] = max(float((eval_logits[t] - expected_eval[t][mine]).abs().max())
-                                  for t in tasks)
+        case["eval_logits"] = max(float((eval_logits[t] - expected_eval[t][mine_candidates])
+                                        .abs().max()) for t in tasks)
         engine.train(True)
 
         # Checkpoint state: this rank's shards of every table, through DCP and back after a
@@ -184,10 +266,11 @@ def _worker(out_path: str) -> None:
                  planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
         reloaded = sharded.full_tables()
         case["state_roundtrip"] = max(float((reloaded[t] - tables[t]).abs().max())
-                                      for t in TABLES)
+                                      for t in tables_of_case)
         # Ids outside a table are refused before any collective, as the reference does.
         bad = copy.copy(local)
-        object.__setattr__(bad, "candidate_item_ids", local.candidate_item_ids + 1000)
+        object.__setattr__(bad, "candidate_ids",
+                           {**local.candidate_ids, "item": local.candidate_ids["item"] + 1000})
         try:
             engine(bad)
             case["bad_ids"] = "accepted"
@@ -222,7 +305,17 @@ def test_sharded_embeddings_match_reference(report, case):
     got = report[case]
     forced = dict((c[0], c[1]) for c in CASES)[case]
     plan = got["plan"]
-    assert sorted(plan) == sorted(TABLES)
+    tables = TABLES if got["data"] == "requests" else PLAIN_TABLES
+    assert sorted(plan) == sorted(tables)
+    # One table shared by an event and a candidate feature (one EmbeddingCollection table with
+    # both feature names); the multi-valued features go unpooled to theirs.
+    assert got["plan_features"]["item"] == ["event.item", "candidate.item"]
+    if got["data"] == "requests":
+        assert got["plan_features"]["topic"] == ["event.topics", "candidate.topics"]
+        # Jagged candidates: 1 to 4 per request, split unevenly over the ranks.
+        assert sorted(set(got["candidates_per_request"])) == [1, 2, 3, 4]
+    else:
+        assert set(got["candidates_per_request"]) == {1}
     for table, kind in forced.items():
         assert plan[table]["sharding_type"] == kind
         if kind in ("row_wise", "column_wise"):
@@ -235,13 +328,13 @@ def test_sharded_embeddings_match_reference(report, case):
     assert got["tables_moved"] > 10 * ATOL
     assert got["eval_logits"] <= ATOL
     assert got["tables_in_state_dict"] == []
-    assert got["state_keys"] == sorted(f"tables.{t}.weight" for t in TABLES)
+    assert got["state_keys"] == sorted(f"tables.{t}.weight" for t in tables)
     assert got["state_optimizer_keys"] == []
     assert got["state_tables"] == 0.0
     # Each rank holds its shards only: about half of all the values, never all of them.
     assert 0.0 < got["state_local_share"] < 1.0
     assert got["state_roundtrip"] == 0.0
-    assert "embedding table 'item', feature 'candidate_item'" in got["bad_ids"]
+    assert "embedding table 'item', feature 'candidate.item'" in got["bad_ids"]
 
 
 @pytest.mark.distributed
@@ -263,9 +356,7 @@ def _tiny_model():
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
 
-    config = load_config(preset="tiny", overrides=[
-        "data.max_seq_len=24", "model.num_layers=1", "model.window=8",
-        "data.options.num_items=64", "model.embedding_dim=16"])
+    config = load_config(preset="tiny", overrides=OVERRIDES)
     source = SyntheticSource(config.data, seed=0)
     torch.manual_seed(0)
     model = build_model(config.model, source.schema, attention=BucketedAttention(),

@@ -1,49 +1,57 @@
-"""The on-disk layout of a GEM data set: one Parquet row per impression, list columns for histories.
+"""The on-disk layout of a GEM data set (format 2): one Parquet row per **request**.
 
-Column names are derived from the :class:`~gem_core.schema.FeatureSchema` so that a schema alone
-says what a file must hold. Ids are int64 and floats float32 on disk, the dtypes of
+A row is one user's request: the history (events, oldest first, every event feature a list of
+the same length), the request's context, and ``K >= 1`` candidates (every candidate feature and
+label a list of ``K``). Column names follow the :class:`~gem_core.schema.FeatureSchema`, so a
+schema alone says what a file must hold. Ids are int64 and floats float32 on disk, the dtypes of
 :class:`~gem_core.batch.JaggedBatch`, so reading hands pyarrow's buffers to torch without a cast.
+Id columns written as ``uint64`` by other tools are read as int64 with the same bits (a
+zero-copy view): ids are opaque 64-bit keys, mapped to rows by their table's id policy.
 
-=========================  =============================  ==========================================
-column                     arrow type                     meaning
-=========================  =============================  ==========================================
-``history_item_id``        ``list<int64>``                item of each history event, oldest first
-``history_action``         ``list<int64>``                action type of each event
-``history_timestamp``      ``list<int64>``                event time in seconds
-``history_dense``          ``list<float32>``              ``seq_dense_dim`` floats per event (opt.)
-``request_timestamp``      ``int64``                      impression time
-``candidate_item_id``      ``int64``                      the candidate ad's item
-``candidate.<name>``       ``int64``                      each candidate feature
-``sparse.<name>``          ``list<int64>``                each multi-hot sparse feature
-``dense``                  ``fixed_size_list<float32>``   ``num_dense`` floats (when > 0)
-``label.<task>``           ``float32``                    each task's label in {0, 1}
-``candidate_dense``        ``fixed_size_list<float32>``   candidate content vector (when declared)
-``user_embedding``         ``fixed_size_list<float32>``   upstream user embedding (exported sets)
-=========================  =============================  ==========================================
+===========================  ===================================  ===================================
+column                       arrow type                           meaning
+===========================  ===================================  ===================================
+``user_id``                  ``int64``                            raw user key (GAUC groups)
+``request_timestamp``        ``int64``                            request time, seconds
+``history_timestamp``        ``list<int64>``                      time of each event (E), oldest first
+``event.<name>``             ``list<int64>``                      a single-valued event feature (E)
+``event.<name>``             ``list<list<int64>>``                a multi-valued one (E lists, >= 1 id)
+``history_dense``            ``list<float32>``                    ``E * seq_dense_dim`` (optional)
+``candidate.<name>``         ``list<int64>`` / ``list<list<..>>`` each candidate feature (K >= 1)
+``label.<task>``             ``list<float32>``                    label of each candidate (K), 0 or 1
+``candidate_dense``          ``list<float32>``                    ``K * seq_dense_dim`` (optional)
+``sparse.<name>``            ``list<int64>``                      a context feature's bag of ids
+``dense``                    ``fixed_size_list<float32>[n]``      ``num_dense`` floats (optional)
+``user_embedding``           ``fixed_size_list<float32>[u]``      upstream user embedding (exported)
+===========================  ===================================  ===================================
+
+Format 1 (one row per impression: ``history_item_id``, ``history_action``, ``candidate_item_id``,
+scalar ``candidate.<name>`` and ``label.<task>``) is read by no reader: ``gem data convert``
+rewrites such a set as format 2 (:mod:`gem_data.convert`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
-from gem_core.schema import FeatureSchema, SparseFeature
+from gem_core.schema import FeatureSchema, SequenceFeature
 
-HISTORY_ITEM = "history_item_id"
-HISTORY_ACTION = "history_action"
+FORMAT_VERSION = 2
+
+USER_ID = "user_id"
+REQUEST_TIMESTAMP = "request_timestamp"
 HISTORY_TIMESTAMP = "history_timestamp"
 HISTORY_DENSE = "history_dense"
-REQUEST_TIMESTAMP = "request_timestamp"
-CANDIDATE_ITEM = "candidate_item_id"
+CANDIDATE_DENSE = "candidate_dense"
 DENSE = "dense"
 USER_EMBEDDING = "user_embedding"
-CANDIDATE_DENSE = "candidate_dense"
 
-#: The history columns that share one length per row (``history_dense`` has ``dim`` x that).
-HISTORY_ID_COLUMNS = (HISTORY_ITEM, HISTORY_ACTION, HISTORY_TIMESTAMP)
+#: Columns only format 1 had: their presence names a data set to convert.
+V1_COLUMNS = ("history_item_id", "history_action", "candidate_item_id")
 
 
-def sparse_column(name: str) -> str:
-    return f"sparse.{name}"
+def event_column(name: str) -> str:
+    return f"event.{name}"
 
 
 def candidate_column(name: str) -> str:
@@ -54,77 +62,78 @@ def label_column(task: str) -> str:
     return f"label.{task}"
 
 
+def sparse_column(name: str) -> str:
+    return f"sparse.{name}"
+
+
+def _ids_type(feature: SequenceFeature) -> Any:
+    import pyarrow as pa
+
+    ids = pa.list_(pa.int64())
+    return pa.list_(ids) if feature.multi_valued else ids
+
+
 def arrow_schema(schema: FeatureSchema) -> Any:
     """The pyarrow schema every Parquet file of a data set with ``schema`` has, in this order."""
     import pyarrow as pa
 
     ids = pa.list_(pa.int64())
+    floats = pa.list_(pa.float32())
     fields = [
-        pa.field(HISTORY_ITEM, ids, nullable=False),
-        pa.field(HISTORY_ACTION, ids, nullable=False),
+        pa.field(USER_ID, pa.int64(), nullable=False),
+        pa.field(REQUEST_TIMESTAMP, pa.int64(), nullable=False),
         pa.field(HISTORY_TIMESTAMP, ids, nullable=False),
     ]
+    fields += [pa.field(event_column(f.name), _ids_type(f), nullable=False)
+               for f in schema.event_features]
     if schema.seq_dense_dim:
-        fields.append(pa.field(HISTORY_DENSE, pa.list_(pa.float32()), nullable=False))
-    fields += [
-        pa.field(REQUEST_TIMESTAMP, pa.int64(), nullable=False),
-        pa.field(CANDIDATE_ITEM, pa.int64(), nullable=False),
-    ]
-    fields += [pa.field(candidate_column(f.name), pa.int64(), nullable=False)
+        fields.append(pa.field(HISTORY_DENSE, floats, nullable=False))
+    fields += [pa.field(candidate_column(f.name), _ids_type(f), nullable=False)
                for f in schema.candidate_features]
+    fields += [pa.field(label_column(t), floats, nullable=False) for t in schema.tasks]
+    if schema.candidate_content:
+        fields.append(pa.field(CANDIDATE_DENSE, floats, nullable=False))
     fields += [pa.field(sparse_column(f.name), ids, nullable=False) for f in schema.sparse_features]
     if schema.num_dense:
         fields.append(pa.field(DENSE, pa.list_(pa.float32(), schema.num_dense), nullable=False))
-    fields += [pa.field(label_column(t), pa.float32(), nullable=False) for t in schema.tasks]
-    if schema.candidate_content:
-        fields.append(pa.field(CANDIDATE_DENSE, pa.list_(pa.float32(), schema.seq_dense_dim),
-                               nullable=False))
     if schema.user_embedding_dim:
         fields.append(pa.field(USER_EMBEDDING, pa.list_(pa.float32(), schema.user_embedding_dim),
                                nullable=False))
     return pa.schema(fields)
 
 
-def id_spaces(schema: FeatureSchema) -> dict[str, int]:
-    """Per id column, the size of its id space (valid ids are ``0 .. size - 1``)."""
-    spaces = {HISTORY_ITEM: schema.num_items, HISTORY_ACTION: schema.num_actions,
-              CANDIDATE_ITEM: schema.num_items}
-    spaces.update({candidate_column(f.name): f.num_embeddings for f in schema.candidate_features})
-    spaces.update({sparse_column(f.name): f.num_embeddings for f in schema.sparse_features})
-    return spaces
+def id_columns(schema: FeatureSchema) -> Iterator[tuple[str, str, Any]]:
+    """``(column, kind, feature)`` of every categorical feature's column (``kind`` is ``event``,
+    ``candidate`` or ``context``)."""
+    for kind, feature in schema.id_features():
+        if kind == "event":
+            yield event_column(feature.name), kind, feature
+        elif kind == "candidate":
+            yield candidate_column(feature.name), kind, feature
+        else:
+            yield sparse_column(feature.name), kind, feature
 
 
-def schema_to_dict(schema: FeatureSchema) -> dict[str, Any]:
-    """JSON-ready form of a schema, for the manifest."""
-    return {
-        "num_items": schema.num_items,
-        "num_actions": schema.num_actions,
-        "sparse_features": [_feature_dict(f) for f in schema.sparse_features],
-        "candidate_features": [_feature_dict(f) for f in schema.candidate_features],
-        "num_dense": schema.num_dense,
-        "seq_dense_dim": schema.seq_dense_dim,
-        "tasks": list(schema.tasks),
-        "max_seq_len": schema.max_seq_len,
-        "candidate_content": schema.candidate_content,
-        "user_embedding_dim": schema.user_embedding_dim,
-    }
+def is_id_column(name: str) -> bool:
+    """Whether a column holds raw ids (stored as int64, or uint64 read as int64)."""
+    return name == USER_ID or name.startswith(("event.", "candidate.", "sparse."))
 
 
-def schema_from_dict(data: dict[str, Any]) -> FeatureSchema:
-    return FeatureSchema(
-        num_items=int(data["num_items"]),
-        num_actions=int(data["num_actions"]),
-        sparse_features=[SparseFeature(**f) for f in data.get("sparse_features", [])],
-        candidate_features=[SparseFeature(**f) for f in data.get("candidate_features", [])],
-        num_dense=int(data.get("num_dense", 0)),
-        seq_dense_dim=int(data.get("seq_dense_dim", 0)),
-        tasks=tuple(data["tasks"]),
-        max_seq_len=int(data["max_seq_len"]),
-        candidate_content=bool(data.get("candidate_content", False)),
-        user_embedding_dim=int(data.get("user_embedding_dim", 0)),
-    )
+def leaf_type(arrow_type: Any) -> Any:
+    """The primitive type inside (nested) lists."""
+    import pyarrow as pa
+
+    while pa.types.is_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        arrow_type = arrow_type.value_type
+    return arrow_type
 
 
-def _feature_dict(feature: SparseFeature) -> dict[str, Any]:
-    return {"name": feature.name, "num_embeddings": feature.num_embeddings,
-            "pooling": feature.pooling}
+def with_leaf(arrow_type: Any, leaf: Any) -> Any:
+    """``arrow_type`` with its primitive leaf replaced by ``leaf`` (same nesting)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(arrow_type):
+        return pa.list_(with_leaf(arrow_type.value_type, leaf))
+    if pa.types.is_fixed_size_list(arrow_type):
+        return pa.list_(with_leaf(arrow_type.value_type, leaf), arrow_type.list_size)
+    return leaf

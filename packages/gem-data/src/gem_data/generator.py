@@ -1,15 +1,46 @@
-"""A realistic synthetic ads log: Zipf items, heavy-tailed histories, labels planted on candidate x
-history interaction.
+"""A realistic synthetic ads log, one row per request, with a known label-generating process.
 
-The world (item clusters and popularity, users' interests and segments, advertisers) is fixed by
-the seed. Each chunk of impressions is a pure function of ``(seed, split, chunk)``, so a data set
-is reproducible byte for byte and chunks could be generated in any order. The click logit grows
-with the share of the user's recent history (weighted by action: clicks and conversions count more)
-in the candidate's interest cluster, so a target-aware model can learn more than one that ignores
-the history; dense and sparse features add smaller effects. Conversions are drawn among clicks.
+The **world** is fixed by the seed: ``num_items`` ads, each with a raw 64-bit hashed id (the
+splitmix64 mix of its index and the seed: values spread over the whole int64 range, looked up
+through a ``hash``-policy table as production ids are), an advertiser and a category (the
+advertiser's); Zipf ad popularity; users with three interest categories and two segments.
+
+Each **request** (row) is a user's history plus ``K`` candidate ads (``K`` truncated-Zipf,
+``1 <= K <= max_candidates``). History events come in sessions of ``session_length`` events, each
+session from one of the user's interests (or, 25 % of events, from global popularity); every
+event carries the ad's id, advertiser and category and an action type (0 view, 1 click,
+2 conversion). Candidates are drawn from the user's recent events' advertisers, from the user's
+interests, or by popularity.
+
+**The planted label** depends on the *attributes* (advertiser, category) of the history, never on
+ad ids. With ``recent`` the last ``recent_window`` events of the history and *engaged* meaning
+action >= 1 (clicked or converted)::
+
+    click_logit = click_bias
+        + recent_advertiser_weight * [an engaged recent event has the candidate's advertiser]
+        + recent_category_weight   * [an engaged recent event has the candidate's category]
+        + recent_view_weight       * [any recent event has the candidate's category]
+        + history_weight           * affinity
+        + 0.5 * dense[0] + 0.6 * [segment[0] % 4 == 0] + 0.3 * [context == 3]
+    affinity = share of the whole history (action-weighted 1/3/6, recency-weighted with a
+               time constant of 64 events) in the candidate's category
+    conversion_logit = conversion_bias + 1.5 * [recent advertiser match] + 1.0 * affinity
+                       + 0.8 * dense[1]
+    click ~ Bernoulli(sigmoid(click_logit)); conversion = click & Bernoulli(sigmoid(conv_logit))
+
+:meth:`AdsLogGenerator.chunk_with_probabilities` returns the true probability of every label
+(``P(click)`` and ``P(conversion) = P(click) * P(conversion | click)``), and
+:func:`achievable_ne` the NE those probabilities reach on the eval split: the floor a model
+can approach, which ``gem data synth`` writes into the manifest.
+
+Every chunk is a pure function of ``(seed, split, index)``: data sets are reproducible byte for
+byte, chunks can be generated in any order, and in-memory streams resume exactly.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Iterator
 
 import attrs
 import numpy as np
@@ -17,35 +48,49 @@ import torch
 
 from gem_core.batch import JaggedBatch
 from gem_core.config.validators import at_least, between, choice, greater_than
+from gem_core.ids import splitmix64
 from gem_core.jagged import Jagged
-from gem_core.schema import FeatureSchema, SparseFeature
+from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
 NUM_ACTIONS = 3  # view, click, conversion
 ACTION_PROBS = (0.8, 0.17, 0.03)
 ACTION_WEIGHT = np.array([1.0, 3.0, 6.0])
 SPLIT_IDS = {"train": 1, "eval": 2}
+TASKS = ("click", "conversion")
+EVAL_CHUNK_ROWS = 4096
+"""The eval split is generated in chunks of this many requests (the last one shorter), whatever
+the batch or row-group size, so ``gem data synth``, the ``synthetic-ads`` source and
+:func:`achievable_ne` all see the same eval requests for the same seed and row count."""
+_NUM_SEGMENTS, _NUM_CONTEXTS = 64, 16
+_AD_ID_SALT = 0x5EED_AD5
 
 
 @attrs.frozen(kw_only=True)
 class SynthOptions:
-    """Knobs of the generated world and its impressions (``gem data synth --set key=value``)."""
+    """Knobs of the generated world and its requests (``gem data synth --set key=value``,
+    ``[data.options]`` of the ``synthetic-ads`` source)."""
 
     num_items: int = attrs.field(default=50_000, validator=greater_than(10))
-    """Item id space of history events and candidates."""
+    """Distinct ads (history events and candidates). Their raw ids are 64-bit hashes."""
+
+    ad_table_size: int = attrs.field(default=0, validator=at_least(0))
+    """Rows of the ``ad`` embedding table (``hash`` id policy: distinct ads may share a row);
+    0: twice ``num_items``."""
 
     num_users: int = attrs.field(default=100_000, validator=greater_than(0))
     """Distinct users, each with fixed interests and segments."""
 
     num_clusters: int = attrs.field(default=50, validator=greater_than(1))
-    """Interest clusters (also the candidate ``category`` feature)."""
+    """Categories (interest clusters): the ``category`` event and candidate feature."""
 
     num_advertisers: int = attrs.field(default=1000, validator=greater_than(0))
-    """Advertiser id space (a candidate feature)."""
+    """Advertisers (each belongs to one category; an ad belongs to one advertiser)."""
 
     zipf_exponent: float = attrs.field(default=1.1, validator=greater_than(0))
-    """Item popularity is proportional to rank ** -zipf_exponent."""
+    """Ad popularity is proportional to rank ** -zipf_exponent."""
 
-    length_distribution: str = attrs.field(default="lognormal", validator=choice("lognormal", "zipf"))
+    length_distribution: str = attrs.field(default="lognormal",
+                                           validator=choice("lognormal", "zipf"))
     """History length law: lognormal around ``mean_length``, or Zipf with ``length_exponent``."""
 
     mean_length: float = attrs.field(default=60.0, validator=greater_than(0))
@@ -61,60 +106,112 @@ class SynthOptions:
     """Longest history written; longer draws keep their most recent events."""
 
     empty_fraction: float = attrs.field(default=0.05, validator=between(0.0, 1.0))
-    """Share of impressions whose user has no history at all."""
+    """Share of requests whose user has no history at all."""
+
+    session_length: int = attrs.field(default=8, validator=at_least(0))
+    """In-interest history events come in sessions of this many events, each from one of the
+    user's three interests, so the most recent events show the current intent (which the
+    planted label rewards) and differ from the history as a whole. 0: each event picks one of
+    the user's interests at random."""
+
+    max_candidates: int = attrs.field(default=32, validator=greater_than(0))
+    """Most candidates (impressions) of one request; 1 gives one candidate per request."""
+
+    candidates_exponent: float = attrs.field(default=1.5, validator=greater_than(0))
+    """Candidates per request ``K`` follow a Zipf law truncated to ``1..max_candidates``:
+    P(K = k) ~ k ** -exponent (1.5 with 32 gives a mean of about 4.4)."""
+
+    recent_window: int = attrs.field(default=5, validator=greater_than(0))
+    """How many of the most recent history events the planted label's match terms look at."""
+
+    recent_advertiser_weight: float = attrs.field(default=1.6, validator=at_least(0))
+    """Click-logit effect of an engaged (clicked or converted) recent event of the candidate's
+    advertiser."""
+
+    recent_category_weight: float = attrs.field(default=1.0, validator=at_least(0))
+    """Click-logit effect of an engaged recent event of the candidate's category."""
+
+    recent_view_weight: float = attrs.field(default=0.4, validator=at_least(0))
+    """Click-logit effect of any recent event (viewed too) of the candidate's category."""
+
+    history_weight: float = attrs.field(default=1.5, validator=at_least(0))
+    """Click-logit effect of the whole history's (action- and recency-weighted) share in the
+    candidate's category: the weaker, long-history part of the signal."""
+
+    retarget_fraction: float = attrs.field(default=0.25, validator=between(0.0, 1.0))
+    """Share of candidates that are an ad of the advertiser of one of the user's last
+    ``recent_window`` events (retargeting); the rest split evenly between the user's interests
+    and global popularity."""
 
     num_dense: int = attrs.field(default=4, validator=at_least(2))
-    """Dense float features per impression (the first two carry label signal)."""
+    """Dense float features per request (the first two carry label signal)."""
 
     seq_dense_dim: int = attrs.field(default=0, validator=at_least(0))
-    """Width of a dense content vector per history event (0: none)."""
+    """Width of each ad's dense content vector (its category's centroid plus noise), carried by
+    every history event and every candidate (``candidate_content``); 0: none."""
 
     click_bias: float = attrs.field(default=-4.6, validator=between(-20.0, 20.0))
-    """Click logit intercept; the default gives a base rate of about 3 %."""
-
-    history_weight: float = attrs.field(default=5.0, validator=at_least(0))
-    """Effect of the history's affinity to the candidate's cluster on the click logit."""
+    """Click logit intercept; the default gives a click rate of about 4 %."""
 
     conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
-    """Conversion-given-click logit intercept (about 20-30 % of clicks convert)."""
+    """Conversion-given-click logit intercept (about a quarter of clicks convert)."""
+
+
+def truncated_zipf_pmf(exponent: float, maximum: int) -> np.ndarray:
+    """P(K = k) for k = 1..maximum, proportional to k ** -exponent."""
+    weights = np.arange(1, maximum + 1, dtype=np.float64) ** -exponent
+    return weights / weights.sum()
 
 
 class AdsLogGenerator:
-    """Impressions of one seeded world; ``chunk(n, split=..., index=...)`` is deterministic."""
+    """Requests of one seeded world; ``chunk(n, split=..., index=...)`` is deterministic."""
 
     def __init__(self, options: SynthOptions, *, seed: int) -> None:
         self.options, self.seed = options, seed
         o = options
         world = np.random.default_rng([seed, 0])
-        self.item_cluster = world.integers(0, o.num_clusters, o.num_items)
+        self.advertiser_category = world.integers(0, o.num_clusters, o.num_advertisers)
+        self.item_advertiser = world.integers(0, o.num_advertisers, o.num_items)
+        self.item_cluster = self.advertiser_category[self.item_advertiser]
         popularity = 1.0 / np.arange(1, o.num_items + 1) ** o.zipf_exponent
         self.item_cdf = np.cumsum(world.permutation(popularity / popularity.sum()))
         order = np.argsort(self.item_cluster, kind="stable")
         self._cluster_items = order
         self._cluster_starts = np.searchsorted(self.item_cluster[order],
                                                np.arange(o.num_clusters + 1))
+        order = np.argsort(self.item_advertiser, kind="stable")
+        self._advertiser_items = order
+        self._advertiser_starts = np.searchsorted(self.item_advertiser[order],
+                                                  np.arange(o.num_advertisers + 1))
         self.user_clusters = world.integers(0, o.num_clusters, (o.num_users, 3))
-        self.user_segment = world.integers(0, 64, (o.num_users, 2))
-        self.advertiser = world.integers(0, o.num_advertisers, o.num_items)
-        self.schema = FeatureSchema(
-            num_items=o.num_items, num_actions=NUM_ACTIONS,
-            sparse_features=(SparseFeature(name="user_segment", num_embeddings=64),
-                             SparseFeature(name="context", num_embeddings=16)),
-            candidate_features=(SparseFeature(name="advertiser", num_embeddings=o.num_advertisers),
-                                SparseFeature(name="category", num_embeddings=o.num_clusters)),
-            num_dense=o.num_dense, seq_dense_dim=o.seq_dense_dim,
-            tasks=("click", "conversion"), max_seq_len=o.max_length,
-        )
+        self.user_segment = world.integers(0, _NUM_SEGMENTS, (o.num_users, 2))
+        dim = max(o.seq_dense_dim, 1)
+        centroids = world.standard_normal((o.num_clusters, dim))
+        self.item_content = (centroids[self.item_cluster] + 0.5 * world.standard_normal(
+            (o.num_items, dim)))[:, :o.seq_dense_dim].astype(np.float32)
+        # Raw ad ids: 64-bit hashes of (seed, index), all over the int64 range (negative too).
+        salted = torch.arange(o.num_items, dtype=torch.int64) + (seed * 1_000_003 + _AD_ID_SALT)
+        self.ad_ids = splitmix64(salted).numpy()
+        self.candidates_cdf = np.cumsum(truncated_zipf_pmf(o.candidates_exponent,
+                                                           o.max_candidates))
+        self.schema = synthetic_ads_schema(o)
+
+    # -- drawing helpers ----------------------------------------------------------------------
 
     def _popular_items(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return np.minimum(np.searchsorted(self.item_cdf, rng.random(size)), self.options.num_items - 1)
+        return np.minimum(np.searchsorted(self.item_cdf, rng.random(size)),
+                          self.options.num_items - 1)
 
-    def _from_clusters(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        starts = self._cluster_starts[clusters]
-        sizes = self._cluster_starts[clusters + 1] - starts
-        # Within a cluster favour its first (arbitrary but fixed) items: squared uniform.
-        pick = (rng.random(clusters.size) ** 2 * sizes).astype(np.int64)
-        return self._cluster_items[starts + np.minimum(pick, np.maximum(sizes - 1, 0))]
+    @staticmethod
+    def _from_groups(rng: np.random.Generator, members: np.ndarray, starts: np.ndarray,
+                     groups: np.ndarray) -> np.ndarray:
+        """One item of each group in ``groups``, favouring the group's first (arbitrary but
+        fixed) items (squared uniform); a group without items falls back to its neighbour."""
+        lo = starts[groups]
+        sizes = starts[groups + 1] - lo
+        pick = (rng.random(groups.size) ** 2 * sizes).astype(np.int64)
+        position = np.minimum(lo + np.minimum(pick, np.maximum(sizes - 1, 0)), members.size - 1)
+        return members[position]
 
     def _lengths(self, rng: np.random.Generator, n: int) -> np.ndarray:
         o = self.options
@@ -126,7 +223,16 @@ class AdsLogGenerator:
         lengths[rng.random(n) < o.empty_fraction] = 0
         return lengths
 
+    # -- generation ---------------------------------------------------------------------------
+
     def chunk(self, n: int, *, split: str, index: int) -> JaggedBatch:
+        """``n`` requests of ``split`` (``train`` or ``eval``), chunk number ``index``."""
+        return self.chunk_with_probabilities(n, split=split, index=index)[0]
+
+    def chunk_with_probabilities(self, n: int, *, split: str, index: int
+                                 ) -> tuple[JaggedBatch, dict[str, np.ndarray]]:
+        """:meth:`chunk` and, per task, the generating process's probability of a positive
+        label for each candidate (``(N,)`` float64, aligned with the batch's labels)."""
         o = self.options
         rng = np.random.default_rng([self.seed, SPLIT_IDS[split], index])
         users = rng.integers(0, o.num_users, n)
@@ -135,62 +241,190 @@ class AdsLogGenerator:
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
         row = np.repeat(np.arange(n), lengths)
+        from_end = offsets[1:][row] - 1 - np.arange(total)  # 0 for the most recent event
 
-        # History: 75 % of events from one of the user's clusters, the rest by global popularity.
+        # History: sessions from one of the user's interests (75 %), the rest by popularity.
+        if o.session_length:
+            session = from_end // o.session_length
+            interest_of_session = rng.integers(0, 3, (n, int(session.max(initial=0)) + 1))
+            interest = interest_of_session[row, session]
+        else:
+            interest = rng.integers(0, 3, total)
         items = self._popular_items(rng, total)
         in_interest = rng.random(total) < 0.75
-        clusters = self.user_clusters[users[row[in_interest]], rng.integers(0, 3, int(in_interest.sum()))]
-        items[in_interest] = self._from_clusters(rng, clusters)
-        actions = np.searchsorted(np.cumsum(ACTION_PROBS), rng.random(total)).clip(0, NUM_ACTIONS - 1)
+        items[in_interest] = self._from_groups(
+            rng, self._cluster_items, self._cluster_starts,
+            self.user_clusters[users[row[in_interest]], interest[in_interest]])
+        actions = np.searchsorted(np.cumsum(ACTION_PROBS), rng.random(total)).clip(
+            0, NUM_ACTIONS - 1)
         request_ts = 1_700_000_000 + rng.integers(0, 30 * 86400, n)
-        position_from_end = (offsets[1:][row] - 1 - np.arange(total)).astype(np.float64)
-        # Event ages: exponential gaps summed back from the request, so timestamps rise in a row.
+        # Event times: exponential gaps summed back from the request (strictly before it).
         gaps = rng.exponential(3600.0, total)
         suffix = np.cumsum(gaps[::-1])[::-1]
         after_row = np.append(suffix, 0.0)[offsets[1:][row]]
         timestamps = request_ts[row] - (suffix - after_row).astype(np.int64) - 1
+        advertiser = self.item_advertiser[items]
+        category = self.item_cluster[items]
 
-        candidate = self._popular_items(rng, n)
-        from_interest = rng.random(n) < 0.5
-        candidate[from_interest] = self._from_clusters(
-            rng, self.user_clusters[users[from_interest], rng.integers(0, 3, int(from_interest.sum()))])
-        category = self.item_cluster[candidate]
+        # Candidates: K per request (truncated Zipf), retargeted / in-interest / popular.
+        k = np.minimum(np.searchsorted(self.candidates_cdf, rng.random(n)) + 1, o.max_candidates)
+        cand_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(k, out=cand_offsets[1:])
+        m = int(cand_offsets[-1])
+        owner = np.repeat(np.arange(n), k)
+        candidate = self._popular_items(rng, m)
+        kind = rng.random(m)
+        retarget = (kind < o.retarget_fraction) & (lengths[owner] > 0)
+        in_interest_c = (~retarget) & (kind < o.retarget_fraction
+                                       + (1 - o.retarget_fraction) / 2)
+        if in_interest_c.any():
+            candidate[in_interest_c] = self._from_groups(
+                rng, self._cluster_items, self._cluster_starts,
+                self.user_clusters[users[owner[in_interest_c]],
+                                   rng.integers(0, 3, int(in_interest_c.sum()))])
+        if retarget.any():
+            picks = np.flatnonzero(retarget)
+            rows_r = owner[picks]
+            back = (rng.random(picks.size)
+                    * np.minimum(lengths[rows_r], o.recent_window)).astype(np.int64)
+            source_event = offsets[rows_r + 1] - 1 - back
+            candidate[picks] = self._from_groups(rng, self._advertiser_items,
+                                                 self._advertiser_starts,
+                                                 advertiser[source_event])
+        cand_advertiser = self.item_advertiser[candidate]
+        cand_category = self.item_cluster[candidate]
 
-        # Planted label model: recency- and action-weighted affinity of history to candidate.
-        weight = np.exp(-position_from_end / 32.0) * ACTION_WEIGHT[actions]
-        match = (self.item_cluster[items] == category[row]) * weight
-        affinity = (np.bincount(row, match, minlength=n)
-                    / np.maximum(np.bincount(row, weight, minlength=n), 1e-9))
+        # The planted label model (see the module docstring).
+        w = o.recent_window
+        recent_adv = np.full((n, w), -1, dtype=np.int64)
+        recent_cat = np.full((n, w), -1, dtype=np.int64)
+        recent_engaged = np.zeros((n, w), dtype=bool)
+        recent = from_end < w
+        slot = (row[recent], from_end[recent])
+        recent_adv[slot] = advertiser[recent]
+        recent_cat[slot] = category[recent]
+        recent_engaged[slot] = actions[recent] >= 1
+        adv_hit = recent_adv[owner] == cand_advertiser[:, None]
+        cat_hit = recent_cat[owner] == cand_category[:, None]
+        engaged = recent_engaged[owner]
+        adv_match = (adv_hit & engaged).any(axis=1)
+        cat_match = (cat_hit & engaged).any(axis=1)
+        viewed_match = cat_hit.any(axis=1)
+        weight = np.exp(-from_end / 64.0) * ACTION_WEIGHT[actions]
+        by_cluster = np.bincount(row * o.num_clusters + category, weight,
+                                 minlength=n * o.num_clusters).reshape(n, o.num_clusters)
+        affinity = (by_cluster[owner, cand_category]
+                    / np.maximum(np.bincount(row, weight, minlength=n), 1e-9)[owner])
         dense = rng.standard_normal((n, o.num_dense)).astype(np.float32)
         segment = self.user_segment[users]
-        context = rng.integers(0, 16, n)
-        click_logit = (o.click_bias + o.history_weight * affinity + 0.5 * dense[:, 0]
-                       + np.where(segment[:, 0] % 4 == 0, 0.6, 0.0) + 0.3 * (context == 3))
-        click = rng.random(n) < _sigmoid(click_logit)
-        conversion = click & (rng.random(n) < _sigmoid(o.conversion_bias + 2.0 * affinity
-                                                       + 0.8 * dense[:, 1]))
+        context = rng.integers(0, _NUM_CONTEXTS, n)
+        request_effect = (0.5 * dense[:, 0] + np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
+                          + 0.3 * (context == 3))
+        click_logit = (o.click_bias + o.recent_advertiser_weight * adv_match
+                       + o.recent_category_weight * cat_match
+                       + o.recent_view_weight * viewed_match
+                       + o.history_weight * affinity + request_effect[owner])
+        p_click = _sigmoid(click_logit)
+        p_convert = _sigmoid(o.conversion_bias + 1.5 * adv_match + 1.0 * affinity
+                             + 0.8 * dense[owner, 1])
+        click = rng.random(m) < p_click
+        conversion = click & (rng.random(m) < p_convert)
 
         bag_lengths = rng.integers(1, 3, n)  # one or two segments per user
         segment_values = segment[np.arange(2)[None, :] < bag_lengths[:, None]]
-        seq_dense = None
-        if o.seq_dense_dim:
-            seq_dense = torch.from_numpy(rng.standard_normal((total, o.seq_dense_dim),
-                                                             dtype=np.float32))
         t = torch.from_numpy
-        return JaggedBatch(
-            seq_offsets=t(offsets), seq_item_ids=t(items.astype(np.int64)),
-            seq_action_ids=t(actions.astype(np.int64)), seq_timestamps=t(timestamps),
+        batch = JaggedBatch(
+            seq_offsets=t(offsets),
+            seq_timestamps=t(timestamps.astype(np.int64)),
+            event_ids={"ad_id": t(self.ad_ids[items]),
+                       "advertiser": t(advertiser.astype(np.int64)),
+                       "category": t(category.astype(np.int64)),
+                       "action": t(actions.astype(np.int64))},
             request_timestamps=t(request_ts.astype(np.int64)),
-            candidate_item_ids=t(candidate.astype(np.int64)),
+            candidate_offsets=t(cand_offsets),
+            candidate_ids={"ad_id": t(self.ad_ids[candidate]),
+                           "advertiser": t(cand_advertiser.astype(np.int64)),
+                           "category": t(cand_category.astype(np.int64))},
             labels={"click": t(click.astype(np.float32)),
                     "conversion": t(conversion.astype(np.float32))},
             sparse={"user_segment": Jagged(t(segment_values.astype(np.int64)),
                                            t(np.concatenate([[0], np.cumsum(bag_lengths)]))),
                     "context": Jagged(t(context.astype(np.int64)), torch.arange(n + 1))},
-            candidate_sparse={"advertiser": t(self.advertiser[candidate].astype(np.int64)),
-                              "category": t(category.astype(np.int64))},
-            dense=t(dense), seq_dense=seq_dense,
+            dense=t(dense),
+            seq_dense=t(self.item_content[items]) if o.seq_dense_dim else None,
+            candidate_dense=t(self.item_content[candidate]) if o.seq_dense_dim else None,
+            user_ids=t(users.astype(np.int64)),
         )
+        return batch, {"click": p_click, "conversion": p_click * p_convert}
+
+    def eval_chunks(self, rows: int) -> Iterator[tuple[int, int]]:
+        """``(index, size)`` of the eval split's chunks for ``rows`` eval requests."""
+        for index, start in enumerate(range(0, rows, EVAL_CHUNK_ROWS)):
+            yield index, min(EVAL_CHUNK_ROWS, rows - start)
+
+
+def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:
+    """The schema of the generated data with options ``o``."""
+    return FeatureSchema(
+        tables=(
+            EmbeddingTable(name="ad", num_embeddings=o.ad_table_size or 2 * o.num_items,
+                           id_policy="hash"),
+            EmbeddingTable(name="advertiser", num_embeddings=o.num_advertisers),
+            EmbeddingTable(name="category", num_embeddings=o.num_clusters),
+            EmbeddingTable(name="action", num_embeddings=NUM_ACTIONS),
+            EmbeddingTable(name="user_segment", num_embeddings=_NUM_SEGMENTS),
+            EmbeddingTable(name="context", num_embeddings=_NUM_CONTEXTS),
+        ),
+        event_features=(
+            SequenceFeature(name="ad_id", table="ad"),
+            SequenceFeature(name="advertiser", table="advertiser"),
+            SequenceFeature(name="category", table="category"),
+            SequenceFeature(name="action", table="action"),
+        ),
+        candidate_features=(
+            SequenceFeature(name="ad_id", table="ad"),
+            SequenceFeature(name="advertiser", table="advertiser"),
+            SequenceFeature(name="category", table="category"),
+        ),
+        sparse_features=(
+            ContextFeature(name="user_segment", table="user_segment"),
+            ContextFeature(name="context", table="context"),
+        ),
+        num_dense=o.num_dense,
+        seq_dense_dim=o.seq_dense_dim,
+        candidate_content=bool(o.seq_dense_dim),
+        tasks=TASKS,
+        max_seq_len=o.max_length,
+    )
+
+
+def normalized_entropy_of_probabilities(p: np.ndarray, labels: np.ndarray) -> float:
+    """NE of predicted probabilities ``p`` against ``labels`` (the formula of
+    ``gem_core.metrics.normalized_entropy``: mean cross-entropy over the entropy of the observed
+    base rate); NaN when the labels are all equal."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    y = np.asarray(labels, dtype=np.float64)
+    base = y.mean() if y.size else 0.0
+    if base <= 0.0 or base >= 1.0:
+        return math.nan
+    cross_entropy = -np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))
+    return float(cross_entropy / -(base * math.log(base) + (1 - base) * math.log1p(-base)))
+
+
+def achievable_ne(generator: AdsLogGenerator, eval_rows: int) -> dict[str, float]:
+    """Per task, the NE of the generating process's true probabilities on the eval split of
+    ``eval_rows`` requests (the chunks of :meth:`AdsLogGenerator.eval_chunks`): the best NE any
+    model can expect on that split, up to sampling noise."""
+    probs: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
+    labels: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
+    for index, size in generator.eval_chunks(eval_rows):
+        batch, p = generator.chunk_with_probabilities(size, split="eval", index=index)
+        for task in TASKS:
+            probs[task].append(p[task])
+            labels[task].append(batch.labels[task].numpy())
+    return {task: normalized_entropy_of_probabilities(np.concatenate(probs[task]),
+                                                      np.concatenate(labels[task]))
+            for task in TASKS if probs[task]}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

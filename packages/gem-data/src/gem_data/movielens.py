@@ -1,13 +1,15 @@
-"""MovieLens-100k as ads-style impressions, from GroupLens files or RecBole atomic files.
+"""MovieLens-100k as request-level ads-style data, from GroupLens files or RecBole atomic files.
 
-Each rating is one impression: the candidate is the rated movie, the history is the user's earlier
-ratings (ordered by time, ties by movie id; at most ``max_history`` most recent), the history's
-action is the rating (1-5 -> action 0-4), and the label ``like`` is rating >= 4. Non-sequence
-features: user id, age bucket, gender, occupation and the candidate's genres (multi-hot); the
-candidate's release decade is a candidate feature; two dense features say how long and how
-positive the user's past is. The split is by time: impressions at or after the
-``1 - eval_fraction`` quantile of rating times are held out, so no training impression (nor its
-history) comes from the evaluation period.
+A **request** is a set of ratings one user gave at the same timestamp (or within
+``window_s`` seconds of the first of them: :func:`request_groups`). Its candidates are those
+rated movies, each labelled ``like = rating >= 4``; its history is the user's ratings strictly
+before the request time (ordered by time, ties by movie id; at most ``max_history``, the most
+recent). Every history event carries the movie id, the rating as its action (1-5 -> 0-4), the
+movie's genres (multi-valued) and its release decade; every candidate the movie, genres and
+decade (sharing the event tables, so candidates live in the history's id space). Context
+features: user id, age bucket, gender, occupation; two dense features say how long and how
+positive the user's past is. The split is by time: requests at or after the ``1 - eval_fraction``
+quantile of request times are held out, so no training request comes from the evaluation period.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
-from gem_core.schema import FeatureSchema, SparseFeature
+from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
 from gem_data.manifest import Manifest
 from gem_data.writer import DatasetWriter
 
 AGE_EDGES = np.array([18, 25, 35, 45, 50, 56])
 NUM_DECADES = 11  # 0: unknown year, 1..10: 1920s and earlier .. 2010s
+NO_GENRE = "(no genre)"  # the genre of a movie the files give none (every event needs one id)
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +109,13 @@ def read_movielens(directory: str | Path) -> RawMovieLens:
     n_items = max(max(item_ids), int(ratings[:, 1].max())) + 1
     year = np.zeros(n_items, dtype=np.int64)
     year[item_ids] = years
+    if any(not g for g in item_genres) or len(set(item_ids)) < n_items:
+        # Movies without a genre (or absent from the item file) get a genre of their own.
+        genre_names = list(genre_names) + [NO_GENRE]
+        item_genres = [g or [len(genre_names) - 1] for g in item_genres]
+        missing = sorted(set(range(n_items)) - set(item_ids))
+        item_ids = list(item_ids) + missing
+        item_genres = list(item_genres) + [[len(genre_names) - 1]] * len(missing)
     lengths = np.zeros(n_items, dtype=np.int64)
     lengths[item_ids] = [len(g) for g in item_genres]
     order = np.argsort(item_ids)  # genre bags laid out by item id
@@ -124,85 +134,158 @@ def _year(text: str) -> int:
 
 
 def movielens_schema(raw: RawMovieLens, max_history: int) -> FeatureSchema:
+    """Tables and features of the converted data set (ids are the files' ids: dense policy)."""
     return FeatureSchema(
-        num_items=raw.year.size, num_actions=5,
-        sparse_features=(
-            SparseFeature(name="user_id", num_embeddings=raw.age.size),
-            SparseFeature(name="age_bucket", num_embeddings=AGE_EDGES.size + 1),
-            SparseFeature(name="gender", num_embeddings=2),
-            SparseFeature(name="occupation", num_embeddings=max(len(raw.occupations), 1)),
-            SparseFeature(name="genres", num_embeddings=max(len(raw.genres), 1)),
+        tables=(
+            EmbeddingTable(name="movie", num_embeddings=raw.year.size),
+            EmbeddingTable(name="rating", num_embeddings=5),
+            EmbeddingTable(name="genre", num_embeddings=len(raw.genres)),
+            EmbeddingTable(name="decade", num_embeddings=NUM_DECADES),
+            EmbeddingTable(name="user_id", num_embeddings=raw.age.size),
+            EmbeddingTable(name="age_bucket", num_embeddings=AGE_EDGES.size + 1),
+            EmbeddingTable(name="gender", num_embeddings=2),
+            EmbeddingTable(name="occupation", num_embeddings=max(len(raw.occupations), 1)),
         ),
-        candidate_features=(SparseFeature(name="release_decade", num_embeddings=NUM_DECADES),),
+        event_features=(
+            SequenceFeature(name="movie", table="movie"),
+            SequenceFeature(name="rating", table="rating"),
+            SequenceFeature(name="genres", table="genre", multi_valued=True),
+            SequenceFeature(name="decade", table="decade"),
+        ),
+        candidate_features=(
+            SequenceFeature(name="movie", table="movie"),
+            SequenceFeature(name="genres", table="genre", multi_valued=True),
+            SequenceFeature(name="decade", table="decade"),
+        ),
+        sparse_features=(
+            ContextFeature(name="user_id", table="user_id"),
+            ContextFeature(name="age_bucket", table="age_bucket"),
+            ContextFeature(name="gender", table="gender"),
+            ContextFeature(name="occupation", table="occupation"),
+        ),
         num_dense=2, tasks=("like",), max_seq_len=max_history,
     )
 
 
+def request_groups(user: np.ndarray, ts: np.ndarray, window_s: int) -> np.ndarray:
+    """For ratings sorted by (user, time), the index of the rating that opens each one's request:
+    a request opens at a user's first rating and at every rating more than ``window_s`` seconds
+    after the opening rating of the current request (0: one request per distinct timestamp)."""
+    n = user.size
+    opener = np.zeros(n, dtype=np.int64)
+    new_user = np.r_[True, user[1:] != user[:-1]]
+    if window_s == 0:
+        # Vectorised: a new request wherever the user or the timestamp changes.
+        starts = new_user | np.r_[True, ts[1:] != ts[:-1]]
+        return np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    # A window chains from each request's opening rating: one pass over the ratings.
+    current = 0
+    for i in range(n):
+        if new_user[i] or ts[i] > ts[current] + window_s:
+            current = i
+        opener[i] = current
+    return opener
+
+
 def build_impressions(raw: RawMovieLens, *, max_history: int, eval_fraction: float,
-                      ) -> tuple[FeatureSchema, dict[str, JaggedBatch]]:
-    """Per split, all its impressions as one batch (rows in time order)."""
+                      window_s: int = 0) -> tuple[FeatureSchema, dict[str, JaggedBatch]]:
+    """Per split, all its requests as one batch (in time order).
+
+    A request is a set of ratings of one user at the same timestamp (or within ``window_s``
+    seconds of the request's first rating, see :func:`request_groups`); its time is its first
+    rating's, its candidates are those ratings (ordered by movie id) and its history is the
+    user's ratings strictly before that time (at most ``max_history``, the most recent).
+    Requests at or after the ``1 - eval_fraction`` quantile of request times are held out.
+    """
     order = np.lexsort((raw.item, raw.timestamp, raw.user))
     user, item = raw.user[order], raw.item[order]
     rating, ts = raw.rating[order], raw.timestamp[order]
     n = order.size
+    opener = request_groups(user, ts, window_s)
+    openers = np.flatnonzero(opener == np.arange(n))  # one per request, in (user, time) order
+    cand_offsets = np.r_[openers, n]
+    request_user, request_ts = user[openers], ts[openers]
     first = np.r_[True, user[1:] != user[:-1]]
     user_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    position = np.arange(n) - user_start  # earlier ratings of the same user
-    start = np.maximum(user_start, np.arange(n) - max_history)
+    # Ratings sorted by (user, time): those strictly before the request are exactly the
+    # user's ratings before its opening rating (a same-time rating opens or joins it).
+    history_end = openers
+    history_start = np.maximum(user_start[openers], history_end - max_history)
     past = np.concatenate([[0], np.cumsum(rating)])
-    mean_past = np.where(position > 0, (past[np.arange(n)] - past[user_start])
+    position = history_end - user_start[openers]
+    mean_past = np.where(position > 0, (past[history_end] - past[user_start[openers]])
                          / np.maximum(position, 1) - 3.0, 0.0)
-    threshold = np.sort(ts)[min(int(n * (1.0 - eval_fraction)), n - 1)]
+    count = openers.size
+    threshold = np.sort(request_ts)[min(int(count * (1.0 - eval_fraction)), count - 1)]
     schema = movielens_schema(raw, max_history)
     splits = {}
-    for split, mask in (("train", ts < threshold), ("eval", ts >= threshold)):
-        rows = np.flatnonzero(mask)
-        rows = rows[np.argsort(ts[rows], kind="stable")]
-        splits[split] = _batch(raw, rows, start, user, item, rating, ts, position, mean_past)
+    for split, mask in (("train", request_ts < threshold), ("eval", request_ts >= threshold)):
+        requests = np.flatnonzero(mask)
+        requests = requests[np.argsort(request_ts[requests], kind="stable")]
+        splits[split] = _batch(raw, requests, history_start, history_end, cand_offsets,
+                               request_user, request_ts, user, item, rating, ts, position,
+                               mean_past)
     return schema, splits
 
 
-def _batch(raw: RawMovieLens, rows: np.ndarray, start: np.ndarray, user: np.ndarray,
-           item: np.ndarray, rating: np.ndarray, ts: np.ndarray, position: np.ndarray,
-           mean_past: np.ndarray) -> JaggedBatch:
-    lengths = rows - start[rows]
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    events = np.arange(int(offsets[-1])) + np.repeat(start[rows] - offsets[:-1], lengths)
-    candidate = item[rows]
-    g_lengths = np.diff(raw.genre_offsets)[candidate]
-    g_offsets = np.concatenate([[0], np.cumsum(g_lengths)])
-    g_index = np.arange(int(g_offsets[-1])) + np.repeat(raw.genre_offsets[candidate]
-                                                        - g_offsets[:-1], g_lengths)
-    u = user[rows]
-    single = torch.arange(rows.size + 1)
-    year = raw.year[candidate]
-    decade = np.where(year > 0, np.clip(year // 10 - 191, 0, NUM_DECADES - 2) + 1, 0)
+def _gather(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets of the ranges ``starts[i]:stops[i]`` laid back to back, and their positions."""
+    lengths = stops - starts
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return offsets, np.arange(int(offsets[-1])) + np.repeat(starts - offsets[:-1], lengths)
+
+
+def _decade(year: np.ndarray) -> np.ndarray:
+    return np.where(year > 0, np.clip(year // 10 - 191, 0, NUM_DECADES - 2) + 1, 0).astype(
+        np.int64)
+
+
+def _genres(raw: RawMovieLens, movies: np.ndarray) -> Jagged:
+    offsets, index = _gather(raw.genre_offsets[movies], raw.genre_offsets[movies + 1])
+    return Jagged(torch.from_numpy(raw.genre_values[index]), torch.from_numpy(offsets))
+
+
+def _batch(raw: RawMovieLens, requests: np.ndarray, history_start: np.ndarray,
+           history_end: np.ndarray, cand_offsets: np.ndarray, request_user: np.ndarray,
+           request_ts: np.ndarray, user: np.ndarray, item: np.ndarray, rating: np.ndarray,
+           ts: np.ndarray, position: np.ndarray, mean_past: np.ndarray) -> JaggedBatch:
+    offsets, events = _gather(history_start[requests], history_end[requests])
+    c_offsets, cands = _gather(cand_offsets[requests], cand_offsets[requests + 1])
+    u = request_user[requests]
+    single = torch.arange(requests.size + 1)
     t = torch.from_numpy
+    movies, candidates = item[events], item[cands]
     return JaggedBatch(
-        seq_offsets=t(offsets), seq_item_ids=t(item[events]),
-        seq_action_ids=t(rating[events] - 1), seq_timestamps=t(ts[events]),
-        request_timestamps=t(ts[rows]), candidate_item_ids=t(candidate),
-        labels={"like": t((rating[rows] >= 4).astype(np.float32))},
+        seq_offsets=t(offsets), seq_timestamps=t(ts[events]),
+        event_ids={"movie": t(movies), "rating": t(rating[events] - 1),
+                   "genres": _genres(raw, movies), "decade": t(_decade(raw.year[movies]))},
+        request_timestamps=t(request_ts[requests]),
+        candidate_offsets=t(c_offsets),
+        candidate_ids={"movie": t(candidates), "genres": _genres(raw, candidates),
+                       "decade": t(_decade(raw.year[candidates]))},
+        labels={"like": t((rating[cands] >= 4).astype(np.float32))},
         sparse={
             "user_id": Jagged(t(u), single),
             "age_bucket": Jagged(t(np.searchsorted(AGE_EDGES, raw.age[u], side="right")), single),
             "gender": Jagged(t(raw.gender[u]), single),
             "occupation": Jagged(t(raw.occupation[u]), single),
-            "genres": Jagged(t(raw.genre_values[g_index]), t(g_offsets)),
         },
-        candidate_sparse={"release_decade": t(decade.astype(np.int64))},
-        dense=t(np.stack([np.log1p(position[rows]) / 5.0, mean_past[rows]], axis=1)
+        dense=t(np.stack([np.log1p(position[requests]) / 5.0, mean_past[requests]], axis=1)
                 .astype(np.float32)),
+        user_ids=t(u),
     )
 
 
 def write_movielens(raw_dir: str | Path, out: str | Path, *, max_history: int = 256,
-                    eval_fraction: float = 0.1, row_group_rows: int = 8192) -> Manifest:
+                    eval_fraction: float = 0.1, window_s: int = 0,
+                    row_group_rows: int = 8192) -> Manifest:
     """Convert the raw files in ``raw_dir`` into a Parquet data set in ``out``."""
     raw = read_movielens(raw_dir)
-    schema, splits = build_impressions(raw, max_history=max_history, eval_fraction=eval_fraction)
+    schema, splits = build_impressions(raw, max_history=max_history, eval_fraction=eval_fraction,
+                                       window_s=window_s)
     info = {"source": "movielens-100k", "raw": str(raw_dir), "max_history": max_history,
-            "eval_fraction": eval_fraction, "label": "like = rating >= 4",
+            "eval_fraction": eval_fraction, "window_s": window_s,
+            "label": "like = rating >= 4",
             "genres": list(raw.genres), "occupations": list(raw.occupations)}
     writer = DatasetWriter(out, schema, row_group_rows=row_group_rows, info=info)
     for split, batch in splits.items():

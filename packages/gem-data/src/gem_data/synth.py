@@ -1,4 +1,4 @@
-"""``gem data synth``: write a generated ads log as a Parquet data set."""
+"""``gem data synth``: write a generated ads log as a Parquet data set (one row per request)."""
 
 from __future__ import annotations
 
@@ -6,25 +6,31 @@ from pathlib import Path
 
 import attrs
 
-from gem_data.generator import AdsLogGenerator, SynthOptions
+from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
 from gem_data.manifest import Manifest
 from gem_data.writer import DatasetWriter
 
 
 def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
                options: SynthOptions | None = None, row_group_rows: int = 16384) -> Manifest:
-    """Generate ``rows`` training and ``eval_rows`` held-out impressions into ``out``.
+    """Generate ``rows`` training and ``eval_rows`` held-out requests into ``out``.
 
-    Each row group is one generator chunk, so the data set is a pure function of its arguments
-    (and memory stays at one chunk, whatever ``rows`` is).
+    Each training row group is one generator chunk, so the data set is a pure function of its
+    arguments (and memory stays at one chunk, whatever ``rows`` is). The eval split is written in
+    the generator's fixed eval chunks, the same requests the ``synthetic-ads`` source evaluates
+    on. The manifest's ``info.achievable_ne`` holds, per task, the NE of the generating process's
+    true probabilities on the eval split: the floor to compare a model's eval NE with.
     """
     options = options or SynthOptions()
     generator = AdsLogGenerator(options, seed=seed)
     info = {"source": "gem data synth", "seed": seed, "rows": rows, "eval_rows": eval_rows,
             "row_group_rows": row_group_rows, "options": attrs.asdict(options)}
+    if eval_rows:
+        info["achievable_ne"] = achievable_ne(generator, eval_rows)
     writer = DatasetWriter(out, generator.schema, row_group_rows=row_group_rows, info=info)
-    for split, count in (("train", rows), ("eval", eval_rows)):
-        for index, start in enumerate(range(0, count, row_group_rows)):
-            n = min(row_group_rows, count - start)
-            writer.write(split, generator.chunk(n, split=split, index=index))
+    for index, start in enumerate(range(0, rows, row_group_rows)):
+        writer.write("train", generator.chunk(min(row_group_rows, rows - start), split="train",
+                                              index=index))
+    for index, size in generator.eval_chunks(eval_rows):
+        writer.write("eval", generator.chunk(size, split="eval", index=index))
     return writer.close()

@@ -1,28 +1,29 @@
 """``synthetic-ads``: the full generator (``generator.py``) as an in-memory data source.
 
-Training batch ``i`` is ``generator.chunk(batch_size, split="train", index=i)``, a pure function
-of the seed, so the stream's position is one integer and resume is exact. The eval split is
-generated once in fixed chunks, so it does not depend on the eval batch size. Use it to train on
-the realistic ads log without writing files; ``gem data synth`` writes the same kind of data to
-Parquet for the ``parquet`` source.
+Training batch ``i`` is ``generator.chunk(batch_size, split="train", index=i)`` (``batch_size``
+requests, each with its own number of candidates), a pure function of the seed, so the stream's
+position is one integer and resume is exact. The eval split is generated in fixed chunks
+(:data:`gem_data.generator.EVAL_CHUNK_ROWS`), so it does not depend on the eval batch size and
+is the split :func:`gem_data.generator.achievable_ne` measures. Use it to train on the realistic
+ads log without writing files; ``gem data synth`` writes the same kind of data to Parquet for
+the ``parquet`` source.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
+import torch
+
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.data.api import Balancer, IndexedStream
 
-from gem_data.batch_ops import concat_batches, slice_batch
-from gem_data.generator import AdsLogGenerator, SynthOptions
-
-EVAL_CHUNK_ROWS = 4096
+from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
 
 
 class SyntheticAdsSource:
-    """Generated ads impressions; ``[data.options]`` are :class:`SynthOptions` fields
+    """Generated ads requests; ``[data.options]`` are :class:`SynthOptions` fields
     (``max_length`` defaults to ``data.max_seq_len``)."""
 
     def __init__(self, config: DataConfig, *, seed: int) -> None:
@@ -31,8 +32,8 @@ class SyntheticAdsSource:
                                                 **config.options}, "data.options")
         self.generator = AdsLogGenerator(self.options, seed=seed)
         self.schema = self.generator.schema
-        self._eval: JaggedBatch | None = None
         self.rows_generated = 0
+        self._achievable: dict[str, float] | None = None
 
     def train_stream(self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
                      cost_fn: Callable[[JaggedBatch], Sequence[float]]) -> IndexedStream:
@@ -45,13 +46,19 @@ class SyntheticAdsSource:
         return batch
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        if self._eval is None:
-            rows = self.config.eval_rows
-            self._eval = concat_batches([
-                self.generator.chunk(min(EVAL_CHUNK_ROWS, rows - start), split="eval", index=i)
-                for i, start in enumerate(range(0, rows, EVAL_CHUNK_ROWS))])
-        for start in range(0, self._eval.batch_size, batch_size):
-            yield slice_batch(self._eval, start, min(start + batch_size, self._eval.batch_size))
+        for index, size in self.generator.eval_chunks(self.config.eval_rows):
+            chunk = self.generator.chunk(size, split="eval", index=index)
+            if batch_size >= size:
+                yield chunk
+                continue
+            for start in range(0, size, batch_size):
+                yield chunk.select(torch.arange(start, min(start + batch_size, size)))
+
+    def achievable_ne(self) -> dict[str, float]:
+        """Per task, the NE of the true label probabilities on this source's eval split."""
+        if self._achievable is None:
+            self._achievable = achievable_ne(self.generator, self.config.eval_rows)
+        return self._achievable
 
     def report(self) -> dict[str, Any]:
         return {"source": "synthetic-ads", "rows_generated": self.rows_generated,

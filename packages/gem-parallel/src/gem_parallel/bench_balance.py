@@ -1,7 +1,9 @@
 """``gem bench balance``: how evenly each balancer spreads attention cost over ranks.
 
-Histories follow Zipf(1.2) lengths capped at 4096 (heavy-tailed like real ads logs); the cost of
-a sample is its causal attention (query, key) pairs, the cost the trainer balances on. Reported:
+Histories follow Zipf(1.2) lengths capped at 4096 (heavy-tailed like real ads logs); a sample is
+a request with one history and ``--candidates`` candidates, and its cost is what the trainer
+balances on (:func:`gem_core.train.trainer.sample_costs`): its causal attention (query, key)
+pairs plus its tokens plus its candidates. Reported:
 per-rank max/mean cost (1.0 is perfect; the slowest rank sets the step time, so this is the
 straggler factor of the attention work) for contiguous slices, LPT and Karmarkar-Karp, and each
 balancer's time per global batch.
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 from gem_core.data.api import contiguous_balancer
-from gem_core.flops import causal_window_pairs
+from gem_core.train.trainer import sample_costs
 
 from gem_parallel.balance import imbalance, karmarkar_karp_balancer, lpt_balancer
 
@@ -28,18 +30,20 @@ BALANCERS: dict[str, Callable] = {"contiguous": contiguous_balancer, "lpt": lpt_
 
 
 def zipf_costs(rng: np.random.Generator, samples: int, *, exponent: float = 1.2,
-               cap: int = 4096) -> list[float]:
-    lengths = np.minimum(rng.zipf(exponent, samples), cap)
-    return causal_window_pairs(torch.from_numpy(lengths), None).double().tolist()
+               cap: int = 4096, candidates: int = 1) -> list[float]:
+    """The trainer's cost of ``samples`` requests with Zipf history lengths and ``candidates``
+    candidates each (no attention window)."""
+    lengths = torch.from_numpy(np.minimum(rng.zipf(exponent, samples), cap)).to(torch.int64)
+    return [float(c) for c in sample_costs(lengths, None, torch.full_like(lengths, candidates))]
 
 
 def measure(*, ranks: int, per_rank: int, batches: int, timing_sizes: tuple[int, ...],
-            seed: int) -> dict[str, Any]:
+            seed: int, candidates: int = 1) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     ratios: dict[str, list[float]] = {name: [] for name in BALANCERS}
     bounds: list[float] = []
     for _ in range(batches):
-        costs = zipf_costs(rng, ranks * per_rank)
+        costs = zipf_costs(rng, ranks * per_rank, candidates=candidates)
         mean = sum(costs) / ranks
         # No assignment beats the costliest single sample or the mean load.
         bounds.append(max(max(costs), mean) / mean)
@@ -47,7 +51,7 @@ def measure(*, ranks: int, per_rank: int, batches: int, timing_sizes: tuple[int,
             ratios[name].append(imbalance(costs, balancer(costs, ranks)))
     timing: dict[str, dict[str, float]] = {name: {} for name in BALANCERS}
     for size in timing_sizes:
-        costs = zipf_costs(rng, size)
+        costs = zipf_costs(rng, size, candidates=candidates)
         for name, balancer in BALANCERS.items():
             runs = []
             for _ in range(5):
@@ -58,7 +62,9 @@ def measure(*, ranks: int, per_rank: int, batches: int, timing_sizes: tuple[int,
     return {
         "benchmark": "batch balancing across data-parallel ranks",
         "lengths": "Zipf(1.2) capped at 4096",
-        "cost": "causal attention (query, key) pairs per sample (the trainer's cost_fn)",
+        "cost": "causal attention (query, key) pairs + tokens + candidates per request (the "
+                "trainer's cost_fn, gem_core.train.trainer.sample_costs)",
+        "candidates_per_request": candidates,
         "ranks": ranks, "samples_per_rank": per_rank, "global_batches": batches,
         "max_over_mean": {name: {"median": statistics.median(values), "worst": max(values)}
                           for name, values in ratios.items()},
@@ -74,12 +80,15 @@ def measure(*, ranks: int, per_rank: int, batches: int, timing_sizes: tuple[int,
 @click.option("--ranks", default=8, show_default=True)
 @click.option("--per-rank", default=32, show_default=True, help="samples per rank")
 @click.option("--batches", default=100, show_default=True, help="global batches drawn")
+@click.option("--candidates", default=1, show_default=True, type=click.IntRange(min=1),
+              help="candidates per request")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def balance(ranks: int, per_rank: int, batches: int, seed: int, as_json: bool) -> None:
+def balance(ranks: int, per_rank: int, batches: int, candidates: int, seed: int,
+            as_json: bool) -> None:
     """Per-rank max/mean cost of contiguous vs LPT vs Karmarkar-Karp, and balancer time."""
     report = measure(ranks=ranks, per_rank=per_rank, batches=batches,
-                     timing_sizes=(256, 2048, 16384), seed=seed)
+                     timing_sizes=(256, 2048, 16384), seed=seed, candidates=candidates)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

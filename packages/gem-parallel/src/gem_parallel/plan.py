@@ -1,28 +1,35 @@
 """``gem plan``: memory per rank and communication per step of a layout, before renting GPUs.
 
 Parameters come from the configured model built on the ``meta`` device (no memory), so a
-billion-row preset is planned on a laptop. Activations are measured, not guessed: a copy of the
+billion-row preset is planned on a laptop. The embedding tables are the ones the data's schema
+declares (one per declared table, ``num_embeddings x embedding_dim``, with the event, candidate
+and context features that index it): the plan reports each table's size, what a rank holds of it
+and the all-to-all bytes of its lookups, from the ids per request that a real batch of the data
+sends to it (multi-valued features send every id; context features one pooled vector per bag). Activations are measured, not guessed: a copy of the
 model with the same widths and depth but small tables runs two real CPU batches of the preset's
 data (histories cut at two lengths) with the chosen checkpointing policy, and the bytes autograd
 keeps are fitted as ``per_token * tokens + per_sample * samples``; the plan scales that fit to
-each rank's share of the global batch. Communication counts the bytes one rank sends per step
+each rank's share of the global batch (samples are requests, each with its candidates).
+Communication counts the bytes one rank sends per step
 with ring collectives (``(n - 1) / n`` of the buffer per reduce-scatter or all-gather, twice that
 per all-reduce).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import attrs
 import torch
 
 from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
-from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.embedding import EmbeddingTableConfig, ReferenceEmbeddingBackend
+from gem_core.model.features import FeatureLookup
 from gem_core.model.gem import build_model
 from gem_core.model.summary import meta_model, parameter_counts
 from gem_core.plugins import GemPlugins
+from gem_core.schema import FeatureSchema
 
 GIB = 2**30
 DENSE_STRATEGIES = ("ddp", "fsdp2", "hsdp", "deepspeed-zero1", "deepspeed-zero2",
@@ -172,11 +179,25 @@ class _MoeRows:
             handle.remove()
 
 
+def _measuring_schema(schema: FeatureSchema) -> FeatureSchema:
+    """``schema`` with every table cut to at most :data:`MEASURE_ROWS` rows: activations do not
+    depend on the tables' sizes. A cut ``dense`` table maps its raw ids ``modulo`` the new size
+    (``hash`` and ``modulo`` tables already reduce any id to their rows)."""
+    tables = []
+    for table in schema.tables:
+        if table.num_embeddings > MEASURE_ROWS:
+            policy = "modulo" if table.id_policy == "dense" else table.id_policy
+            table = attrs.evolve(table, num_embeddings=MEASURE_ROWS, id_policy=policy)
+        tables.append(table)
+    return attrs.evolve(schema, tables=tuple(tables))
+
+
 def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
                         lengths: tuple[int, int] = (32, 64), samples: int = 8
                         ) -> dict[str, float]:
-    """Fit saved-activation bytes to ``per_token * tokens + per_sample * samples`` from two real
-    batches of the configured data, histories cut at each of ``lengths``."""
+    """Fit saved-activation bytes to ``per_token * tokens + per_sample * samples`` (samples are
+    requests, with the data's candidates each) from two real batches of the configured data,
+    histories cut at each of ``lengths``."""
     from gem_parallel.bench_memory import saved_activation_bytes
 
     ctx = ParallelContext()
@@ -184,10 +205,8 @@ def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
     for length in lengths:
         data = attrs.evolve(config.data, max_seq_len=length)
         source = plugins.resolve("data", data.source, None).impl(data, seed=0)
-        schema = attrs.evolve(source.schema, num_items=min(source.schema.num_items, MEASURE_ROWS))
+        schema = _measuring_schema(source.schema)
         batch = next(iter(source.eval_batches(batch_size=samples)))
-        batch = attrs.evolve(batch, seq_item_ids=batch.seq_item_ids % schema.num_items,
-                             candidate_item_ids=batch.candidate_item_ids % schema.num_items)
         torch.manual_seed(0)
         model = build_model(config.model, schema,
                             attention=plugins.resolve("attention", "reference", None).impl,
@@ -219,10 +238,56 @@ def _linear_fit(first: tuple[float, float, float], second: tuple[float, float, f
     return per_token, max(m1 - per_token * t1, 0.0) / n1
 
 
-def mean_history_length(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> float:
+def data_profile(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> dict[str, Any]:
+    """Per request of a batch of the configured data: mean history length, mean candidates, and
+    the ids each feature key sends to its table (what the embedding lookups exchange)."""
     source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
     batch = next(iter(source.eval_batches(batch_size=samples)))
-    return batch.num_events / max(batch.batch_size, 1)
+    requests = max(batch.batch_size, 1)
+    inputs = FeatureLookup(source.schema).inputs(batch)
+    return {"mean_history_length": batch.num_events / requests,
+            "mean_candidates": batch.num_candidates / requests,
+            "ids_per_request": {key: jagged.values.numel() / requests
+                                for key, jagged in inputs.items()}}
+
+
+def mean_history_length(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> float:
+    return data_profile(config, plugins, samples)["mean_history_length"]
+
+
+def table_plan(schema: FeatureSchema, tables: Sequence[EmbeddingTableConfig], layout: Layout,
+               ids_per_request: Mapping[str, float], requests: float) -> dict[str, dict[str, Any]]:
+    """Per declared table: its size (``num_embeddings x dim``), the features that index it, and
+    what one rank holds of it and sends for it per step."""
+    n = layout.gpus
+    policies = {t.name: t.id_policy for t in schema.tables}
+    out: dict[str, dict[str, Any]] = {}
+    for table in tables:
+        params = table.num_embeddings * table.dim
+        pooled = table.pooling != "none"
+        # Vectors crossing ranks per request: one per id of a sequence (unpooled) feature, one
+        # per bag of a pooled (context) feature.
+        vectors = sum(1.0 if pooled else ids_per_request.get(key, 0.0) for key in table.features)
+        entry: dict[str, Any] = {
+            "num_embeddings": table.num_embeddings, "dim": table.dim,
+            "id_policy": policies.get(table.name, "dense"),
+            "pooling": table.pooling, "features": list(table.features),
+            "parameters": params, "bytes": params * 4,
+            "lookups_per_request": vectors,
+        }
+        if layout.embedding == "replicated":
+            entry["bytes_per_rank"] = params * 4 * 2 + params * ADAM_STATE_BYTES
+            entry["comm_bytes_per_rank_per_step"] = int(2 * (n - 1) / n * params * 4) if n > 1 \
+                else 0
+        else:
+            state = table.num_embeddings * ROWWISE_ADAGRAD_STATE_ROWS
+            # Spread evenly (row- or column-wise); a table-wise table sits whole on one rank.
+            entry["bytes_per_rank"] = int((params * 4 + state) / n)
+            entry["bytes_on_one_rank_if_table_wise"] = params * 4 + state
+            entry["comm_bytes_per_rank_per_step"] = int(
+                2 * (n - 1) / n * vectors * requests * table.dim * 4)
+        out[table.name] = entry
+    return out
 
 
 def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
@@ -232,13 +297,16 @@ def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, An
     model = meta_model(config.model, source.schema)
     counts = parameter_counts(model)
     dense, embedding = counts["dense"], counts["embedding"]
-    rows = sum(t.num_embeddings for t in model.embeddings.table_configs.values())
+    table_configs = list(model.embeddings.table_configs.values())
+    rows = sum(t.num_embeddings for t in table_configs)
     shards = _dense_shards(layout)
     scale = layout.activation_bytes / 4
     fit = measure_activations(config, plugins, layout.activation_checkpointing)
-    samples = config.train.batch_size / n
-    mean_len = mean_history_length(config, plugins)
+    samples = config.train.batch_size / n  # requests
+    profile = data_profile(config, plugins)
+    mean_len = profile["mean_history_length"]
     tokens = samples * mean_len
+    tables = table_plan(source.schema, table_configs, layout, profile["ids_per_request"], samples)
     experts = None
     if layout.dense == "ep":
         experts = _expert_plan(model, layout, fit["moe_rows"], samples, tokens)
@@ -262,17 +330,19 @@ def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, An
     else:
         memory.update(embedding_params=embedding * 4 / n, embedding_grads=0,
                       embedding_optimizer=rows * ROWWISE_ADAGRAD_STATE_ROWS / n)
-        # Lookups of this rank's tokens go out to the table owners and their gradients come
-        # back: forward and backward all-to-all of (tokens + candidates) x dim floats.
-        lookups = (tokens + samples * (1 + len(source.schema.candidate_features)))
-        embedding_comm = 2 * (n - 1) / n * lookups * config.model.embedding_dim * 4
+        # Lookups of this rank's requests go out to the table owners and their gradients come
+        # back: forward and backward all-to-all of one vector per id of every event and
+        # candidate feature and one per bag of every context feature (table_plan).
+        embedding_comm = sum(t["comm_bytes_per_rank_per_step"] for t in tables.values())
     total = sum(memory.values())
     budget = layout.gpu_memory_gib * GIB * layout.headroom
     return {
         "preset": config.name,
         "layout": attrs.asdict(layout),
         "parameters": counts,
-        "per_rank": {"samples": samples, "mean_history_length": mean_len, "tokens": tokens},
+        "per_rank": {"samples": samples, "mean_history_length": mean_len, "tokens": tokens,
+                     "candidates": samples * profile["mean_candidates"]},
+        "tables": tables,
         "memory_bytes_per_rank": {**{k: int(v) for k, v in memory.items()}, "total": int(total)},
         "fits": total <= budget,
         "budget_bytes": int(budget),

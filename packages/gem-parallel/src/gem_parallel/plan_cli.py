@@ -63,6 +63,12 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
                f"tokens (mean length {per_rank['mean_history_length']:.0f})")
     for name, value in result["memory_bytes_per_rank"].items():
         click.echo(f"  {name:<20} {_size(value):>12}")
+    click.echo("embedding tables:")
+    for name, table in result["tables"].items():
+        click.echo(f"  {name:<20} {table['num_embeddings']:>14,} x {table['dim']:<5} "
+                   f"{_size(table['bytes']):>12}  {table['id_policy']:<7} "
+                   f"features {', '.join(table['features'])}; "
+                   f"per rank {_size(table['bytes_per_rank'])}")
     verdict = "fits" if result["fits"] else "does NOT fit"
     click.echo(f"{verdict} in {result['budget_bytes'] / GIB:.1f} GiB "
                f"({layout.headroom:.0%} of each GPU)")

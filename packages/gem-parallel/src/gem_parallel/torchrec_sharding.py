@@ -5,9 +5,16 @@ What the strategy does to ``model.embeddings`` (a
 :class:`gem_core.embedding.ReferenceEmbeddingCollection`, or anything with ``table_configs`` and
 ``tables.<name>.weight``):
 
-- pooled tables (``sum``/``mean``) become a TorchRec ``EmbeddingBagCollection``, unpooled
-  (sequence) tables an ``EmbeddingCollection``; both start from the reference's weights, so the
-  outputs are the reference's;
+- pooled tables (``sum``/``mean``: the context features') become a TorchRec
+  ``EmbeddingBagCollection``, unpooled (event and candidate) tables an ``EmbeddingCollection``;
+  both start from the reference's weights, so the outputs are the reference's. A table keeps
+  every feature key that indexes it (:func:`gem_core.model.features.embedding_tables`): the ad
+  table shared by ``event.ad_id`` and ``candidate.ad_id`` is one TorchRec table with both
+  feature names, sharded once. Every key arrives as one jagged row per request (the stride a
+  ``KeyedJaggedTensor`` needs for all keys; a request's row holds the ids of all its events, or
+  of all its candidates), already mapped to rows by the table's id policy; multi-valued event
+  and candidate features are looked up unpooled like the others and pooled per event (or per
+  candidate) by the model's :class:`~gem_core.model.features.FeatureLookup`;
 - TorchRec's planner (``EmbeddingShardingPlanner`` over a CPU or CUDA ``Topology``, run on rank
   0 and broadcast) chooses a sharding type and ranks per table among ``table_wise``, ``row_wise``
   and ``column_wise``, or the type given per table by ``plan = {item = "row_wise"}``

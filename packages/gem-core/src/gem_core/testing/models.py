@@ -26,8 +26,11 @@ def small_model(schema: FeatureSchema, *, embedding_dim: int = 16, **model_optio
                        embedding_backend=ReferenceEmbeddingBackend())
 
 
-def synthetic_batch(rows: int, *, max_seq_len: int, seed: int = 0
+def synthetic_batch(rows: int, *, max_seq_len: int, seed: int = 0, candidates: int = 1
                     ) -> tuple[FeatureSchema, JaggedBatch]:
-    """The schema and one eval-split batch of gem-core's synthetic source."""
-    source = SyntheticSource(DataConfig(max_seq_len=max_seq_len), seed=seed)
+    """The schema and one eval-split batch of gem-core's synthetic source: ``rows`` requests
+    of ``candidates`` candidates each."""
+    source = SyntheticSource(DataConfig(max_seq_len=max_seq_len,
+                                        options={"candidates_per_request": candidates}),
+                             seed=seed)
     return source.schema, source.generate(rows, split=1, index=0)

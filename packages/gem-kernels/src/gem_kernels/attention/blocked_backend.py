@@ -24,6 +24,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.masks import visible
+from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+                                              relative_bias_values)
 from gem_kernels.attention.common import checked_inputs
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -140,18 +142,18 @@ def _span_groups(q: _Stream, kv_total: int, block_k: int, lo: Tensor, hi: Tensor
 def blocked_attention(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
     params: AttentionParams, num_targets: Tensor | None = None,
-    block_q: int | None = None, block_k: int | None = None,
+    block_q: int | None = None, block_k: int | None = None, bias: RelativeBias | None = None,
 ) -> Tensor:
     """See :class:`gem_core.attention.AttentionBackend`; ``block_q`` (query tile) and
     ``block_k`` (granularity of key spans) default to :func:`auto_block` of each side."""
     is_self = checked_inputs("blocked", DTYPES, q, k, v, q_offsets, kv_offsets, params,
-                             num_targets)
+                             num_targets, bias)
     if q.shape[0] == 0 or k.shape[0] == 0:
         return q.new_zeros(q.shape)
     # Its own float32 (or float64) math; an enclosing bf16 autocast must not recast it.
     with torch.autocast(device_type=q.device.type, enabled=False):
         return _blocked(q, k, v, q_offsets.to(torch.int64), kv_offsets.to(torch.int64), params,
-                        num_targets, is_self, block_q, block_k)
+                        num_targets, is_self, block_q, block_k, bias)
 
 
 def _plain_causal(params: AttentionParams, is_self: bool, num_targets: Tensor | None) -> bool:
@@ -189,10 +191,11 @@ def _causal_by_length(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, scale: f
 
 def _blocked(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
              params: AttentionParams, num_targets: Tensor | None, is_self: bool,
-             block_q: int | None, block_k: int | None) -> Tensor:
+             block_q: int | None, block_k: int | None,
+             bias: RelativeBias | None = None) -> Tensor:
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = params.resolved_scale(q.shape[-1])
-    if _plain_causal(params, is_self, num_targets):
+    if bias is None and _plain_causal(params, is_self, num_targets):
         return _causal_by_length(q, k, v, q_offsets, scale, compute)
     q_lengths, kv_lengths = q_offsets[1:] - q_offsets[:-1], kv_offsets[1:] - kv_offsets[:-1]
     window = params.window if is_self and params.causal else None
@@ -206,6 +209,8 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Ten
     first, last, groups = _span_groups(qs, k.shape[0], bk, lo, hi)
     keys, values = k.to(compute), v.to(compute)
     heads, dim = q.shape[1:]
+    if bias is not None:  # self-attention (validated): the bias position of every token
+        bias_pos = bias_positions(extra["pos"], extra["length"], extra["targets"])
     outputs, order = [], []
     for width, tiles in groups:
         qi, q_real = qs.token_index(tiles)
@@ -223,18 +228,29 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Ten
         kg = _gather(keys, flat).view(tiles.numel(), width, heads, dim).transpose(1, 2)
         vg = _gather(values, flat).view(tiles.numel(), width, heads, dim).transpose(1, 2)
         qg = _gather(qs.tiled, tiles)
+        tile_bias = None
+        if bias is not None:
+            # (tiles, heads, block_q, width); padding slots index real tokens (clamped) and are
+            # masked below.
+            tile_bias = relative_bias_values(
+                bias, bias_pos[qi][:, :, None], bias_pos[key_index][:, None, :],
+                qi[:, :, None], key_index[:, None, :]).transpose(0, 1).to(compute)
         if params.normalization == "softmax":
             # Rows that see nothing (padding, or a sample without keys) are pointed at key 0
             # so the fused kernel stays finite, then zeroed.
             seen = mask.any(-1)
             mask[:, :, 0] |= ~seen
-            out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask[:, None],
-                                                 scale=scale)
+            attn_mask = mask[:, None]
+            if tile_bias is not None:  # additive float mask: the bias, -inf where masked
+                attn_mask = tile_bias.masked_fill(~attn_mask, float("-inf"))
+            out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=attn_mask, scale=scale)
             out = out * seen[:, None, :, None]
         else:
             # A query of a sample without keys sees nothing (mask all False): divide by 1.
             n = kv_lengths.clamp(min=1).to(compute)[qs.sample[qi]]
             scores = torch.matmul(qg, kg.transpose(-1, -2)) * scale
+            if tile_bias is not None:
+                scores = scores + tile_bias
             out = torch.matmul(F.silu(scores) * mask[:, None] / n[:, None, :, None], vg)
         outputs.append(out)
         order.append(tiles)
@@ -248,6 +264,7 @@ class BlockedAttention:
     """The ``blocked`` backend object handed to the model."""
 
     name = "blocked"
+    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, block_q: int | None = None, block_k: int | None = None) -> None:
         for label, size in (("block_q", block_q), ("block_k", block_k)):
@@ -256,7 +273,7 @@ class BlockedAttention:
         self.block_q, self.block_k = block_q, block_k
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
-                 max_q_len=None, max_kv_len=None):
+                 max_q_len=None, max_kv_len=None, bias=None):
         return blocked_attention(q, k, v, q_offsets, kv_offsets, params=params,
                                  num_targets=num_targets, block_q=self.block_q,
-                                 block_k=self.block_k)
+                                 block_k=self.block_k, bias=bias)

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from gem_core.attention.api import (AttentionParams, needs_self_attention,
                                     validate_attention_inputs)
+from gem_core.attention.relative_bias import RelativeBias
 
 # Larger than any sequence, so a huge window or prefix can be handed to int32 kernel arguments
 # unchanged in meaning (one at least as long as the sequence covers all of it).
@@ -16,10 +17,11 @@ MAX_WINDOW = 2**30
 def checked_inputs(
     backend: str, dtypes: tuple[torch.dtype, ...], q: Tensor, k: Tensor, v: Tensor,
     q_offsets: Tensor, kv_offsets: Tensor, params: AttentionParams, num_targets: Tensor | None,
+    bias: RelativeBias | None = None,
 ) -> bool:
     """Validate the call like every backend must; return whether it is self-attention that
     matters (:func:`needs_self_attention`; decided without reading device values)."""
-    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
+    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets, bias)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{backend} attention needs q, k, v of one dtype, got {q.dtype}, "
                         f"{k.dtype}, {v.dtype}")
@@ -28,7 +30,7 @@ def checked_inputs(
                         f"{', '.join(str(d) for d in dtypes)}")
     if not (q.device == k.device == v.device == q_offsets.device == kv_offsets.device):
         raise ValueError(f"{backend} attention needs every input on one device")
-    return needs_self_attention(params, num_targets)
+    return needs_self_attention(params, num_targets, bias)
 
 
 def max_length(offsets: Tensor, given: int | None) -> int:

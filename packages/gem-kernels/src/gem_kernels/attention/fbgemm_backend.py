@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams
+from gem_core.attention.api import AttentionParams, reject_unsupported_bias
+from gem_core.attention.relative_bias import RelativeBias
 from gem_kernels.attention.common import checked_inputs, max_length
 from gem_kernels.attention.jagged_mask import jagged_visible_mask
 
@@ -43,12 +44,15 @@ class FbgemmAttention:
     """Jagged attention on fbgemm jagged operators: every shape, mask and normalisation."""
 
     name = "fbgemm"
+    capabilities: frozenset[str] = frozenset()  # no relative_bias
 
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
         params: AttentionParams, num_targets: Tensor | None = None,
         max_q_len: int | None = None, max_kv_len: int | None = None,
+        bias: RelativeBias | None = None,
     ) -> Tensor:
+        reject_unsupported_bias("fbgemm", bias)
         is_self = checked_inputs("fbgemm", DTYPES, q, k, v, q_offsets, kv_offsets, params,
                                  num_targets)
         total_q, heads, head_dim = q.shape

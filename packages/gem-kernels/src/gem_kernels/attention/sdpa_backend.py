@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams
+from gem_core.attention.api import AttentionParams, reject_unsupported_bias
+from gem_core.attention.relative_bias import RelativeBias
 from gem_core.attention.masks import self_attention_mask
 from gem_kernels.attention.common import checked_inputs
 
@@ -24,12 +25,15 @@ class TorchSdpaAttention:
     """Jagged softmax attention as a loop of per-sample fused SDPA calls."""
 
     name = "torch-sdpa"
+    capabilities: frozenset[str] = frozenset()  # no relative_bias
 
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
         params: AttentionParams, num_targets: Tensor | None = None,
         max_q_len: int | None = None, max_kv_len: int | None = None,
+        bias: RelativeBias | None = None,
     ) -> Tensor:
+        reject_unsupported_bias("torch-sdpa", bias)
         if params.normalization != "softmax":
             raise NotImplementedError(
                 f"the torch-sdpa attention backend supports softmax only, not "

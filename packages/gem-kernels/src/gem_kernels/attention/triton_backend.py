@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
+from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_kernels.attention.common import MAX_WINDOW, checked_inputs, max_length
 from gem_kernels.attention.triton_op import check_device, jagged_attention
 
@@ -23,6 +24,7 @@ class TritonAttention:
     """
 
     name = "triton"
+    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, block_m: int | None = None, block_n: int | None = None) -> None:
         for label, size in (("block_m", block_m), ("block_n", block_n)):
@@ -39,10 +41,21 @@ class TritonAttention:
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,
         params: AttentionParams, num_targets: Tensor | None = None,
         max_q_len: int | None = None, max_kv_len: int | None = None,
+        bias: RelativeBias | None = None,
     ) -> Tensor:
         is_self = checked_inputs("triton", DTYPES, q, k, v, q_offsets, kv_offsets, params,
-                                 num_targets)
+                                 num_targets, bias)
         check_device(q)
+        bias_args = {}
+        if bias is not None:
+            # One fp32 table, position weights then time weights; autograd routes its gradient
+            # back through the concatenation and the casts to the two weight tensors.
+            tables = [bias.position_weights] + ([bias.time_weights]
+                                                if bias.time_weights is not None else [])
+            bias_args = dict(
+                bias_weights=torch.cat([t.float() for t in tables], dim=1).contiguous(),
+                timestamps=bias.timestamps, num_position_buckets=bias.num_position_buckets,
+                time_divisor=float(bias.time_bucket_divisor))
         if num_targets is None:
             num_targets = torch.zeros(q_offsets.numel() - 1, dtype=torch.int64, device=q.device)
         window = -1 if params.window is None else min(params.window, MAX_WINDOW)
@@ -54,5 +67,5 @@ class TritonAttention:
             is_self, params.causal, window, min(params.num_prefix, MAX_WINDOW),
             params.normalization == "silu", params.resolved_scale(q.shape[-1]),
             max_length(q_offsets, max_q_len), max_length(kv_offsets, max_kv_len),
-            block_m, block_n,
+            block_m, block_n, **bias_args,
         )

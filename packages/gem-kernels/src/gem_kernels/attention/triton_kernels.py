@@ -9,6 +9,13 @@ kernels loop over those ranges only, so blocks outside the window or above the c
 never loaded. Inside a tile the exact mask of :mod:`gem_core.attention.masks` is applied element
 by element, so a range only has to be a superset of what is visible, never exact.
 
+The relative bias (:mod:`gem_core.attention.relative_bias`, self-attention only) is one fp32
+table ``BIAS_W`` of ``(heads, num_pb + num_tb)``: position weights then time weights. It is added
+to the scores of every tile (:func:`_relative_bias`) when ``num_pb > 0``, a runtime branch, so
+calls with and without a bias share one compiled kernel. Its gradient, the sum of dL/dS over the
+pairs of each bucket, is accumulated by the dQ kernel with atomic adds into the fp32 buffer
+``DW_PART`` (zeroed by the caller), so that gradient is not bitwise deterministic.
+
 Accumulation is fp32. ``DOT_DTYPE`` is the dtype of the ``tl.dot`` operands: the input dtype on a
 GPU (tensor cores) and fp32 in the interpreter, which computes bf16 on raw bits (DESIGN.md 6).
 """
@@ -122,6 +129,29 @@ def _query_ranges(n0, n1, q_len, history, prefix, window,
 
 
 @triton.jit
+def _relative_bias(offs_m, offs_n, row_ok, col_ok, history, w_base, ts_base, num_pb, num_tb,
+                   time_divisor):
+    """The bias of gem_core.attention.relative_bias for one tile, and the column of ``w_base``
+    (one head's row of the weight table) of its position and time buckets: position bucket
+    ``min(|pos(i) - pos(j)|, num_pb - 1)`` with ``pos(x) = min(x, history)``, time bucket
+    ``min(floor(ln(max(1, |ts_i - ts_j|)) / time_divisor), num_tb - 1)`` in float32."""
+    pos_m = tl.minimum(offs_m, history)
+    pos_n = tl.minimum(offs_n, history)
+    p_col = tl.minimum(tl.abs(pos_m[:, None] - pos_n[None, :]), num_pb - 1)
+    ok = row_ok[:, None] & col_ok[None, :]
+    bias = tl.load(w_base + p_col, mask=ok, other=0.0).to(tl.float32)
+    t_col = p_col
+    if num_tb > 0:
+        t_m = tl.load(ts_base + offs_m, mask=row_ok, other=0)
+        t_n = tl.load(ts_base + offs_n, mask=col_ok, other=0)
+        dt = tl.maximum(tl.abs(t_m[:, None] - t_n[None, :]), 1).to(tl.float32)
+        # log(dt) >= 0, so the conversion (which truncates) is the floor.
+        t_col = num_pb + tl.minimum((tl.log(dt) / time_divisor).to(tl.int32), num_tb - 1)
+        bias += tl.load(w_base + t_col, mask=ok, other=0.0).to(tl.float32)
+    return bias, p_col, t_col
+
+
+@triton.jit
 def _sample(offsets, nt, b, IS_SELF: tl.constexpr):
     """Start (int64), length and history length (int32) of sample ``b``."""
     start = tl.load(offsets + b)
@@ -140,6 +170,7 @@ def _sample(offsets, nt, b, IS_SELF: tl.constexpr):
 @triton.jit
 def _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                a, b, history, prefix, window, scale, offs_d, d_ok,
+               w_base, ts_base, num_pb, num_tb, time_divisor,
                IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                SILU: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                BLOCK_N: tl.constexpr):
@@ -152,6 +183,10 @@ def _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt, stri
         v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask,
                     other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if num_pb > 0:
+            bias, p_col, t_col = _relative_bias(offs_m, offs_n, row_ok, col_ok, history, w_base,
+                                                ts_base, num_pb, num_tb, time_divisor)
+            s += bias
         mask = _visible(offs_m, offs_n, history, prefix, window, IS_SELF, CAUSAL, HAS_WINDOW)
         mask = mask & row_ok[:, None] & col_ok[None, :]
         if SILU:
@@ -174,6 +209,7 @@ def jagged_attention_fwd_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_lt, stride_lh,
     scale, prefix, window, head_dim,
+    BIAS_W, TS, stride_bwh, num_pb, num_tb, time_divisor,
     IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SILU: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -193,6 +229,8 @@ def jagged_attention_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
     row_ok = offs_m < q_len
+    w_base = BIAS_W + h * stride_bwh
+    ts_base = TS + q_start
     q_base = Q + q_start * stride_qt + h * stride_qh
     q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
@@ -206,13 +244,13 @@ def jagged_attention_fwd_kernel(
                                          IS_SELF, CAUSAL, HAS_WINDOW)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a0, b0, history, prefix, window, scale, offs_d, d_ok,
-                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a1, b1, history, prefix, window, scale, offs_d, d_ok,
-                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a2, b2, history, prefix, window, scale, offs_d, d_ok,
-                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     if SILU:
         # HSTU normalisation: divide by the sample's number of keys (not the batch maximum).
         out = acc * (1.0 / tl.maximum(kv_len, 1).to(tl.float32))
@@ -248,7 +286,7 @@ def _probs_and_dscores(s, mask, lse, delta, dp, inv_n, SILU: tl.constexpr):
 @triton.jit
 def _dkdv_range(dk, dv, k, v, offs_n, col_ok, q_base, do_base, lse_base, delta_base,
                 stride_qt, stride_dot, stride_lt, a, b, history, prefix, window, scale, inv_n,
-                offs_d, d_ok,
+                offs_d, d_ok, w_base, ts_base, num_pb, num_tb, time_divisor,
                 IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 SILU: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr):
@@ -263,6 +301,10 @@ def _dkdv_range(dk, dv, k, v, offs_n, col_ok, q_base, do_base, lse_base, delta_b
         lse = tl.load(lse_base + offs_m * stride_lt, mask=row_ok, other=0.0)
         delta = tl.load(delta_base + offs_m * stride_lt, mask=row_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if num_pb > 0:
+            bias, p_col, t_col = _relative_bias(offs_m, offs_n, row_ok, col_ok, history, w_base,
+                                                ts_base, num_pb, num_tb, time_divisor)
+            s += bias
         mask = _visible(offs_m, offs_n, history, prefix, window, IS_SELF, CAUSAL, HAS_WINDOW)
         mask = mask & row_ok[:, None] & col_ok[None, :]
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -278,6 +320,7 @@ def jagged_attention_bwd_dkdv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_lt, stride_lh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     scale, prefix, window, head_dim,
+    BIAS_W, TS, stride_bwh, num_pb, num_tb, time_divisor,
     IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SILU: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -307,6 +350,8 @@ def jagged_attention_bwd_dkdv_kernel(
     lse_base = LSE + q_start * stride_lt + h * stride_lh
     delta_base = DELTA + q_start * stride_lt + h * stride_lh
     inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
+    w_base = BIAS_W + h * stride_bwh
+    ts_base = TS + q_start
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -314,15 +359,18 @@ def jagged_attention_bwd_dkdv_kernel(
                                            IS_SELF, CAUSAL, HAS_WINDOW)
     dk, dv = _dkdv_range(dk, dv, k, v, offs_n, col_ok, q_base, do_base, lse_base, delta_base,
                          stride_qt, stride_dot, stride_lt, a0, b0, history, prefix, window, scale,
-                         inv_n, offs_d, d_ok, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
+                         inv_n, offs_d, d_ok, w_base, ts_base, num_pb, num_tb, time_divisor,
+                         IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
                          PRECISION, BLOCK_M)
     dk, dv = _dkdv_range(dk, dv, k, v, offs_n, col_ok, q_base, do_base, lse_base, delta_base,
                          stride_qt, stride_dot, stride_lt, a1, b1, history, prefix, window, scale,
-                         inv_n, offs_d, d_ok, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
+                         inv_n, offs_d, d_ok, w_base, ts_base, num_pb, num_tb, time_divisor,
+                         IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
                          PRECISION, BLOCK_M)
     dk, dv = _dkdv_range(dk, dv, k, v, offs_n, col_ok, q_base, do_base, lse_base, delta_base,
                          stride_qt, stride_dot, stride_lt, a2, b2, history, prefix, window, scale,
-                         inv_n, offs_d, d_ok, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
+                         inv_n, offs_d, d_ok, w_base, ts_base, num_pb, num_tb, time_divisor,
+                         IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE,
                          PRECISION, BLOCK_M)
     tl.store(DK + kv_start * stride_dkt + h * stride_dkh + offs_n[:, None] * stride_dkt
              + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -333,6 +381,7 @@ def jagged_attention_bwd_dkdv_kernel(
 @triton.jit
 def _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
               a, b, history, prefix, window, scale, inv_n, offs_d, d_ok,
+              w_base, dw_base, ts_base, num_pb, num_tb, time_divisor,
               IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
               SILU: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
               BLOCK_N: tl.constexpr):
@@ -345,11 +394,22 @@ def _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, 
         v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_mask,
                     other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        p_col = offs_m[:, None] * 0 + offs_n[None, :] * 0
+        t_col = p_col
+        if num_pb > 0:
+            bias, p_col, t_col = _relative_bias(offs_m, offs_n, row_ok, col_ok, history, w_base,
+                                                ts_base, num_pb, num_tb, time_divisor)
+            s += bias
         mask = _visible(offs_m, offs_n, history, prefix, window, IS_SELF, CAUSAL, HAS_WINDOW)
         mask = mask & row_ok[:, None] & col_ok[None, :]
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         p, ds = _probs_and_dscores(s, mask, lse, delta, dp, inv_n, SILU)
         dq += tl.dot(ds.to(DOT_DTYPE), k, input_precision=PRECISION)
+        if num_pb > 0:
+            # dL/d(bias) of a pair is dL/dS: summed into its buckets' weights.
+            tl.atomic_add(dw_base + p_col, ds, mask=mask)
+            if num_tb > 0:
+                tl.atomic_add(dw_base + t_col, ds, mask=mask)
     return dq
 
 
@@ -359,6 +419,7 @@ def jagged_attention_bwd_dq_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_lt, stride_lh, stride_dqt, stride_dqh,
     scale, prefix, window, head_dim,
+    BIAS_W, TS, stride_bwh, num_pb, num_tb, time_divisor, DW_PART, stride_dwh,
     IS_SELF: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SILU: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -389,19 +450,22 @@ def jagged_attention_bwd_dq_kernel(
     k_base = K + kv_start * stride_kt + h * stride_kh
     v_base = V + kv_start * stride_vt + h * stride_vh
     inv_n = 1.0 / tl.maximum(kv_len, 1).to(tl.float32)
+    w_base = BIAS_W + h * stride_bwh
+    dw_base = DW_PART + h * stride_dwh
+    ts_base = TS + q_start
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     a0, b0, a1, b1, a2, b2 = _key_ranges(m0, m1, kv_len, history, prefix, window,
                                          IS_SELF, CAUSAL, HAS_WINDOW)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a0, b0, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a1, b1, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a2, b2, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
              + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 

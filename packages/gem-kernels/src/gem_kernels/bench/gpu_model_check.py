@@ -101,7 +101,8 @@ def _model_step(model: torch.nn.Module, batch, tasks, device: str, autocast: boo
     model.zero_grad(set_to_none=True)
     with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
         logits = model(batch)
-    loss = task_loss_sums(logits, batch, tasks).sum() / batch.batch_size
+    # Mean over impressions (candidates), as the trainer's loss: a request holds K of them.
+    loss = task_loss_sums(logits, batch, tasks).sum() / max(batch.num_candidates, 1)
     loss.backward()
     grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
     return float(loss), float(torch.stack(grads).norm())
