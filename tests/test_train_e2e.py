@@ -127,3 +127,18 @@ def test_two_ranks_with_ddp_match_one_process(gem, tmp_path):
     for a, b in zip(_metrics(one), _metrics(two), strict=True):
         assert a["samples"] == b["samples"] and a["tokens"] == b["tokens"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
+def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path):
+    """A checkpoint written before request-level samples (no model format in its side file) is
+    refused with a message that says why and what to do, before anything is loaded."""
+    import torch
+
+    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+    side = next((tmp_path / "checkpoints").glob("step-*")) / "trainer.pt"
+    state = torch.load(side, weights_only=False)
+    del state["model_format"], state["schema"]
+    torch.save(state, side)
+    result = gem("train", "--out", str(tmp_path), *SMALL)
+    assert result.returncode != 0
+    assert "older GEM trainer (model format 1" in result.stderr and "--fresh" in result.stderr

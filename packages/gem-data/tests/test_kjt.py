@@ -6,35 +6,57 @@ import pytest
 import torch
 
 from gem_core.errors import GemDataError
-from gem_data.generator import AdsLogGenerator
-from gem_data.kjt import KJTExtras, from_kjt, kjt_keys, to_kjt
+from gem_core.jagged import Jagged
+from gem_core.model.features import FeatureLookup
+from gem_data.kjt import from_kjt, kjt_keys, to_kjt
 
 torchrec = pytest.importorskip("torchrec")
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def sample(small_options):
-    generator = AdsLogGenerator(small_options, seed=11)
-    return generator.schema, generator.chunk(37, split="train", index=0)
+def sample(schema, make_chunk):
+    return schema, make_chunk(37, seed=11)
 
 
-def test_round_trip(sample):
+def test_keys_and_rows_follow_the_feature_lookup(sample):
     schema, batch = sample
-    kjt, extras = to_kjt(batch, schema)
+    assert kjt_keys(schema) == ["event.item", "event.action", "event.genres", "event.ad_id",
+                                "candidate.item", "candidate.advertiser", "candidate.category",
+                                "candidate.genres", "candidate.ad_id", "segment", "context"]
+    kjt, _ = to_kjt(batch, schema)
     assert kjt.keys() == kjt_keys(schema)
+    assert kjt.stride() == batch.batch_size  # one row per request for every key
     features = kjt.to_dict()
-    assert torch.equal(features["history_item_id"].values(), batch.seq_item_ids)
-    assert torch.equal(features["history_item_id"].offsets(), batch.seq_offsets)
-    assert torch.equal(features["sparse.user_segment"].values(),
-                       batch.sparse["user_segment"].values)
+    inputs = FeatureLookup(schema).inputs(batch)
+    assert set(inputs) == set(kjt.keys())
+    for key, jagged in inputs.items():
+        assert torch.equal(features[key].values(), jagged.values), key
+        assert torch.equal(features[key].offsets(), jagged.offsets), key
+    # Hashed ids are mapped to rows of their table.
+    assert int(features["event.ad_id"].values().max()) < 1000
+    assert torch.equal(features["event.item"].offsets(), batch.seq_offsets)
+
+
+@pytest.mark.parametrize("map_ids", [False, True])
+def test_round_trip(sample, map_ids):
+    schema, batch = sample
+    kjt, extras = to_kjt(batch, schema, map_ids=map_ids)
     back = from_kjt(kjt, extras, schema)
-    for field in ("seq_offsets", "seq_item_ids", "seq_action_ids", "seq_timestamps",
-                  "candidate_item_ids", "request_timestamps", "dense"):
+    back.validate(schema)
+    for field in ("seq_offsets", "seq_timestamps", "candidate_offsets", "request_timestamps",
+                  "dense", "user_ids"):
         assert torch.equal(getattr(back, field), getattr(batch, field)), field
+    assert torch.equal(back.event_ids["item"], batch.event_ids["item"])  # dense policy
+    genres = back.event_ids["genres"]
+    assert isinstance(genres, Jagged)
+    assert torch.equal(genres.offsets, batch.event_ids["genres"].offsets)
+    assert torch.equal(genres.values, batch.event_ids["genres"].values)
     for name, bag in batch.sparse.items():
         assert torch.equal(back.sparse[name].offsets, bag.offsets)
-    assert torch.equal(back.candidate_sparse["advertiser"], batch.candidate_sparse["advertiser"])
+    if not map_ids:
+        assert torch.equal(back.event_ids["ad_id"], batch.event_ids["ad_id"])
+        assert torch.equal(back.sparse["context"].values, batch.sparse["context"].values)
     assert torch.equal(back.labels["click"], batch.labels["click"])
 
 
@@ -50,11 +72,10 @@ def test_negative_length_rejected(sample):
     kjt, extras = to_kjt(batch, schema)
     lengths = kjt.lengths().clone()
     b = batch.batch_size
-    # Shift one event from row 4 to row 5 of sparse.context: row 4 gets length -1... keep the sum.
-    key = kjt_keys(schema).index("sparse.context")
+    key = kjt_keys(schema).index("context")
     lengths[key * b + 4] -= 2
     lengths[key * b + 5] += 2
-    with pytest.raises(GemDataError, match=r"feature 'sparse.context' row 4: length -1 is negative"):
+    with pytest.raises(GemDataError, match=r"feature 'context' row 4: length -1 is negative"):
         from_kjt(_rebuild(kjt, lengths=lengths), extras, schema)
 
 
@@ -76,18 +97,19 @@ def test_lengths_must_match_keys_and_values(sample):
     lengths[0] += 1
     with pytest.raises(GemDataError, match="lengths sum to"):
         from_kjt(_rebuild(kjt, lengths=lengths), extras, schema)
-    short = KJTExtras(request_timestamps=batch.request_timestamps[:-1], labels=batch.labels)
-    with pytest.raises(GemDataError):
-        from_kjt(kjt, short, schema)
 
 
-def test_history_keys_must_agree(sample):
+@pytest.mark.parametrize("key, what", [("event.action", "history length"),
+                                       ("event.genres", "history length"),
+                                       ("candidate.advertiser", "candidate count")])
+def test_per_request_lengths_must_agree(sample, key, what):
     schema, batch = sample
     kjt, extras = to_kjt(batch, schema)
     lengths = kjt.lengths().clone()
     b = batch.batch_size
+    index = kjt_keys(schema).index(key)
     row = int(torch.nonzero(batch.seq_lengths() > 0)[0])
-    lengths[b + row] -= 1        # history_action one shorter on `row` ...
-    lengths[b + row + 1] += 1    # ... and one longer on the next, same total
-    with pytest.raises(GemDataError, match=rf"'history_action' row {row}: length"):
+    lengths[index * b + row] -= 1        # one shorter on `row` ...
+    lengths[index * b + row + 1] += 1    # ... and one longer on the next, same total
+    with pytest.raises(GemDataError, match=rf"'{key}' row {row}: length .* {what}"):
         from_kjt(_rebuild(kjt, lengths=lengths), extras, schema)

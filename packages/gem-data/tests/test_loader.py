@@ -19,9 +19,10 @@ def stream(directory, **kwargs):
 
 
 def keys(batch):
-    """Identify rows by (request time, candidate, history length): unique in generated data."""
-    return list(zip(batch.request_timestamps.tolist(), batch.candidate_item_ids.tolist(),
-                    batch.seq_lengths().tolist()))
+    """Identify requests by (user, request time, history length, candidates): unique in
+    generated data."""
+    return list(zip(batch.user_ids.tolist(), batch.request_timestamps.tolist(),
+                    batch.seq_lengths().tolist(), batch.candidate_counts().tolist()))
 
 
 def test_one_epoch_sees_every_row_once_in_a_new_order(small_dataset):
@@ -91,7 +92,10 @@ def test_truncates_to_recent_events(small_dataset):
     row = int(torch.argmax(long.seq_lengths()))
     end = int(long.seq_offsets[row + 1])
     s0, s1 = int(short.seq_offsets[row]), int(short.seq_offsets[row + 1])
-    assert torch.equal(short.seq_item_ids[s0:s1], long.seq_item_ids[end - 5:end])
+    assert torch.equal(short.event_ids["item"][s0:s1], long.event_ids["item"][end - 5:end])
+    assert torch.equal(short.event_ids["genres"].select(torch.arange(s0, s1)).values,
+                       long.event_ids["genres"].select(torch.arange(end - 5, end)).values)
+    short.validate(reader.schema)
     assert reader.report.to_dict()["histories_truncated"] > 0
 
 
@@ -109,6 +113,12 @@ def test_all_rows_dropped_is_an_error(make_dataset):
     s = ParquetStream(reader, split_units(reader.manifest, "train"), batch_size=8, seed=0)
     with pytest.raises(GemDataError, match="no rows are left"):
         next(s)
+
+
+def test_batches_are_valid_requests(small_dataset, schema):
+    for batch in stream(small_dataset, epochs=1, batch_size=333):
+        batch.validate(schema)
+        assert batch.labels["click"].numel() == batch.num_candidates
 
 
 def test_sample_costs():

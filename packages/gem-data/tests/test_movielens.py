@@ -14,7 +14,6 @@ from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.errors import GemDataError
 from gem_data.movielens import build_impressions, read_movielens
-from gem_data.movielens_source import movielens_factory
 
 GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
           "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
@@ -78,45 +77,93 @@ def atomic(tmp_path, grouplens):
     return d, rows
 
 
-def test_impressions_follow_the_definition(grouplens):
-    directory, rows = grouplens
-    raw = read_movielens(directory)
-    schema, splits = build_impressions(raw, max_history=8, eval_fraction=0.2)
-    train, evaluation = splits["train"], splits["eval"]
-    assert train.batch_size + evaluation.batch_size == len(rows)
-    # Time split: every training impression is earlier than every held-out one.
-    assert int(train.request_timestamps.max()) < int(evaluation.request_timestamps.min())
+def _by_user(rows):
     by_user = {}
     for u, i, r, t in sorted(rows, key=lambda x: (x[0], x[3], x[1])):
         by_user.setdefault(u, []).append((i, r, t))
+    return by_user
+
+
+def _check_requests(schema, splits, rows, window_s, max_history):
+    by_user = _by_user(rows)
+    train, evaluation = splits["train"], splits["eval"]
+    assert train.num_candidates + evaluation.num_candidates == len(rows)
+    # Time split: every training request is earlier than every held-out one.
+    assert int(train.request_timestamps.max()) < int(evaluation.request_timestamps.min())
+    seen = set()
     for batch in (train, evaluation):
         batch.validate(schema)
         for row in range(batch.batch_size):
             user = int(batch.sparse["user_id"].values[row])
-            item = int(batch.candidate_item_ids[row])
+            assert int(batch.user_ids[row]) == user
+            when = int(batch.request_timestamps[row])
             events = by_user[user]
-            k = next(j for j, e in enumerate(events)
-                     if e[0] == item and e[2] == int(batch.request_timestamps[row]))
-            history = events[max(0, k - 8):k]
+            cs, ce = int(batch.candidate_offsets[row]), int(batch.candidate_offsets[row + 1])
+            movies = batch.candidate_ids["movie"][cs:ce].tolist()
+            expected = [e for e in events if when <= e[2] <= when + window_s
+                        and (e[0], user) not in seen]
+            assert movies == [e[0] for e in expected][:len(movies)]
+            seen.update((m, user) for m in movies)
+            assert batch.labels["like"][cs:ce].tolist() == [
+                float(e[1] >= 4) for e in expected[:len(movies)]]
+            # History: the user's ratings strictly before the request, most recent kept.
+            history = [e for e in events if e[2] < when][-max_history:]
             s, e = int(batch.seq_offsets[row]), int(batch.seq_offsets[row + 1])
-            assert batch.seq_item_ids[s:e].tolist() == [h[0] for h in history]
-            assert batch.seq_action_ids[s:e].tolist() == [h[1] - 1 for h in history]
-            assert bool((batch.seq_timestamps[s:e] <= batch.request_timestamps[row]).all())
-            assert float(batch.labels["like"][row]) == float(events[k][1] >= 4)
-    assert schema.tasks == ("like",) and schema.num_items == 31
+            assert batch.event_ids["movie"][s:e].tolist() == [h[0] for h in history]
+            assert batch.event_ids["rating"][s:e].tolist() == [h[1] - 1 for h in history]
+            assert bool((batch.seq_timestamps[s:e] < when).all())
+            genres = batch.event_ids["genres"]
+            for k, h in enumerate(history):
+                got = genres.values[genres.offsets[s + k]:genres.offsets[s + k + 1]].tolist()
+                assert got == sorted({h[0] % 19} | ({(h[0] + 5) % 19} if h[0] % 4 == 0
+                                                    else set()))
+    assert len(seen) == len(rows)
+
+
+def test_requests_follow_the_definition(grouplens):
+    directory, rows = grouplens
+    raw = read_movielens(directory)
+    schema, splits = build_impressions(raw, max_history=8, eval_fraction=0.2)
+    _check_requests(schema, splits, rows, window_s=0, max_history=8)
+    assert schema.tasks == ("like",) and schema.table("movie").num_embeddings == 31
+    # Ties in the fixture: some requests hold several candidates.
+    counts = splits["train"].candidate_counts()
+    assert int(counts.max()) >= 2 and int(counts.min()) == 1
+    decade = splits["train"].candidate_ids["decade"]
+    assert int(decade.min()) >= 0 and int(decade.max()) < 11
+
+
+def test_request_window_groups_nearby_ratings(grouplens):
+    directory, rows = grouplens
+    raw = read_movielens(directory)
+    window = 2_000_000
+    schema, splits = build_impressions(raw, max_history=8, eval_fraction=0.2, window_s=window)
+    single = build_impressions(raw, max_history=8, eval_fraction=0.2)[1]
+    assert (splits["train"].batch_size + splits["eval"].batch_size
+            < single["train"].batch_size + single["eval"].batch_size)
+    for batch in splits.values():
+        batch.validate(schema)
+        # Every candidate is rated at or after its request's time (history strictly before).
+        owner = batch.candidate_rows()
+        assert bool((batch.seq_timestamps < batch.request_timestamps[
+            torch.repeat_interleave(torch.arange(batch.batch_size), batch.seq_lengths())]).all())
+        assert owner.numel() == batch.num_candidates
 
 
 def test_grouplens_and_atomic_files_agree(grouplens, atomic):
     a = build_impressions(read_movielens(grouplens[0]), max_history=8, eval_fraction=0.2)[1]
     b = build_impressions(read_movielens(atomic[0]), max_history=8, eval_fraction=0.2)[1]
     for split in ("train", "eval"):
-        assert torch.equal(a[split].seq_item_ids, b[split].seq_item_ids)
-        assert torch.equal(a[split].candidate_sparse["release_decade"],
-                           b[split].candidate_sparse["release_decade"])
-        assert torch.equal(a[split].sparse["genres"].offsets, b[split].sparse["genres"].offsets)
+        assert torch.equal(a[split].event_ids["movie"], b[split].event_ids["movie"])
+        assert torch.equal(a[split].candidate_ids["decade"], b[split].candidate_ids["decade"])
+        assert torch.equal(a[split].candidate_offsets, b[split].candidate_offsets)
+        assert torch.equal(a[split].candidate_ids["genres"].offsets,
+                           b[split].candidate_ids["genres"].offsets)
 
 
 def test_movielens_source_trains_from_a_path(grouplens, tmp_path):
+    from gem_data.movielens_source import movielens_factory
+
     directory, rows = grouplens
     config = DataConfig(source="movielens-100k", path=str(directory), max_seq_len=16,
                         eval_rows=1000, options={"cache_dir": str(tmp_path / "cache"),
@@ -136,6 +183,8 @@ def test_movielens_source_trains_from_a_path(grouplens, tmp_path):
 
 
 def test_missing_files_are_reported(tmp_path):
+    from gem_data.movielens_source import movielens_factory
+
     with pytest.raises(GemDataError, match="no MovieLens-100k files"):
         read_movielens(tmp_path)
     config = DataConfig(source="movielens-100k",
@@ -167,12 +216,13 @@ def test_fetch_real_movielens(tmp_path):
     if result.exit_code != 0 and "could not download" in result.output:
         pytest.skip(f"pip could not download recbole==1.2.1: {result.output[-300:]}")
     assert result.exit_code == 0, result.output
-    assert "90000 train + 10000 eval" in result.output or "train +" in result.output
+    assert "train +" in result.output
     from gem_data.manifest import read_manifest
 
     manifest = read_manifest(out)
-    assert manifest.rows("train") + manifest.rows("eval") == 100_000
-    assert manifest.schema.num_items == 1683 and manifest.schema.sparse_features[0].num_embeddings == 944
+    assert manifest.rows("train") + manifest.rows("eval") > 40_000  # requests of 100k ratings
+    assert manifest.schema.table("movie").num_embeddings == 1683
+    assert manifest.schema.table("user_id").num_embeddings == 944
     result = CliRunner().invoke(data_group, ["validate", str(out)])
     assert result.exit_code == 0, result.output
     shutil.rmtree(tmp_path / "cache")

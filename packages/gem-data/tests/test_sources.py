@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -44,7 +45,8 @@ def test_registration_is_complete():
     assert set(commands) == {"data", "bench.loader", "export-user-embeddings"}
     assert isinstance(commands["export-user-embeddings"].load(), click.Command)
     assert isinstance(commands["data"].load(), click.Group)
-    assert set(commands["data"].load().commands) == {"synth", "fetch", "validate", "inspect"}
+    assert set(commands["data"].load().commands) == {"synth", "fetch", "validate", "inspect",
+                                                     "schema", "convert", "import"}
     assert isinstance(commands["bench.loader"].load(), click.Command)
     assert callable(sources["parquet"].load()) and callable(sources["movielens-100k"].load())
 
@@ -88,16 +90,20 @@ def test_parquet_source_contract(small_dataset):
         parts = [next(s) for s in streams]
         assert sum(p.batch_size for p in parts) == 64
         # The balancer's split: rank 0 got global rows 63..32.
-        assert torch.equal(parts[0].candidate_item_ids, whole.candidate_item_ids.flip(0)[:32])
+        assert torch.equal(parts[0].request_timestamps,
+                           whole.request_timestamps.flip(0)[:32])
+        assert torch.equal(parts[0].candidate_ids["item"],
+                           whole.select(torch.arange(63, 31, -1)).candidate_ids["item"])
         whole.validate(source.schema)
     state = streams[1].state_dict()
     again = source.train_stream(batch_size=64, rank=1, world_size=world,
                                 balancer=reverse_balancer, cost_fn=cost)
     again.load_state_dict(state)
-    assert torch.equal(next(again).candidate_item_ids, next(streams[1]).candidate_item_ids)
+    assert torch.equal(next(again).candidate_ids["item"], next(streams[1]).candidate_ids["item"])
     evals = [list(source.eval_batches(batch_size=128)) for _ in range(2)]
     assert [b.batch_size for b in evals[0]] == [128, 128, 44]
-    assert all(torch.equal(a.candidate_item_ids, b.candidate_item_ids) for a, b in zip(*evals))
+    assert all(torch.equal(a.candidate_ids["item"], b.candidate_ids["item"])
+               for a, b in zip(*evals))
     report = source.report()
     assert report["rows_checked"] > 0 and report["total_dropped"] == 0
     json.dumps(report)
@@ -144,13 +150,19 @@ def test_cli_synth_validate_inspect(tmp_path):
                                    "--set", "max_length=128"])
     assert result.exit_code == 0, result.output
     assert "500 train + 100 eval rows" in result.output
+    from gem_data.manifest import read_manifest
+
+    achievable = read_manifest(out).info["achievable_ne"]
+    assert set(achievable) == {"click", "conversion"}
+    assert all(0.0 < v < 1.0 for v in achievable.values())
     result = runner.invoke(group, ["validate", str(out)])
     assert result.exit_code == 0 and "0 errors" in result.output
     result = runner.invoke(group, ["inspect", str(out), "--json"])
     info = json.loads(result.output)
-    assert info["splits"]["train"]["rows"] == 500
+    assert info["splits"]["train"]["requests"] == 500
     assert info["splits"]["train"]["history_length"]["max"] <= 128
-    assert info["id_spaces"]["history_item_id"] == 300
+    assert info["schema"]["tables"][0] == {"name": "ad", "num_embeddings": 600,
+                                           "id_policy": "hash"}
     bad = runner.invoke(group, ["synth", "--rows", "5", "--out", str(tmp_path / "x"),
                                 "--set", "length_distribution=pareto"])
     assert bad.exit_code != 0 and "synth.length_distribution must be one of" in bad.output
@@ -160,9 +172,10 @@ def test_cli_validate_reports_each_bad_row_group(make_dataset):
     import attrs
 
     def mutate(batch):
-        ids = batch.candidate_item_ids.clone()
-        ids[3], ids[40] = -7, 100_000
-        return attrs.evolve(batch, candidate_item_ids=ids)
+        ids = batch.candidate_ids["advertiser"].clone()
+        first, second = int(batch.candidate_offsets[3]), int(batch.candidate_offsets[40])
+        ids[first], ids[second] = -7, 100_000
+        return attrs.evolve(batch, candidate_ids={**batch.candidate_ids, "advertiser": ids})
 
     directory = make_dataset(mutate=mutate)
     group = registered(plugin.gem_register_cli_commands)["data"].load()
@@ -170,8 +183,8 @@ def test_cli_validate_reports_each_bad_row_group(make_dataset):
     assert result.exit_code == 1
     errors = json.loads(result.output)["errors"]
     assert len(errors) == 2
-    assert "row group 0, row 3 " in errors[0] and "value -7" in errors[0]
-    assert "row group 1, row 40 " in errors[1] and "value 100000" in errors[1]
+    assert "row group 0, row 3 " in errors[0] and "-7" in errors[0]
+    assert "row group 1, row 40 " in errors[1] and "100000" in errors[1]
 
 
 def test_bench_loader_json(small_dataset):
@@ -197,7 +210,8 @@ def test_synthetic_ads_source():
     config = DataConfig(source="synthetic-ads", max_seq_len=48, eval_rows=700,
                         options={"num_items": 300, "num_users": 50})
     source = factory(config, seed=2)
-    assert source.schema.max_seq_len == 48 and source.schema.num_items == 300
+    assert source.schema.max_seq_len == 48
+    assert source.schema.table("ad").num_embeddings == 600
     s = source.train_stream(batch_size=40, rank=1, world_size=2, balancer=contiguous_balancer,
                             cost_fn=cost)
     next(s)
@@ -206,12 +220,20 @@ def test_synthetic_ads_source():
     again = factory(config, seed=2).train_stream(batch_size=40, rank=1, world_size=2,
                                                  balancer=contiguous_balancer, cost_fn=cost)
     again.load_state_dict(state)
-    assert torch.equal(next(again).seq_item_ids, expected.seq_item_ids)
+    assert torch.equal(next(again).event_ids["ad_id"], expected.event_ids["ad_id"])
     a = list(source.eval_batches(batch_size=256))
     b = list(source.eval_batches(batch_size=100))
     assert sum(x.batch_size for x in a) == 700
-    assert torch.equal(torch.cat([x.candidate_item_ids for x in a]),
-                       torch.cat([x.candidate_item_ids for x in b]))
+    assert torch.equal(torch.cat([x.candidate_ids["ad_id"] for x in a]),
+                       torch.cat([x.candidate_ids["ad_id"] for x in b]))
     a[0].validate(source.schema)
+    # The source's achievable NE is measured on exactly these eval requests.
+    from gem_data.generator import normalized_entropy_of_probabilities
+
+    probs = [source.generator.chunk_with_probabilities(size, split="eval", index=i)[1]["click"]
+             for i, size in source.generator.eval_chunks(700)]
+    labels = torch.cat([x.labels["click"] for x in a]).numpy()
+    assert source.achievable_ne()["click"] == pytest.approx(
+        normalized_entropy_of_probabilities(np.concatenate(probs), labels))
     with pytest.raises(GemConfigError, match="data.options.length_distribution"):
         factory(DataConfig(options={"length_distribution": "x"}), seed=0)

@@ -169,6 +169,10 @@ def gem_register_cli_commands(register) -> None:
                                 load=lazy("gem_core.cli.bench_flops", "bench_flops"),
                                 description="Analytic FLOPs of the model next to "
                                             "FlopCounterMode's count."))
+    register(ImplementationSpec(name="bench.requests",
+                                load=lazy("gem_core.cli.bench_requests", "bench_requests"),
+                                description="Impressions/s with K candidates per request "
+                                            "against one per request."))
 
 
 # `auto`: gem-core answers last, with its reference choices.

@@ -1,8 +1,10 @@
-"""Slicing and concatenating JaggedBatch objects (what the loader needs besides ``select``)."""
+"""Slicing and concatenating request-level JaggedBatch objects (what the loader needs besides
+``select``). Event fields follow ``seq_offsets``, candidate fields ``candidate_offsets``; a
+multi-valued feature's ids are a Jagged over events (or candidates) and move with them."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -25,98 +27,128 @@ def _cat_offsets(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(shifted)
 
 
+def _cat_jagged(parts: Sequence[Jagged]) -> Jagged:
+    return Jagged(torch.cat([p.values for p in parts]), _cat_offsets([p.offsets for p in parts]))
+
+
+def _cat_ids(parts: Sequence[Any]) -> Any:
+    return _cat_jagged(parts) if isinstance(parts[0], Jagged) else torch.cat(list(parts))
+
+
 def concat_batches(batches: Sequence[JaggedBatch]) -> JaggedBatch:
-    """The rows of ``batches`` in order, as one batch."""
+    """The requests of ``batches`` in order, as one batch."""
     if len(batches) == 1:
         return batches[0]
     first = batches[0]
     return JaggedBatch(
         seq_offsets=_cat_offsets([b.seq_offsets for b in batches]),
-        seq_item_ids=torch.cat([b.seq_item_ids for b in batches]),
-        seq_action_ids=torch.cat([b.seq_action_ids for b in batches]),
         seq_timestamps=torch.cat([b.seq_timestamps for b in batches]),
+        event_ids={k: _cat_ids([b.event_ids[k] for b in batches]) for k in first.event_ids},
         request_timestamps=torch.cat([b.request_timestamps for b in batches]),
-        candidate_item_ids=torch.cat([b.candidate_item_ids for b in batches]),
+        candidate_offsets=_cat_offsets([b.candidate_offsets for b in batches]),
+        candidate_ids={k: _cat_ids([b.candidate_ids[k] for b in batches])
+                       for k in first.candidate_ids},
         labels={k: torch.cat([b.labels[k] for b in batches]) for k in first.labels},
-        sparse={k: Jagged(torch.cat([b.sparse[k].values for b in batches]),
-                          _cat_offsets([b.sparse[k].offsets for b in batches]))
-                for k in first.sparse},
-        candidate_sparse={k: torch.cat([b.candidate_sparse[k] for b in batches])
-                          for k in first.candidate_sparse},
+        sparse={k: _cat_jagged([b.sparse[k] for b in batches]) for k in first.sparse},
         dense=_opt_cat([b.dense for b in batches]),
         seq_dense=_opt_cat([b.seq_dense for b in batches]),
         candidate_dense=_opt_cat([b.candidate_dense for b in batches]),
         user_embedding=_opt_cat([b.user_embedding for b in batches]),
+        user_ids=_opt_cat([b.user_ids for b in batches]),
     )
 
 
-def _slice_jagged(values: torch.Tensor, offsets: torch.Tensor, start: int,
-                  stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lo, hi = int(offsets[start]), int(offsets[stop])
-    return values[lo:hi], offsets[start:stop + 1] - lo
+def _slice_jagged(bag: Jagged, start: int, stop: int) -> Jagged:
+    lo, hi = int(bag.offsets[start]), int(bag.offsets[stop])
+    return Jagged(bag.values[lo:hi], bag.offsets[start:stop + 1] - lo)
+
+
+def _slice_ids(ids: Any, start: int, stop: int) -> Any:
+    return _slice_jagged(ids, start, stop) if isinstance(ids, Jagged) else ids[start:stop]
 
 
 def slice_batch(batch: JaggedBatch, start: int, stop: int) -> JaggedBatch:
-    """Rows ``start:stop`` as views of ``batch``'s buffers (no copy of the values)."""
-    seq_lo, seq_hi = int(batch.seq_offsets[start]), int(batch.seq_offsets[stop])
-    sparse = {}
-    for name, bag in batch.sparse.items():
-        values, offsets = _slice_jagged(bag.values, bag.offsets, start, stop)
-        sparse[name] = Jagged(values, offsets)
+    """Requests ``start:stop`` as views of ``batch``'s buffers (no copy of the values)."""
+    e_lo, e_hi = int(batch.seq_offsets[start]), int(batch.seq_offsets[stop])
+    c_lo, c_hi = int(batch.candidate_offsets[start]), int(batch.candidate_offsets[stop])
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[start:stop]
+
     return JaggedBatch(
-        seq_offsets=batch.seq_offsets[start:stop + 1] - seq_lo,
-        seq_item_ids=batch.seq_item_ids[seq_lo:seq_hi],
-        seq_action_ids=batch.seq_action_ids[seq_lo:seq_hi],
-        seq_timestamps=batch.seq_timestamps[seq_lo:seq_hi],
+        seq_offsets=batch.seq_offsets[start:stop + 1] - e_lo,
+        seq_timestamps=batch.seq_timestamps[e_lo:e_hi],
+        event_ids={k: _slice_ids(v, e_lo, e_hi) for k, v in batch.event_ids.items()},
         request_timestamps=batch.request_timestamps[start:stop],
-        candidate_item_ids=batch.candidate_item_ids[start:stop],
-        labels={k: v[start:stop] for k, v in batch.labels.items()},
-        sparse=sparse,
-        candidate_sparse={k: v[start:stop] for k, v in batch.candidate_sparse.items()},
-        dense=None if batch.dense is None else batch.dense[start:stop],
-        seq_dense=None if batch.seq_dense is None else batch.seq_dense[seq_lo:seq_hi],
+        candidate_offsets=batch.candidate_offsets[start:stop + 1] - c_lo,
+        candidate_ids={k: _slice_ids(v, c_lo, c_hi) for k, v in batch.candidate_ids.items()},
+        labels={k: v[c_lo:c_hi] for k, v in batch.labels.items()},
+        sparse={k: _slice_jagged(v, start, stop) for k, v in batch.sparse.items()},
+        dense=rows(batch.dense),
+        seq_dense=None if batch.seq_dense is None else batch.seq_dense[e_lo:e_hi],
         candidate_dense=(None if batch.candidate_dense is None
-                         else batch.candidate_dense[start:stop]),
-        user_embedding=(None if batch.user_embedding is None
-                        else batch.user_embedding[start:stop]),
+                         else batch.candidate_dense[c_lo:c_hi]),
+        user_embedding=rows(batch.user_embedding),
+        user_ids=rows(batch.user_ids),
     )
 
 
 class RowGather:
-    """Gathers rows of one large batch many times (the loader's shuffled window): the per-row
-    starts and lengths are computed once, so each gather costs O(rows + events taken), not
-    O(window) as a generic ``select`` does."""
+    """Gathers requests of one large batch many times (the loader's shuffled window): the per-row
+    starts and lengths are computed once, so each gather costs O(requests + events and
+    candidates taken), not O(window) as a generic ``select`` does."""
 
     def __init__(self, batch: JaggedBatch) -> None:
         self.batch = batch
         self._seq = _starts_lengths(batch.seq_offsets)
+        self._cand = _starts_lengths(batch.candidate_offsets)
         self._sparse = {k: _starts_lengths(v.offsets) for k, v in batch.sparse.items()}
+        self._event_multi = {k: _starts_lengths(v.offsets) for k, v in batch.event_ids.items()
+                             if isinstance(v, Jagged)}
+        self._cand_multi = {k: _starts_lengths(v.offsets)
+                            for k, v in batch.candidate_ids.items() if isinstance(v, Jagged)}
+
+    @staticmethod
+    def _ids(store: Mapping[str, Any], multi: Mapping[str, tuple[np.ndarray, np.ndarray]],
+             index: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, ids in store.items():
+            if isinstance(ids, Jagged):
+                offsets, value_index = _gather_index(*multi[name], index)
+                out[name] = Jagged(_take(ids.values, value_index), torch.from_numpy(offsets))
+            else:
+                out[name] = _take(ids, index)
+        return out
 
     def take(self, indices: np.ndarray) -> JaggedBatch:
         # numpy's take, not torch indexing: torch's advanced indexing goes through its
         # intra-op thread pool and ran 10-100x slower per batch on busy 2-core machines.
         b = self.batch
         seq_offsets, seq_index = _gather_index(*self._seq, indices)
+        cand_offsets, cand_index = _gather_index(*self._cand, indices)
         sparse = {}
         for name, bag in b.sparse.items():
             offsets, index = _gather_index(*self._sparse[name], indices)
             sparse[name] = Jagged(_take(bag.values, index), torch.from_numpy(offsets))
+
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else _take(t, indices)
+
         return JaggedBatch(
             seq_offsets=torch.from_numpy(seq_offsets),
-            seq_item_ids=_take(b.seq_item_ids, seq_index),
-            seq_action_ids=_take(b.seq_action_ids, seq_index),
             seq_timestamps=_take(b.seq_timestamps, seq_index),
+            event_ids=self._ids(b.event_ids, self._event_multi, seq_index),
             request_timestamps=_take(b.request_timestamps, indices),
-            candidate_item_ids=_take(b.candidate_item_ids, indices),
-            labels={k: _take(v, indices) for k, v in b.labels.items()},
+            candidate_offsets=torch.from_numpy(cand_offsets),
+            candidate_ids=self._ids(b.candidate_ids, self._cand_multi, cand_index),
+            labels={k: _take(v, cand_index) for k, v in b.labels.items()},
             sparse=sparse,
-            candidate_sparse={k: _take(v, indices) for k, v in b.candidate_sparse.items()},
-            dense=None if b.dense is None else _take(b.dense, indices),
+            dense=rows(b.dense),
             seq_dense=None if b.seq_dense is None else _take(b.seq_dense, seq_index),
             candidate_dense=(None if b.candidate_dense is None
-                             else _take(b.candidate_dense, indices)),
-            user_embedding=(None if b.user_embedding is None
-                            else _take(b.user_embedding, indices)),
+                             else _take(b.candidate_dense, cand_index)),
+            user_embedding=rows(b.user_embedding),
+            user_ids=rows(b.user_ids),
         )
 
 
@@ -140,14 +172,17 @@ def _gather_index(starts: np.ndarray, lengths: np.ndarray,
 
 
 def events_before(batch: JaggedBatch, cutoff: torch.Tensor) -> JaggedBatch:
-    """``batch`` with each row's history cut to the events at or before ``cutoff[row]`` (what
-    an upstream model that ran at that time saw). Histories are oldest first, so what is kept is
-    a prefix of each row."""
+    """``batch`` with each request's history cut to the events at or before ``cutoff[row]``
+    (what an upstream model that ran at that time saw). Histories are oldest first, so what is
+    kept is a prefix of each row; every event feature (multi-valued ones too) and ``seq_dense``
+    are cut alike."""
     rows = torch.repeat_interleave(torch.arange(batch.batch_size), batch.seq_lengths())
     keep = batch.seq_timestamps <= cutoff[rows]
     kept = torch.zeros(batch.batch_size, dtype=torch.int64).index_add_(0, rows, keep.long())
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(kept, 0)])
+    index = torch.nonzero(keep).flatten()
     return attrs.evolve(
-        batch, seq_offsets=offsets, seq_item_ids=batch.seq_item_ids[keep],
-        seq_action_ids=batch.seq_action_ids[keep], seq_timestamps=batch.seq_timestamps[keep],
+        batch, seq_offsets=offsets, seq_timestamps=batch.seq_timestamps[keep],
+        event_ids={k: (v.select(index) if isinstance(v, Jagged) else v[keep])
+                   for k, v in batch.event_ids.items()},
         seq_dense=None if batch.seq_dense is None else batch.seq_dense[keep])

@@ -2,29 +2,85 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
-import pyarrow.compute as pc
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gem_core.errors import GemDataError
+from gem_core.ids import collision_report
+from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
 
 from gem_data import format as fmt
+from gem_data.arrow_io import ids_as_int64, list_child, numpy_view, single_array
 from gem_data.dataset import DatasetReader, open_parquet, split_units
-from gem_data.manifest import read_manifest
+from gem_data.manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest
 
 
-def validate_dataset(directory: Path) -> dict[str, Any]:
-    """Check every row group of every split with the strict policy; one error per bad row group
-    (or per unreadable file), each naming file, row group, row, feature and value."""
-    errors: list[str] = []
+def load_schema_file(path: str | Path) -> FeatureSchema:
+    """The :class:`FeatureSchema` of a user-written TOML file (see docs/data-format.md)."""
+    path = Path(path)
     try:
-        reader = DatasetReader(directory)
+        data = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise GemDataError(f"{path}: cannot read the schema file ({error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise GemDataError(f"{path}: not valid TOML ({error})") from None
+    if "schema" in data and isinstance(data["schema"], dict) and len(data) == 1:
+        data = data["schema"]  # a [schema] table is accepted too
+    try:
+        return schema_from_dict(data, where=str(path))
+    except ValueError as error:
+        raise GemDataError(str(error)) from None
+
+
+def schema_differences(a: FeatureSchema, b: FeatureSchema) -> list[str]:
+    """Fields in which two schemas differ, worded for a report."""
+    da, db = schema_to_dict(a), schema_to_dict(b)
+    return [f"{key}: {da[key]!r} != {db[key]!r}" for key in da if da[key] != db.get(key)]
+
+
+def manifest_of_files(directory: Path, schema: FeatureSchema) -> Manifest:
+    """A manifest for a directory of Parquet files without one (a user's own export): every
+    ``*.parquet`` file is a training file."""
+    files = sorted(p for p in directory.glob("*.parquet") if p.is_file())
+    if not files:
+        raise GemDataError(f"{directory} holds neither {MANIFEST_NAME} nor *.parquet files")
+    entries = []
+    for path in files:
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except (pa.ArrowException, OSError) as error:
+            raise GemDataError(f"{path}: truncated or corrupt Parquet file ({error})") from None
+        groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        entries.append(FileEntry(path=path.name, rows=sum(groups), row_groups=groups))
+    return Manifest(schema=schema, splits={"train": tuple(entries)},
+                    info={"source": "files without a manifest"})
+
+
+def validate_dataset(directory: Path, schema: FeatureSchema | None = None) -> dict[str, Any]:
+    """Check every row group of every split with the strict policy; one error per bad row group
+    (or per unreadable file), each naming file, row group, row, feature and value. With
+    ``schema`` (a user's TOML schema), the files are checked against it instead of the
+    manifest's schema (a directory of Parquet files without a manifest works too)."""
+    errors: list[str] = []
+    result: dict[str, Any] = {"directory": str(directory), "rows_checked": 0, "row_groups": 0}
+    try:
+        if schema is not None and not (directory / MANIFEST_NAME).is_file():
+            manifest = manifest_of_files(directory, schema)
+        else:
+            manifest = read_manifest(directory)
+            if schema is not None:
+                differences = schema_differences(schema, manifest.schema)
+                result["schema_differences"] = differences
+                manifest = attrs.evolve(manifest, schema=schema)
+        reader = DatasetReader(directory, manifest=manifest)
     except GemDataError as error:
-        return {"directory": str(directory), "rows_checked": 0, "row_groups": 0,
-                "errors": [str(error)]}
+        return {**result, "errors": [str(error)]}
     checked = 0
     broken_files: set[str] = set()
     for split in reader.manifest.splits:
@@ -39,37 +95,74 @@ def validate_dataset(directory: Path) -> dict[str, Any]:
                     broken_files.add(unit.file)
                 continue
             checked += 1
-    return {"directory": str(directory), "rows_checked": reader.report.rows_checked,
-            "row_groups": checked, "errors": errors}
+    return {**result, "rows_checked": reader.report.rows_checked, "row_groups": checked,
+            "errors": errors}
+
+
+def _leaf_ids(column: Any) -> np.ndarray:
+    array = single_array(column)
+    while pa.types.is_list(array.type):
+        array = list_child(array)[0]
+    return numpy_view(array)
 
 
 def describe_dataset(directory: Path) -> dict[str, Any]:
-    """Rows, history events, length distribution and label rates per split, schema, id spaces."""
+    """Per split: requests, events, candidates, the distributions of history lengths and of
+    candidates per request, label rates. Per table: its id policy and how the data set's
+    distinct ids share its rows (``gem_core.ids.collision_report``)."""
     manifest = read_manifest(directory)
+    schema = manifest.schema
+    first_candidate = fmt.candidate_column(schema.candidate_features[0].name)
+    id_columns = {column: feature.table for column, _, feature in fmt.id_columns(schema)}
+    distinct: dict[str, list[np.ndarray]] = {t.name: [] for t in schema.tables}
     splits = {}
     for split, files in manifest.splits.items():
-        lengths, labels = [], {task: [] for task in manifest.schema.tasks}
+        lengths, counts = [], []
+        positives = dict.fromkeys(schema.tasks, 0.0)
         for entry in files:
-            open_parquet(directory / entry.path, manifest.schema)
-            columns = [fmt.HISTORY_ITEM] + [fmt.label_column(t) for t in manifest.schema.tasks]
-            table = pq.read_table(directory / entry.path, columns=columns)
-            lengths.append(pc.list_value_length(table.column(fmt.HISTORY_ITEM)).to_numpy())
-            for task in manifest.schema.tasks:
-                labels[task].append(table.column(fmt.label_column(task)).to_numpy())
+            open_parquet(directory / entry.path, schema)
+            columns = ([fmt.HISTORY_TIMESTAMP, first_candidate] + list(id_columns)
+                       + [fmt.label_column(t) for t in schema.tasks])
+            table = ids_as_int64(pq.read_table(directory / entry.path,
+                                               columns=list(dict.fromkeys(columns))))
+            lengths.append(np.diff(list_child(single_array(table.column(
+                fmt.HISTORY_TIMESTAMP)))[1]))
+            counts.append(np.diff(list_child(single_array(table.column(first_candidate)))[1]))
+            for task in schema.tasks:
+                positives[task] += float(_leaf_ids(table.column(fmt.label_column(task))).sum())
+            for column, table_name in id_columns.items():
+                # Distinct per file first keeps memory at the vocabulary, not the data.
+                distinct[table_name].append(np.unique(_leaf_ids(table.column(column))))
         n = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        k = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+        values, frequency = np.unique(k, return_counts=True)
+        impressions = int(k.sum())
         splits[split] = {
-            "rows": manifest.rows(split),
+            "requests": manifest.rows(split),
+            "rows": manifest.rows(split),  # one row per request
             "history_events": manifest.tokens(split),
+            "candidates": impressions,
             "files": [entry.path for entry in files],
             "row_groups": sum(len(entry.row_groups) for entry in files),
             "history_length": _percentiles(n),
             "empty_histories": float((n == 0).mean()) if n.size else 0.0,
-            "label_rate": {task: float(np.concatenate(v).mean()) if v else 0.0
-                           for task, v in labels.items()},
+            "candidates_per_request": {**_percentiles(k), "histogram": {
+                str(int(v)): int(c) for v, c in zip(values[:32], frequency[:32])}},
+            "label_rate": {task: (positives[task] / impressions if impressions else 0.0)
+                           for task in schema.tasks},
         }
-    data = manifest.to_dict()
-    return {"directory": str(directory), "splits": splits, "schema": data["schema"],
-            "id_spaces": data["id_spaces"], "info": manifest.info}
+    tables = {}
+    for table in schema.tables:
+        ids = (np.unique(np.concatenate(distinct[table.name])) if distinct[table.name]
+               else np.zeros(0, dtype=np.int64))
+        report = collision_report(ids, table)
+        if table.id_policy == "dense" and ids.size:
+            report["out_of_range_ids"] = int(((ids < 0) | (ids >= table.num_embeddings)).sum())
+        tables[table.name] = {"num_embeddings": table.num_embeddings,
+                              "id_policy": table.id_policy, **report}
+    return {"directory": str(directory), "format_version": fmt.FORMAT_VERSION,
+            "splits": splits, "tables": tables, "schema": schema_to_dict(schema),
+            "info": manifest.info}
 
 
 def _percentiles(lengths: np.ndarray) -> dict[str, float]:
@@ -77,4 +170,28 @@ def _percentiles(lengths: np.ndarray) -> dict[str, float]:
         return {}
     p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
     return {"mean": float(lengths.mean()), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": int(lengths.max())}
+            "p99": float(p99), "min": int(lengths.min()), "max": int(lengths.max())}
+
+
+def schema_to_toml(schema: FeatureSchema) -> str:
+    """The schema as the TOML a user writes (what ``gem data schema show`` prints)."""
+    data = schema_to_dict(schema)
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(type(v))
+
+    lines = [f"{k} = {value(v)}" for k, v in data.items()
+             if not isinstance(v, (list, tuple)) or not v or not isinstance(v[0], dict)]
+    for key, items in data.items():
+        if isinstance(items, (list, tuple)) and items and isinstance(items[0], dict):
+            for item in items:
+                lines += ["", f"[[{key}]]"] + [f"{k} = {value(v)}" for k, v in item.items()]
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""``gem data``: synth, fetch, validate and inspect data sets."""
+"""``gem data``: synth, fetch, validate, inspect, schema and convert data sets."""
 
 from __future__ import annotations
 
@@ -75,25 +75,37 @@ def fetch_command(name: str, cache_dir: str | None, out: str | None, max_history
         _fail(error)
 
 
-@data_group.command("validate", help="Check every row of the data set in DIRECTORY.")
+@data_group.command("validate", help="Check every request of the data set in DIRECTORY.")
 @click.argument("directory", type=click.Path())
+@click.option("--schema", "schema_file", type=click.Path(dir_okay=False), default=None,
+              help="A TOML schema (docs/data-format.md) to check the files against instead of "
+                   "the manifest's; DIRECTORY may then be Parquet files without a manifest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def validate_command(directory: str, as_json: bool) -> None:
-    from gem_data.check import validate_dataset
+def validate_command(directory: str, schema_file: str | None, as_json: bool) -> None:
+    from gem_data.check import load_schema_file, validate_dataset
 
-    result = validate_dataset(Path(directory))
+    try:
+        schema = load_schema_file(schema_file) if schema_file else None
+    except GemError as error:
+        _fail(error)
+    result = validate_dataset(Path(directory), schema)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
+        for difference in result.get("schema_differences", []):
+            click.echo(f"note: --schema differs from the manifest's schema in {difference}",
+                       err=True)
         for message in result["errors"]:
             click.echo(f"error: {message}", err=True)
-        click.echo(f"{directory}: {result['rows_checked']} rows checked in "
+        click.echo(f"{directory}: {result['rows_checked']} requests checked in "
                    f"{result['row_groups']} row groups, {len(result['errors'])} errors")
     if result["errors"]:
         raise SystemExit(1)
 
 
-@data_group.command("inspect", help="Describe the data set in DIRECTORY.")
+@data_group.command("inspect", help="Describe the data set in DIRECTORY: per split the "
+                    "history lengths and candidates per request, per table the id collision "
+                    "rate under its id policy.")
 @click.argument("directory", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect_command(directory: str, as_json: bool) -> None:
@@ -107,8 +119,76 @@ def inspect_command(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
         return
     for key, value in info.items():
+        if key == "tables":
+            for name, table in value.items():
+                click.echo(f"table {name}: {table['id_policy']}, {table['num_embeddings']} rows, "
+                           f"{table['distinct_ids']} distinct ids on {table['rows_used']} rows, "
+                           f"collision rate {table['collision_rate']:.4f}")
+            continue
         click.echo(f"{key}: {_short(value)}")
+
+
+@data_group.group("schema", help="Check a TOML schema file, or show a data set's schema as "
+                  "TOML.")
+def schema_group() -> None:
+    pass
+
+
+@schema_group.command("check", help="Parse and check the TOML schema FILE; print it back.")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the schema as JSON.")
+def schema_check_command(file: str, as_json: bool) -> None:
+    from gem_core.schema import schema_to_dict
+
+    from gem_data.check import load_schema_file, schema_to_toml
+
+    try:
+        schema = load_schema_file(file)
+    except GemError as error:
+        _fail(error)
+    if as_json:
+        click.echo(json.dumps(schema_to_dict(schema), indent=2))
+    else:
+        click.echo(schema_to_toml(schema), nl=False)
+
+
+@schema_group.command("show", help="Print the schema of the data set in DIRECTORY as TOML.")
+@click.argument("directory", type=click.Path())
+def schema_show_command(directory: str) -> None:
+    from gem_data.check import schema_to_toml
+    from gem_data.manifest import read_manifest
+
+    try:
+        click.echo(schema_to_toml(read_manifest(directory).schema), nl=False)
+    except GemError as error:
+        _fail(error)
+
+
+@data_group.command("convert", help="Rewrite the format 1 data set OLD (one row per "
+                    "impression) as a format 2 data set (one row per request) in OUT.")
+@click.argument("old", type=click.Path(file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="New directory.")
+def convert_command(old: str, out: str) -> None:
+    from gem_data.convert import convert_v1
+
+    try:
+        manifest = convert_v1(old, out)
+    except GemError as error:
+        _fail(error)
+    click.echo(f"wrote {manifest.rows('train')} train + {manifest.rows('eval')} eval requests "
+               f"(format 2) to {out}")
 
 
 def _short(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def _register_import() -> None:
+    # The importer module carries its own click command (it is large); imported lazily by click
+    # only through this registration, like the group's other commands.
+    from gem_data.importer import import_command
+
+    data_group.add_command(import_command)
+
+
+_register_import()

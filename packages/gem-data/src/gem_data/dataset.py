@@ -17,6 +17,7 @@ from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
 
 from gem_data import format as fmt
+from gem_data.arrow_io import ids_as_int64
 from gem_data.manifest import Manifest, read_manifest
 from gem_data.validation import Location, ValidationPolicy, ValidationReport, validate_table
 
@@ -63,9 +64,13 @@ def open_parquet(path: Path, schema: FeatureSchema) -> Any:
         if index < 0:
             raise GemDataError(f"{path}: schema mismatch: feature {field.name!r} is missing "
                                f"(file columns: {', '.join(actual.names)})")
-        if not actual.field(index).type.equals(field.type):
-            raise GemDataError(f"{path}: schema mismatch: feature {field.name!r} is "
-                               f"{actual.field(index).type}, expected {field.type}")
+        found = actual.field(index).type
+        if found.equals(field.type):
+            continue
+        if fmt.is_id_column(field.name) and found.equals(fmt.with_leaf(field.type, pa.uint64())):
+            continue  # unsigned 64-bit ids: read as int64 with the same bits
+        raise GemDataError(f"{path}: schema mismatch: feature {field.name!r} is {found}, "
+                           f"expected {field.type}")
     return handle
 
 
@@ -109,6 +114,6 @@ class DatasetReader:
         if table.num_rows != unit.rows:
             raise GemDataError(f"{where.file}: row group {unit.row_group} has {table.num_rows} "
                                f"rows, the manifest says {unit.rows}")
-        table = table.select(self.columns)  # the canonical column order, whatever the file's
+        table = ids_as_int64(table.select(self.columns))  # the canonical column order
         return validate_table(table, self.schema, self.policy, where, self.report,
                               self.max_seq_len)

@@ -1,10 +1,12 @@
 """``gem export-user-embeddings``: the upstream tower's output, joined to the data as a column.
 
 Multi-stage GEM training runs the deep upstream user model on its own schedule and hands the
-downstream ranker one user embedding per (user, request): the ranker never runs the tower. This
+downstream ranker one user embedding per request (shared by the request's candidates): the
+ranker never runs the tower. This
 command does that hand-off for a trained run. It loads the run's latest checkpoint, runs the
 upstream (tower + PMA) alone over the train and eval splits of the run's data, and writes a
-Parquet data set (``gem_data`` format) holding every original column plus ``user_embedding``:
+Parquet data set (``gem_data`` format 2, one row per request) holding every original column plus
+``user_embedding``:
 what a feature-store join would give the ranker. Train a ranker on it with
 ``model.user_embeddings = 'cached'`` and ``--data parquet --set data.path=OUT``.
 
@@ -86,7 +88,8 @@ def ranker_for_cache(model: GEMModel, schema_with_cache: Any, attention: Any) ->
 
 
 def with_user_embeddings(model: GEMModel, batch: JaggedBatch, staleness_s: int) -> JaggedBatch:
-    """``batch`` (fresh history) plus the upstream embedding computed ``staleness_s`` earlier."""
+    """``batch`` (fresh history) plus the upstream embedding of each request, computed from the
+    events at least ``staleness_s`` older than the request (every event feature cut alike)."""
     upstream_view = (events_before(batch, batch.request_timestamps - staleness_s)
                      if staleness_s else batch)
     with torch.no_grad():

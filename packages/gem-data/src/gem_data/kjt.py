@@ -1,10 +1,20 @@
 """Conversion between :class:`~gem_core.batch.JaggedBatch` and TorchRec's ``KeyedJaggedTensor``.
 
-The KJT carries every id feature (keys below, each with ``B`` lengths, key-major as TorchRec lays
-them out); the float parts (labels, dense features, request times) travel beside it as
-:class:`KJTExtras`. Going back checks what TorchRec's own validator lets through: negative
-lengths, offsets that go backwards, lengths that do not sum to the values, and a lengths vector
-whose size does not match keys x batch. torchrec is imported only when these functions run.
+The KJT holds what the embedding backend receives
+(:meth:`gem_core.model.features.FeatureLookup.inputs`): one key per categorical feature, named by
+:func:`gem_core.schema.feature_key` (``event.<name>``, ``candidate.<name>``, the context feature's
+name), each with **one row per request** (the stride TorchRec needs for all keys alike): an event
+feature's row holds the ids of all the request's events, a candidate feature's those of all its
+candidates, a multi-valued feature's every id of every event. By default the values are table
+rows (each table's id policy applied, as the model sees them); ``map_ids=False`` keeps the raw
+ids. What the KJT cannot hold travels beside it as :class:`KJTExtras`: the event and candidate
+offsets, the per-event (per-candidate) offsets of multi-valued features, timestamps, labels and
+the float features.
+
+Going back checks what TorchRec's own validator lets through: negative lengths, offsets that go
+backwards, lengths that do not sum to the values, a lengths vector whose size does not match keys
+x requests, and per-request lengths that disagree with the history or the candidates. torchrec is
+imported only when these functions run.
 """
 
 from __future__ import annotations
@@ -17,60 +27,90 @@ from torch import Tensor
 
 from gem_core.batch import JaggedBatch
 from gem_core.errors import GemDataError
-from gem_core.jagged import Jagged, offsets_from_lengths
-from gem_core.schema import FeatureSchema
-
-from gem_data import format as fmt
+from gem_core.jagged import Jagged
+from gem_core.model.features import FeatureLookup
+from gem_core.schema import FeatureSchema, feature_key
 
 
 @attrs.frozen(kw_only=True)
 class KJTExtras:
-    """The non-id parts of a batch, carried beside its KeyedJaggedTensor."""
+    """The parts of a batch a KeyedJaggedTensor does not carry."""
 
+    seq_offsets: Tensor
+    seq_timestamps: Tensor
     request_timestamps: Tensor
+    candidate_offsets: Tensor
     labels: Mapping[str, Tensor]
+    item_offsets: Mapping[str, Tensor] = attrs.field(factory=dict)
+    """Per multi-valued feature key, the offsets of each event's (candidate's) ids."""
     dense: Tensor | None = None
     seq_dense: Tensor | None = None
+    candidate_dense: Tensor | None = None
+    user_embedding: Tensor | None = None
+    user_ids: Tensor | None = None
 
 
 def kjt_keys(schema: FeatureSchema) -> list[str]:
-    """KJT keys of a schema's id features, in order."""
-    return ([fmt.HISTORY_ITEM, fmt.HISTORY_ACTION, fmt.HISTORY_TIMESTAMP]
-            + [fmt.sparse_column(f.name) for f in schema.sparse_features]
-            + [fmt.CANDIDATE_ITEM]
-            + [fmt.candidate_column(f.name) for f in schema.candidate_features])
+    """KJT keys of a schema's categorical features, in :meth:`FeatureSchema.id_features` order
+    (the order of ``FeatureLookup.inputs``)."""
+    return [feature_key(kind, feature.name) for kind, feature in schema.id_features()]
 
 
-def to_kjt(batch: JaggedBatch, schema: FeatureSchema) -> tuple[Any, KJTExtras]:
-    """``(KeyedJaggedTensor, extras)`` holding ``batch``; candidates are length-1 features."""
+def _raw_inputs(batch: JaggedBatch, schema: FeatureSchema) -> dict[str, Jagged]:
+    out: dict[str, Jagged] = {}
+    for kind, feature in schema.id_features():
+        key = feature_key(kind, feature.name)
+        if kind == "context":
+            out[key] = batch.sparse[feature.name]
+            continue
+        store, offsets = ((batch.event_ids, batch.seq_offsets) if kind == "event"
+                          else (batch.candidate_ids, batch.candidate_offsets))
+        ids = store[feature.name]
+        out[key] = (Jagged(ids.values, ids.offsets[offsets]) if isinstance(ids, Jagged)
+                    else Jagged(ids, offsets))
+    return out
+
+
+def to_kjt(batch: JaggedBatch, schema: FeatureSchema, *, map_ids: bool = True
+           ) -> tuple[Any, KJTExtras]:
+    """``(KeyedJaggedTensor, extras)`` holding ``batch``; values are table rows (``map_ids``) or
+    the raw ids."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    seq_lengths = batch.seq_lengths()
-    ones = torch.ones(batch.batch_size, dtype=torch.int64)
-    parts = [(batch.seq_item_ids, seq_lengths), (batch.seq_action_ids, seq_lengths),
-             (batch.seq_timestamps, seq_lengths)]
-    parts += [(batch.sparse[f.name].values, batch.sparse[f.name].lengths())
-              for f in schema.sparse_features]
-    parts += [(batch.candidate_item_ids, ones)]
-    parts += [(batch.candidate_sparse[f.name], ones) for f in schema.candidate_features]
+    inputs = FeatureLookup(schema).inputs(batch) if map_ids else _raw_inputs(batch, schema)
+    keys = kjt_keys(schema)
+    parts = [inputs[k] for k in keys]
     kjt = KeyedJaggedTensor(
-        keys=kjt_keys(schema),
-        values=torch.cat([v for v, _ in parts]),
-        lengths=torch.cat([n for _, n in parts]),
+        keys=keys,
+        values=torch.cat([p.values for p in parts]),
+        lengths=torch.cat([p.lengths() for p in parts]),
     )
-    extras = KJTExtras(request_timestamps=batch.request_timestamps, labels=dict(batch.labels),
-                       dense=batch.dense, seq_dense=batch.seq_dense)
+    item_offsets = {}
+    for kind, feature in schema.id_features():
+        if kind != "context" and getattr(feature, "multi_valued", False):
+            store = batch.event_ids if kind == "event" else batch.candidate_ids
+            item_offsets[feature_key(kind, feature.name)] = store[feature.name].offsets
+    extras = KJTExtras(
+        seq_offsets=batch.seq_offsets, seq_timestamps=batch.seq_timestamps,
+        request_timestamps=batch.request_timestamps, candidate_offsets=batch.candidate_offsets,
+        labels=dict(batch.labels), item_offsets=item_offsets, dense=batch.dense,
+        seq_dense=batch.seq_dense, candidate_dense=batch.candidate_dense,
+        user_embedding=batch.user_embedding, user_ids=batch.user_ids)
     return kjt, extras
 
 
 def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
-    """The JaggedBatch of a KJT made by :func:`to_kjt` (or by anyone with the same keys)."""
+    """The JaggedBatch of a KJT made by :func:`to_kjt` (or by anyone with the same keys); its
+    ids are the KJT's values (table rows if it was made with ``map_ids``)."""
     keys = list(kjt.keys())
     expected = kjt_keys(schema)
     missing = [k for k in expected if k not in keys]
     if missing:
         raise GemDataError(f"KeyedJaggedTensor lacks keys {missing}; it has {keys}")
     b = extras.request_timestamps.numel()
+    if extras.seq_offsets.numel() != b + 1 or extras.candidate_offsets.numel() != b + 1:
+        raise GemDataError(f"KJT extras: {b} requests but {extras.seq_offsets.numel() - 1} "
+                           f"histories and {extras.candidate_offsets.numel() - 1} candidate lists")
     values = kjt.values()
     offsets = kjt.offsets() if kjt.offsets_or_none() is not None else None
     if offsets is not None and offsets.numel() > 1:
@@ -84,7 +124,7 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
     lengths = kjt.lengths()
     if lengths.numel() != len(keys) * b:
         raise GemDataError(f"KeyedJaggedTensor: {lengths.numel()} lengths for {len(keys)} keys "
-                           f"x batch {b} (expected {len(keys) * b})")
+                           f"x {b} requests (expected {len(keys) * b})")
     negative = torch.nonzero(lengths < 0)
     if negative.numel():
         position = int(negative[0])
@@ -97,37 +137,45 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
     chunks = torch.split(values, per_key.sum(dim=1).tolist())
     features = {key: (chunk, per_key[i]) for i, (key, chunk) in enumerate(zip(keys, chunks))}
 
-    history_lengths = features[fmt.HISTORY_ITEM][1]
-    for key in (fmt.HISTORY_ACTION, fmt.HISTORY_TIMESTAMP):
-        bad = torch.nonzero(features[key][1] != history_lengths)
+    def ids(key: str, rows: Tensor, what: str) -> Any:
+        """A feature's ids per event (candidate), after checking its per-request lengths."""
+        chunk, lens = features[key]
+        inner = extras.item_offsets.get(key)
+        expected = (inner[rows] if inner is not None else rows)
+        expected = expected[1:] - expected[:-1]
+        bad = torch.nonzero(lens != expected)
         if bad.numel():
             row = int(bad[0])
             raise GemDataError(f"KeyedJaggedTensor: feature {key!r} row {row}: length "
-                               f"{int(features[key][1][row])} differs from {fmt.HISTORY_ITEM!r} "
-                               f"length {int(history_lengths[row])}")
+                               f"{int(lens[row])} differs from the {what} "
+                               f"({int(expected[row])} ids)")
+        return Jagged(chunk, inner) if inner is not None else chunk
 
-    def single(key: str) -> Tensor:
-        ids, lens = features[key]
-        bad = torch.nonzero(lens != 1)
-        if bad.numel():
-            row = int(bad[0])
-            raise GemDataError(f"KeyedJaggedTensor: feature {key!r} row {row}: candidate "
-                               f"features need exactly one id, got {int(lens[row])}")
-        return ids
-
+    event_ids, candidate_ids, sparse = {}, {}, {}
+    for kind, feature in schema.id_features():
+        key = feature_key(kind, feature.name)
+        if kind == "event":
+            event_ids[feature.name] = ids(key, extras.seq_offsets, "request's history length")
+        elif kind == "candidate":
+            candidate_ids[feature.name] = ids(key, extras.candidate_offsets,
+                                              "request's candidate count")
+        else:
+            chunk, lens = features[key]
+            bag_offsets = torch.zeros(b + 1, dtype=torch.int64)
+            torch.cumsum(lens.to(torch.int64), 0, out=bag_offsets[1:])
+            sparse[feature.name] = Jagged(chunk, bag_offsets)
     return JaggedBatch(
-        seq_offsets=offsets_from_lengths(history_lengths),
-        seq_item_ids=features[fmt.HISTORY_ITEM][0],
-        seq_action_ids=features[fmt.HISTORY_ACTION][0],
-        seq_timestamps=features[fmt.HISTORY_TIMESTAMP][0],
+        seq_offsets=extras.seq_offsets,
+        seq_timestamps=extras.seq_timestamps,
+        event_ids=event_ids,
         request_timestamps=extras.request_timestamps,
-        candidate_item_ids=single(fmt.CANDIDATE_ITEM),
+        candidate_offsets=extras.candidate_offsets,
+        candidate_ids=candidate_ids,
         labels=dict(extras.labels),
-        sparse={f.name: Jagged(features[fmt.sparse_column(f.name)][0],
-                               offsets_from_lengths(features[fmt.sparse_column(f.name)][1]))
-                for f in schema.sparse_features},
-        candidate_sparse={f.name: single(fmt.candidate_column(f.name))
-                          for f in schema.candidate_features},
+        sparse=sparse,
         dense=extras.dense,
         seq_dense=extras.seq_dense,
+        candidate_dense=extras.candidate_dense,
+        user_embedding=extras.user_embedding,
+        user_ids=extras.user_ids,
     )

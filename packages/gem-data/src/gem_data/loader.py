@@ -1,5 +1,7 @@
 """The streaming loader: row groups -> shuffled windows -> batches, with an exact resume position.
 
+A row is one request (format 2: its history and its candidates travel together, so a batch of
+``batch_size`` rows is ``batch_size`` requests with however many candidates they hold).
 An epoch is a seeded permutation of the split's units (row groups). Consecutive units form
 *windows* of ``shuffle_window`` units; a window's rows are permuted with a seed of (seed, epoch,
 window). The stream is the concatenation of the permuted windows, epoch after epoch, and a batch

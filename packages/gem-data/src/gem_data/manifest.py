@@ -1,4 +1,5 @@
-"""``manifest.json``: what a data set directory holds (schema, files per split, row counts, id spaces).
+"""``manifest.json``: what a data set directory holds (format version, schema, files per split,
+request, event and candidate counts).
 
 The manifest is written last by :class:`gem_data.writer.DatasetWriter`, so a directory without one
 is an incomplete data set. Paths inside it are relative to the directory, so data sets can move.
@@ -13,12 +14,11 @@ from typing import Any
 import attrs
 
 from gem_core.errors import GemDataError
-from gem_core.schema import FeatureSchema
+from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
 
-from gem_data.format import id_spaces, schema_from_dict, schema_to_dict
+from gem_data.format import FORMAT_VERSION
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -29,13 +29,16 @@ class FileEntry:
     """Location relative to the data set directory."""
 
     rows: int
-    """Rows (impressions) in the file."""
+    """Rows (requests) in the file."""
 
     row_groups: tuple[int, ...] = attrs.field(converter=tuple)
     """Rows of each row group, in file order; they sum to ``rows``."""
 
     tokens: int = 0
     """History events in the file (before truncation to ``max_seq_len``)."""
+
+    candidates: int = 0
+    """Candidates (impressions) in the file."""
 
 
 @attrs.frozen(kw_only=True)
@@ -57,13 +60,16 @@ class Manifest:
     def tokens(self, split: str) -> int:
         return sum(f.tokens for f in self.splits.get(split, ()))
 
+    def candidates(self, split: str) -> int:
+        return sum(f.candidates for f in self.splits.get(split, ()))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
             "schema": schema_to_dict(self.schema),
-            "id_spaces": id_spaces(self.schema),
             "splits": {
                 name: {"rows": self.rows(name), "tokens": self.tokens(name),
+                       "candidates": self.candidates(name),
                        "files": [attrs.asdict(f) for f in files]}
                 for name, files in self.splits.items()
             },
@@ -91,11 +97,19 @@ def read_manifest(directory: str | Path) -> Manifest:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise GemDataError(f"{path} is not valid JSON: {error}") from None
-    if data.get("format_version") != FORMAT_VERSION:
-        raise GemDataError(f"{path}: format_version {data.get('format_version')!r} is not "
-                           f"{FORMAT_VERSION}")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        if version == 1 or version is None:
+            raise GemDataError(
+                f"{path}: this is a format {version or 1} data set (one row per impression: "
+                "history_item_id, history_action, candidate_item_id); this version of gem-data "
+                f"reads format {FORMAT_VERSION} (one row per request, schema-declared features). "
+                f"Convert it once with `gem data convert {directory} --out NEW_DIR` and point "
+                "data.path at NEW_DIR")
+        raise GemDataError(f"{path}: format_version {version!r} is not {FORMAT_VERSION} (written "
+                           "by a newer gem-data?)")
     try:
-        schema = schema_from_dict(data["schema"])
+        schema = schema_from_dict(data["schema"], where=f"{path}: schema")
         splits = {
             name: tuple(FileEntry(**entry) for entry in split["files"])
             for name, split in data["splits"].items()

@@ -15,6 +15,7 @@ quantile of request times are held out, so no training request comes from the ev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -25,8 +26,9 @@ from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
-from gem_data.manifest import Manifest
-from gem_data.writer import DatasetWriter
+
+if TYPE_CHECKING:
+    from gem_data.manifest import Manifest
 
 AGE_EDGES = np.array([18, 25, 35, 45, 50, 56])
 NUM_DECADES = 11  # 0: unknown year, 1..10: 1920s and earlier .. 2010s
@@ -280,6 +282,8 @@ def write_movielens(raw_dir: str | Path, out: str | Path, *, max_history: int = 
                     eval_fraction: float = 0.1, window_s: int = 0,
                     row_group_rows: int = 8192) -> Manifest:
     """Convert the raw files in ``raw_dir`` into a Parquet data set in ``out``."""
+    from gem_data.writer import DatasetWriter
+
     raw = read_movielens(raw_dir)
     schema, splits = build_impressions(raw, max_history=max_history, eval_fraction=eval_fraction,
                                        window_s=window_s)

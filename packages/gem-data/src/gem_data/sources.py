@@ -1,4 +1,6 @@
-"""The ``parquet`` data source: a data set directory behind gem-core's DataSource contract.
+"""The ``parquet`` data source: a format 2 data set directory (one row per request, see
+docs/data-format.md) behind gem-core's DataSource contract. A format 1 data set is refused with
+a message naming ``gem data convert OLD --out NEW``, which rewrites it as format 2.
 
 Sharding (``[data.options] sharding``):
 
@@ -7,7 +9,7 @@ Sharding (``[data.options] sharding``):
   cost balancing works. Each rank reads all row groups; at 10+ M events/s per core that is far
   above what a GPU consumes, and it needs no communication.
 * ``row_groups``: rank ``r`` reads only row groups ``r, r + W, ...`` of each epoch's order (disjoint
-  shards that cover the epoch) and forms local batches of ``batch_size / W`` samples. Reads 1/W of
+  shards that cover the epoch) and forms local batches of ``batch_size / W`` requests. Reads 1/W of
   the data, but balancing across ranks is not possible without the global batch, so the balancer
   is not applied; use it when reading, not attention cost, is the bottleneck.
 """
@@ -49,14 +51,15 @@ class ParquetOptions:
     (faster when the process has a single core, since nothing can overlap)."""
 
     token_budget: int = attrs.field(default=0, validator=at_least(0))
-    """If > 0, a global batch is as many samples as fit in this many history events (after
-    truncation) instead of ``train.batch_size`` samples."""
+    """If > 0, a global batch is as many requests as fit in this many history events (after
+    truncation) instead of ``train.batch_size`` requests."""
 
     sharding: str = attrs.field(default="global", validator=choice("global", "row_groups"))
     """How ranks split the data; see the module documentation."""
 
     validation: ValidationPolicy = attrs.field(factory=ValidationPolicy)
-    """Per-check policy for bad rows (``error``, ``drop``, ``clamp``)."""
+    """Per-check policy for bad requests (``error``, ``drop``, ``clamp``, ``trim``; see
+    :class:`gem_data.validation.ValidationPolicy`)."""
 
 
 class ParquetSource:
@@ -113,7 +116,8 @@ class ParquetSource:
                              token_budget=o.token_budget, post=post, **common)
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        """The first ``data.eval_rows`` rows of the eval split, in file order, on every rank."""
+        """The first ``data.eval_rows`` requests of the eval split, in file order, on every
+        rank."""
         stream = ParquetStream(self._reader(), self.eval_units, batch_size=batch_size,
                                seed=self.seed, shuffle=False, epochs=1,
                                prefetch=self.options.prefetch)

@@ -1,24 +1,33 @@
-"""Row checks of one row group, with a policy per check and counts of every row they touch.
+"""Row checks of one row group (a table of requests), with a policy per check and exact counts.
 
 Checks (the name is the policy key in ``[data.options.validation]``):
 
-* ``structure``: null values; history columns whose lengths disagree on a row (``history_item_id``,
-  ``history_action``, ``history_timestamp``, and ``history_dense`` = ``seq_dense_dim`` x length).
-  ``error`` or ``drop``.
-* ``ids``: an id that is negative or not below its table's size. ``error``, ``drop`` the row, or
-  ``clamp`` it into ``[0, size)``.
-* ``dense``: a NaN or infinite dense value. ``error``, ``drop``, or ``clamp`` (replaced by 0).
+* ``structure``: null values (at any nesting level); an event feature whose list length differs
+  from ``history_timestamp``'s; ``history_dense`` not ``seq_dense_dim`` x that length; a request
+  with no candidates; a candidate feature or label list whose length differs from the request's
+  candidate count (``K``, the length of the first candidate feature); ``candidate_dense`` not
+  ``seq_dense_dim`` x ``K``; a multi-valued event or candidate feature with an empty id list for
+  some event or candidate. ``error`` or ``drop`` (the request).
+* ``ids``: under a table's ``dense`` id policy, an id that is negative or not below the table's
+  size (``modulo`` and ``hash`` tables take any 64-bit id). ``error``, ``drop`` the request, or
+  ``clamp`` the id into ``[0, size)``.
+* ``dense``: a NaN or infinite float (``dense``, ``history_dense``, ``candidate_dense``,
+  ``user_embedding``). ``error``, ``drop``, or ``clamp`` (replaced by 0).
 * ``labels``: a label that is not 0 or 1. ``error`` or ``drop``.
+* ``time``: a history event later than its request (``history_timestamp > request_timestamp``: a
+  leak of the future into the history). ``error``, ``drop`` the request, or ``trim`` (remove
+  those events from every history column, keeping the rest).
 
-Offsets that go backwards or do not end at the values' length cannot be repaired: they mean the
-file is corrupt, and :func:`check_arrays` always raises. Every error names the file, row group,
-row, feature and value; every dropped or repaired row is counted in :class:`ValidationReport`.
+Structure is checked first and rows it drops are gone before the value checks, so every count is
+of distinct requests: a request is counted under the first check that drops it. Offsets that go
+backwards or past the values cannot be repaired (the file is corrupt) and always raise. Every
+error names the file, row group, row, feature and value.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import numpy as np
@@ -29,26 +38,40 @@ from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
 
 from gem_data import format as fmt
-from gem_data.arrow_io import list_parts, scalar_parts, single_array
+from gem_data.arrow_io import (
+    gather_jagged,
+    list_array,
+    list_child,
+    list_parts,
+    nested_list_parts,
+    scalar_parts,
+    single_array,
+)
 
-CHECKS = ("structure", "ids", "dense", "labels")
+CHECKS = ("structure", "ids", "dense", "labels", "time")
 
 
 @attrs.frozen(kw_only=True)
 class ValidationPolicy:
-    """What to do with a row that fails a check (``[data.options.validation]``)."""
+    """What to do with a request that fails a check (``[data.options.validation]``)."""
 
     structure: str = attrs.field(default="error", validator=choice("error", "drop"))
-    """Nulls or history columns of different lengths on a row: ``error`` or ``drop``."""
+    """Nulls, lists of disagreeing lengths, no candidates, empty multi-valued id lists:
+    ``error`` or ``drop``."""
 
     ids: str = attrs.field(default="error", validator=choice("error", "drop", "clamp"))
-    """An id outside ``[0, size)``: ``error``, ``drop`` the row, or ``clamp`` the id."""
+    """An id outside ``[0, size)`` of a ``dense``-policy table: ``error``, ``drop`` the
+    request, or ``clamp`` the id."""
 
     dense: str = attrs.field(default="error", validator=choice("error", "drop", "clamp"))
-    """A NaN or infinite dense value: ``error``, ``drop`` the row, or ``clamp`` it to 0."""
+    """A NaN or infinite dense value: ``error``, ``drop`` the request, or ``clamp`` it to 0."""
 
     labels: str = attrs.field(default="error", validator=choice("error", "drop"))
-    """A label other than 0 or 1: ``error`` or ``drop`` the row."""
+    """A label other than 0 or 1: ``error`` or ``drop`` the request."""
+
+    time: str = attrs.field(default="error", validator=choice("error", "drop", "trim"))
+    """A history event after its request: ``error``, ``drop`` the request, or ``trim`` the
+    future events from the history."""
 
 
 @attrs.frozen(kw_only=True)
@@ -66,8 +89,9 @@ class Location:
 
 
 class ValidationReport:
-    """Rows checked, dropped and repaired per check, and histories cut to ``max_seq_len`` (kept:
-    their most recent events); counted once per row group however often it is read (thread-safe)."""
+    """Requests checked, dropped and repaired per check, and histories cut to ``max_seq_len``
+    (kept: their most recent events); counted once per row group however often it is read
+    (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -87,9 +111,9 @@ class ValidationReport:
             self.rows_checked += rows
             self.truncated += truncated
             for check, count in dropped.items():
-                self.dropped[check] += count
+                self.dropped[check] = self.dropped.get(check, 0) + count
             for check, count in repaired.items():
-                self.repaired[check] += count
+                self.repaired[check] = self.repaired.get(check, 0) + count
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -111,161 +135,349 @@ def check_arrays(table: Any, where: Location) -> None:
                                    f"corrupt column ({error})") from None
 
 
+# -- helpers over (values, offsets chain) --------------------------------------------------------
+
+def _leaf(column: Any) -> tuple[np.ndarray, list[np.ndarray], str]:
+    """``(values, chain, kind)``: the column's primitive values and the offsets from rows down
+    to them (``[]`` scalar, ``[offsets]`` list or fixed-size list, ``[outer, inner]`` nested)."""
+    typ = column.type
+    if pa.types.is_list(typ) and pa.types.is_list(typ.value_type):
+        values, inner, outer = nested_list_parts(column)
+        return values, [outer, inner], "nested"
+    if pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ):
+        values, offsets = list_parts(column)
+        return values, [offsets], "fixed" if pa.types.is_fixed_size_list(typ) else "list"
+    return scalar_parts(column), [], "scalar"
+
+
+def _owners(positions: np.ndarray, chain: list[np.ndarray]) -> np.ndarray:
+    """The row of each value position, through the offsets chain."""
+    for offsets in reversed(chain):
+        positions = np.searchsorted(offsets, positions, side="right") - 1
+    return positions
+
+
+def _rows_mask(positions: np.ndarray, chain: list[np.ndarray], n: int) -> np.ndarray:
+    mask = np.zeros(n, dtype=bool)
+    mask[_owners(positions, chain)] = True
+    return mask
+
+
+def _rebuild(column: Any, values: np.ndarray, chain: list[np.ndarray], kind: str) -> Any:
+    """A column of the same type and offsets as ``column`` with new primitive ``values``."""
+    leaf = fmt.leaf_type(column.type)
+    array = pa.array(values, type=leaf)
+    if kind == "scalar":
+        return array
+    if kind == "fixed":
+        return pa.FixedSizeListArray.from_arrays(array, column.type.list_size)
+    if kind == "nested":
+        inner = pa.ListArray.from_arrays(pa.array(chain[1].astype(np.int32)), array)
+        return pa.ListArray.from_arrays(pa.array(chain[0].astype(np.int32)), inner)
+    return pa.ListArray.from_arrays(pa.array(chain[0].astype(np.int32)), array)
+
+
+def _lengths(column: Any) -> np.ndarray:
+    return np.diff(list_child(single_array(column))[1])
+
+
+class _Checker:
+    """The state of one row group's validation: drop mask, counts, and error wording."""
+
+    def __init__(self, policy: ValidationPolicy, where: Location, n: int,
+                 row_map: np.ndarray | None = None) -> None:
+        self.policy, self.where, self.n = policy, where, n
+        self.row_map = row_map
+        self.drop = np.zeros(n, dtype=bool)
+        self.dropped = dict.fromkeys(CHECKS, 0)
+        self.repaired = dict.fromkeys(CHECKS, 0)
+
+    def original(self, row: int) -> int:
+        return row if self.row_map is None else int(self.row_map[row])
+
+    def reject(self, check: str, rows: np.ndarray, describe: Callable[[int], str]) -> None:
+        """Raise for the first bad row under ``error``; else mark the rows to drop and count
+        them. ``describe(row)`` words the feature and value of that row."""
+        mode = getattr(self.policy, check)
+        if mode == "error":
+            row = int(np.flatnonzero(rows)[0])
+            raise GemDataError(f"{self.where.row(self.original(row))}: {describe(row)} "
+                               f"({int(rows.sum())} such rows in the group; "
+                               f"data.options.validation.{check} = 'error')")
+        self.dropped[check] += int((rows & ~self.drop).sum())
+        self.drop |= rows
+
+    def repair(self, check: str, rows: np.ndarray) -> None:
+        self.repaired[check] += int((rows & ~self.drop).sum())
+
+
+def _check_structure(table: Any, schema: FeatureSchema, c: _Checker) -> None:
+    n = table.num_rows
+    for name in table.column_names:
+        level, chain = single_array(table.column(name)), []
+        while True:
+            if level.null_count:
+                positions = np.flatnonzero(np.asarray(level.is_null(), dtype=bool))
+                c.reject("structure", _rows_mask(positions, chain, n),
+                         lambda row, name=name: f"feature {name!r} value null")
+            if not (pa.types.is_list(level.type) or pa.types.is_fixed_size_list(level.type)):
+                break
+            level, offsets = list_child(level)
+            chain.append(offsets)
+
+    history = _lengths(table.column(fmt.HISTORY_TIMESTAMP))
+    hist_offsets = list_child(single_array(table.column(fmt.HISTORY_TIMESTAMP)))[1]
+
+    def same_length(name: str, lengths: np.ndarray, expected: np.ndarray, what: str,
+                    width: int = 1) -> None:
+        bad = lengths != expected * width
+        if bad.any():
+            c.reject("structure", bad, lambda row: (
+                f"feature {name!r} has {int(lengths[row])} values where {what} "
+                f"{int(expected[row])}" + (f" needs {int(expected[row]) * width}"
+                                           if width != 1 else "")))
+
+    def non_empty(name: str, column: Any, kind: str) -> None:
+        inner = list_child(list_child(single_array(column))[0])[1]
+        empty = np.diff(inner) == 0
+        if empty.any():
+            outer = list_child(single_array(column))[1]
+            rows = _rows_mask(np.flatnonzero(empty), [outer], n)
+
+            def describe(row: int) -> str:
+                first = int(np.flatnonzero(empty[outer[row]:outer[row + 1]])[0])
+                return (f"feature {name!r} has an empty id list for {kind} {first} of the row "
+                        f"(a multi-valued {kind} feature needs at least one id per {kind})")
+            c.reject("structure", rows, describe)
+
+    for f in schema.event_features:
+        name = fmt.event_column(f.name)
+        column = table.column(name)
+        offsets = list_child(single_array(column))[1]
+        if not np.array_equal(offsets, hist_offsets):
+            same_length(name, np.diff(offsets), history,
+                        f"{fmt.HISTORY_TIMESTAMP!r} has")
+        if f.multi_valued:
+            non_empty(name, column, "event")
+    if schema.seq_dense_dim:
+        same_length(fmt.HISTORY_DENSE, _lengths(table.column(fmt.HISTORY_DENSE)), history,
+                    f"{fmt.HISTORY_TIMESTAMP!r} length", schema.seq_dense_dim)
+
+    first = schema.candidate_features[0]
+    first_name = fmt.candidate_column(first.name)
+    first_offsets = list_child(single_array(table.column(first_name)))[1]
+    counts = np.diff(first_offsets)
+    none = counts == 0
+    if none.any():
+        c.reject("structure", none, lambda row: (
+            f"the request has no candidates (feature {first_name!r} is an empty list; every "
+            "request needs at least one)"))
+    what = f"the request's candidate count ({first_name!r}) is"
+    for f in schema.candidate_features:
+        name = fmt.candidate_column(f.name)
+        column = table.column(name)
+        offsets = list_child(single_array(column))[1]
+        if name != first_name and not np.array_equal(offsets, first_offsets):
+            same_length(name, np.diff(offsets), counts, what)
+        if f.multi_valued:
+            non_empty(name, column, "candidate")
+    for task in schema.tasks:
+        name = fmt.label_column(task)
+        offsets = list_child(single_array(table.column(name)))[1]
+        if not np.array_equal(offsets, first_offsets):
+            same_length(name, np.diff(offsets), counts, what)
+    if schema.candidate_content:
+        same_length(fmt.CANDIDATE_DENSE, _lengths(table.column(fmt.CANDIDATE_DENSE)), counts,
+                    what, schema.seq_dense_dim)
+
+
+def _trim_events(table: Any, schema: FeatureSchema, keep: np.ndarray) -> Any:
+    """``table`` with only the history events ``keep`` (a mask over all events), in every
+    history column."""
+    stamps, offsets = list_parts(table.column(fmt.HISTORY_TIMESTAMP))
+    rows = np.repeat(np.arange(table.num_rows), np.diff(offsets))
+    kept = np.bincount(rows[keep], minlength=table.num_rows)
+    new_offsets = np.zeros(table.num_rows + 1, dtype=np.int64)
+    np.cumsum(kept, out=new_offsets[1:])
+    index = np.flatnonzero(keep)
+    columns = {name: table.column(name) for name in table.column_names}
+    columns[fmt.HISTORY_TIMESTAMP] = list_array(stamps[index], new_offsets, pa.int64())
+    for f in schema.event_features:
+        name = fmt.event_column(f.name)
+        if f.multi_valued:
+            values, inner, _ = nested_list_parts(table.column(name))
+            inner, value_index = gather_jagged(inner, index)
+            columns[name] = _rebuild(table.column(name), values[value_index],
+                                     [new_offsets, inner], "nested")
+        else:
+            values, _ = list_parts(table.column(name))
+            columns[name] = list_array(values[index], new_offsets, pa.int64())
+    if schema.seq_dense_dim:
+        flat, _ = list_parts(table.column(fmt.HISTORY_DENSE))
+        d = schema.seq_dense_dim
+        columns[fmt.HISTORY_DENSE] = list_array(flat.reshape(-1, d)[index].reshape(-1),
+                                                new_offsets * d, pa.float32())
+    return pa.table(columns, schema=table.schema)
+
+
 def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
                    where: Location, report: ValidationReport | None = None,
                    max_seq_len: int | None = None) -> Any:
-    """The row group with bad rows dropped or repaired per ``policy``; GemDataError otherwise.
-    Histories longer than ``max_seq_len`` are counted (the reader keeps their recent end)."""
+    """The row group with bad requests dropped or repaired per ``policy``; GemDataError
+    otherwise. Histories longer than ``max_seq_len`` are counted (the reader keeps their
+    recent end)."""
     check_arrays(table, where)
+    n_in = table.num_rows
+    c = _Checker(policy, where, n_in)
+    _check_structure(table, schema, c)
+    row_map = None
+    if c.drop.any():  # value checks then see only well-formed requests
+        row_map = np.flatnonzero(~c.drop)
+        table = table.filter(pa.array(~c.drop))
+    structure_dropped = dict(c.dropped)
+    c = _Checker(policy, where, table.num_rows, row_map)
+    c.dropped["structure"] = structure_dropped["structure"]
     n = table.num_rows
-    drop = np.zeros(n, dtype=bool)
-    dropped = dict.fromkeys(CHECKS, 0)
-    repaired = dict.fromkeys(CHECKS, 0)
-
-    def reject(check: str, rows: np.ndarray, describe: Any) -> None:
-        """Raise for the first bad row under ``error``; else mark the rows to drop and count them.
-        ``describe(row)`` words the feature and value of that row."""
-        mode = getattr(policy, check)
-        if mode == "error":
-            row = int(np.flatnonzero(rows)[0])
-            raise GemDataError(f"{where.row(row)}: {describe(row)} "
-                               f"({int(rows.sum())} such rows in the group; "
-                               f"data.options.validation.{check} = 'error')")
-        dropped[check] += int((rows & ~drop).sum())
-        drop[:] |= rows
-
-    for name in table.column_names:
-        column = table.column(name)
-        if column.null_count:
-            nulls = np.asarray(column.is_null(), dtype=bool)
-            reject("structure", nulls, lambda row, name=name: f"feature {name!r} value null")
-        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
-            flat = single_array(column).flatten()  # the values of the rows, in row order
-            if flat.null_count:
-                _, offsets = list_parts(column)
-                rows = _rows_of(np.asarray(flat.is_null(), dtype=bool), offsets, n)
-                reject("structure", rows,
-                       lambda row, name=name: f"feature {name!r} has a null value in its list")
-
-    item_offsets = list_parts(table.column(fmt.HISTORY_ITEM))[1]
-    item_lengths = np.diff(item_offsets)
-    for name in fmt.HISTORY_ID_COLUMNS[1:] + ((fmt.HISTORY_DENSE,) if schema.seq_dense_dim else ()):
-        width = schema.seq_dense_dim if name == fmt.HISTORY_DENSE else 1
-        offsets = list_parts(table.column(name))[1]
-        if width == 1 and np.array_equal(offsets, item_offsets):
-            continue  # one pass over the offsets, no temporaries, in the common case
-        lengths = np.diff(offsets)
-        bad = lengths != item_lengths * width
-        if bad.any():
-            reject("structure", bad, lambda row, name=name, lengths=lengths, width=width: (
-                f"feature {name!r} has {int(lengths[row])} values where {fmt.HISTORY_ITEM!r} "
-                f"length {int(item_lengths[row])} needs {int(item_lengths[row]) * width}"))
-
     columns = {name: table.column(name) for name in table.column_names}
-    for name, size in fmt.id_spaces(schema).items():
-        column = columns[name]
-        is_list = pa.types.is_list(column.type)
-        values, offsets = list_parts(column) if is_list else (_scalars(column), None)
+    replaced = False
+
+    for name, kind, feature in fmt.id_columns(schema):
+        table_spec = schema.table(feature.table)
+        if table_spec.id_policy != "dense":
+            continue
+        size = table_spec.num_embeddings
+        values, chain, shape = _leaf(columns[name])
         # Fast path: two reductions and no temporaries when every id is in range (the norm).
         if values.size == 0 or (values.min() >= 0 and values.max() < size):
             continue
         bad_values = (values < 0) | (values >= size)
-        rows = _rows_of(bad_values, offsets, n)
-        first = int(np.flatnonzero(bad_values)[0])
+        positions = np.flatnonzero(bad_values)
+        rows = _rows_mask(positions, chain, n)
         if policy.ids == "clamp":
-            repaired["ids"] += int((rows & ~drop).sum())
-            clipped = np.clip(values, 0, size - 1)
-            columns[name] = (pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                                      pa.array(clipped)) if is_list
-                             else pa.array(clipped))
-        else:
-            reject("ids", rows, lambda row, name=name, v=int(values[first]), size=size: (
-                f"feature {name!r} value {v} is outside [0, {size})"))
+            c.repair("ids", rows)
+            columns[name] = _rebuild(columns[name], np.clip(values, 0, size - 1), chain, shape)
+            replaced = True
+            continue
+        owners = _owners(positions, chain)
 
-    fixed_width = (fmt.DENSE, fmt.USER_EMBEDDING, fmt.CANDIDATE_DENSE)
+        def describe(row: int, name=name, values=values, positions=positions, owners=owners,
+                     size=size, table_name=table_spec.name) -> str:
+            value = int(values[positions[np.flatnonzero(owners == row)[0]]])
+            return (f"feature {name!r} value {value} is outside [0, {size}) of table "
+                    f"{table_name!r} (id_policy 'dense')")
+        c.reject("ids", rows, describe)
+
     for name, width in ((fmt.DENSE, schema.num_dense), (fmt.HISTORY_DENSE, schema.seq_dense_dim),
                         (fmt.CANDIDATE_DENSE, schema.seq_dense_dim * schema.candidate_content),
                         (fmt.USER_EMBEDDING, schema.user_embedding_dim)):
         if not width:
             continue
-        values, offsets = list_parts(columns[name])
+        values, chain, shape = _leaf(columns[name])
         bad_values = ~np.isfinite(values)
         if not bad_values.any():
             continue
-        rows = _rows_of(bad_values, offsets, n)
-        first = float(values[np.flatnonzero(bad_values)[0]])
+        positions = np.flatnonzero(bad_values)
+        rows = _rows_mask(positions, chain, n)
         if policy.dense == "clamp":
-            repaired["dense"] += int((rows & ~drop).sum())
-            fixed = pa.array(np.where(bad_values, np.float32(0), values), pa.float32())
-            columns[name] = (pa.FixedSizeListArray.from_arrays(fixed, width)
-                             if name in fixed_width
-                             else pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                                           fixed))
-        else:
-            reject("dense", rows, lambda row, name=name, v=first: (
-                f"feature {name!r} value {v} is not finite"))
+            c.repair("dense", rows)
+            columns[name] = _rebuild(columns[name], np.where(bad_values, np.float32(0), values),
+                                     chain, shape)
+            replaced = True
+            continue
+        owners = _owners(positions, chain)
+        c.reject("dense", rows, lambda row, name=name, values=values, positions=positions,
+                 owners=owners: (f"feature {name!r} value "
+                                 f"{float(values[positions[np.flatnonzero(owners == row)[0]]])} "
+                                 "is not finite"))
 
     for task in schema.tasks:
-        label = _scalars(columns[fmt.label_column(task)])
-        bad = ~((label == 0) | (label == 1))
-        if bad.any():
-            reject("labels", bad, lambda row, task=task, label=label: (
-                f"feature {fmt.label_column(task)!r} value {float(label[row])} is not 0 or 1"))
+        name = fmt.label_column(task)
+        values, chain, _ = _leaf(columns[name])
+        bad_values = ~((values == 0) | (values == 1))
+        if bad_values.any():
+            positions = np.flatnonzero(bad_values)
+            owners = _owners(positions, chain)
+            c.reject("labels", _rows_mask(positions, chain, n),
+                     lambda row, name=name, values=values, positions=positions, owners=owners,
+                     offsets=chain[0]: (
+                         f"feature {name!r} value "
+                         f"{float(values[positions[np.flatnonzero(owners == row)[0]]])} of "
+                         f"candidate {int(positions[np.flatnonzero(owners == row)[0]]) - int(offsets[row])}"
+                         " is not 0 or 1"))
 
-    if any(repaired.values()):
+    stamps, hist_offsets = list_parts(columns[fmt.HISTORY_TIMESTAMP])
+    request = scalar_parts(columns[fmt.REQUEST_TIMESTAMP])
+    if stamps.size:
+        event_rows = np.repeat(np.arange(n), np.diff(hist_offsets))
+        future = stamps > request[event_rows]
+        if future.any():
+            rows = np.zeros(n, dtype=bool)
+            rows[event_rows[future]] = True
+            if policy.time == "trim":
+                c.repair("time", rows)
+                if replaced:
+                    table = pa.table(columns, schema=table.schema)
+                    replaced = False
+                table = _trim_events(table, schema, ~future)
+                columns = {name: table.column(name) for name in table.column_names}
+            else:
+                def describe(row: int) -> str:
+                    start, end = int(hist_offsets[row]), int(hist_offsets[row + 1])
+                    event = int(np.flatnonzero(future[start:end])[0])
+                    return (f"feature {fmt.HISTORY_TIMESTAMP!r} value {int(stamps[start + event])}"
+                            f" of event {event} is after the request's "
+                            f"{fmt.REQUEST_TIMESTAMP!r} {int(request[row])} (history events must "
+                            "not be later than their request)")
+                c.reject("time", rows, describe)
+
+    if replaced:
         table = pa.table(columns, schema=table.schema)
-    if drop.any():
-        table = table.filter(pa.array(~drop))
+    if c.drop.any():
+        table = table.filter(pa.array(~c.drop))
     if report is not None:
-        truncated = 0 if max_seq_len is None else int((item_lengths[~drop] > max_seq_len).sum())
-        report.add(where, n, dropped, repaired, truncated)
+        truncated = 0
+        if max_seq_len is not None:
+            truncated = int((_lengths(table.column(fmt.HISTORY_TIMESTAMP)) > max_seq_len).sum())
+        report.add(where, n_in, c.dropped, c.repaired, truncated)
     return table
-
-
-def _scalars(column: Any) -> np.ndarray:
-    return scalar_parts(column)
-
-
-def _rows_of(bad_values: np.ndarray, offsets: np.ndarray | None, n: int) -> np.ndarray:
-    """Per row, whether it holds a bad value (values are per row when ``offsets`` is None,
-    else laid out by ``offsets``; a fixed-size list has implicit offsets)."""
-    if offsets is None:
-        return bad_values
-    positions = np.flatnonzero(bad_values)
-    rows = np.searchsorted(offsets, positions, side="right") - 1
-    out = np.zeros(n, dtype=bool)
-    out[rows] = True
-    return out
 
 
 def check_batch(batch: Any, schema: FeatureSchema, where: str = "batch") -> None:
     """Strict checks of an in-memory JaggedBatch (one built by hand or from another library):
     every offsets vector starts at 0, never goes backwards and ends at its values' length, the
-    per-event and per-sample fields have matching sizes; then gem-core's id, label and dense
-    checks. Raises GemDataError naming the feature, row and value."""
+    per-event, per-candidate and per-request fields have matching sizes; then gem-core's
+    feature, id, label and dense checks. Raises GemDataError naming the feature, row and
+    value."""
     import torch
 
-    from gem_core.jagged import check_offsets
+    from gem_core.jagged import Jagged, check_offsets
 
-    jagged = {"history": (batch.seq_offsets, batch.seq_item_ids.numel())}
-    jagged.update({f"sparse.{k}": (v.offsets, v.values.numel()) for k, v in batch.sparse.items()})
-    for name, (offsets, total) in jagged.items():
+    r = batch.batch_size
+    events = batch.seq_timestamps.numel()
+    jagged = {"history": (batch.seq_offsets, events, r)}
+    jagged.update({fmt.sparse_column(k): (v.offsets, v.values.numel(), r)
+                   for k, v in batch.sparse.items()})
+    for kind, store in (("event", batch.event_ids), ("candidate", batch.candidate_ids)):
+        for k, v in store.items():
+            if isinstance(v, Jagged):
+                jagged[f"{kind}.{k}"] = (v.offsets, v.values.numel(), v.batch_size)
+    for name, (offsets, total, rows) in jagged.items():
         try:
             check_offsets(offsets, total, f"{where}: feature {name!r}")
         except ValueError as error:
             raise GemDataError(str(error)) from None
-        if offsets.numel() - 1 != batch.batch_size:
+        if offsets.numel() - 1 != rows:
             raise GemDataError(f"{where}: feature {name!r} has {offsets.numel() - 1} rows, "
-                               f"the batch has {batch.batch_size}")
-    events = batch.seq_item_ids.numel()
-    for name in ("seq_action_ids", "seq_timestamps"):
-        if getattr(batch, name).numel() != events:
-            raise GemDataError(f"{where}: feature {name!r} has {getattr(batch, name).numel()} "
-                               f"values but the history has {events} events")
-    per_sample = {"request_timestamps": batch.request_timestamps,
-                  "candidate_item_ids": batch.candidate_item_ids, **batch.candidate_sparse}
-    for name, tensor in per_sample.items():
-        if tensor.shape != torch.Size([batch.batch_size]):
-            raise GemDataError(f"{where}: feature {name!r} has shape {tuple(tensor.shape)}, "
-                               f"expected ({batch.batch_size},)")
+                               f"expected {rows}")
+    if batch.candidate_offsets.numel() != r + 1:
+        raise GemDataError(f"{where}: candidate offsets have {batch.candidate_offsets.numel()} "
+                           f"entries for {r} requests (expected {r + 1})")
+    for name, (tensor, size) in {"event." + k: (v, events) for k, v in batch.event_ids.items()
+                                 if not isinstance(v, Jagged)}.items():
+        if tensor.shape != torch.Size([size]):
+            raise GemDataError(f"{where}: feature {name!r} has {tensor.numel()} values but the "
+                               f"history has {size} events")
+    if batch.request_timestamps.shape != torch.Size([r]):
+        raise GemDataError(f"{where}: feature 'request_timestamps' has shape "
+                           f"{tuple(batch.request_timestamps.shape)}, expected ({r},)")
     batch.validate(schema, where)

@@ -59,8 +59,9 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
                f"({sharding}, embeddings {embedding_sharding}, checkpointing "
                f"{activation_checkpointing})")
     per_rank = result["per_rank"]
-    click.echo(f"per rank: {per_rank['samples']:,.0f} samples, {per_rank['tokens']:,.0f} history "
-               f"tokens (mean length {per_rank['mean_history_length']:.0f})")
+    click.echo(f"per rank: {per_rank['samples']:,.0f} requests with {per_rank['candidates']:,.0f} "
+               f"candidates, {per_rank['tokens']:,.0f} history tokens (mean length "
+               f"{per_rank['mean_history_length']:.0f})")
     for name, value in result["memory_bytes_per_rank"].items():
         click.echo(f"  {name:<20} {_size(value):>12}")
     click.echo("embedding tables:")

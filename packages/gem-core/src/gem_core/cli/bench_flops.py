@@ -56,7 +56,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
     model = build_model(config.model, source.schema, attention=ReferenceAttention(),
                         embedding_backend=ReferenceEmbeddingBackend())
     lengths = batch.seq_lengths()
-    analytic_dense = model.flops_by_module(lengths, dense=True)
+    analytic_dense = model.flops_by_module(lengths, batch.candidate_counts(), dense=True)
     started = time.perf_counter()
     with FlopCounterMode(display=False) as forward_counter:
         out = model(batch)
@@ -66,7 +66,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
     counted_forward = forward_counter.get_total_flops()
     counted_train = counted_forward + backward_counter.get_total_flops()
     analytic_forward = sum(analytic_dense.values())
-    trainer = model.flops(lengths)
+    trainer = model.flops(lengths, batch.candidate_counts())
     return {
         "benchmark": "flops",
         "preset": config.name,
@@ -98,7 +98,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
             "padded_train_flops": trainer["padded_total"],
             "padded_over_jagged": (trainer["padded_total"] / trainer["total"]
                                    if trainer["total"] else None),
-            "forward_by_module_jagged": model.flops_by_module(lengths),
+            "forward_by_module_jagged": model.flops_by_module(lengths, batch.candidate_counts()),
         },
         "wall_s": round(seconds, 3),
     }

@@ -149,7 +149,10 @@ def padded_biased_attention(
     return out[valid]
 
 
-def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: AttentionCase) -> None:
+def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: AttentionCase,
+           slack: Tensor | None = None) -> None:
+    """Elementwise comparison under ``tol``; ``slack`` (broadcast to ``want``) widens the bound
+    by an error the suite has measured rather than assumed."""
     assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     got64 = got.detach().to("cpu", torch.float64)
     want64 = want.detach().to("cpu", torch.float64)
@@ -159,6 +162,8 @@ def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: Attention
     scale = max(1.0, float(want64.abs().max()))
     err = (got64 - want64).abs()
     bound = tol.atol * scale + tol.rtol * want64.abs()
+    if slack is not None:
+        bound = bound + slack
     if bool((err > bound).any()):
         worst = int(torch.argmax(err - bound))
         raise AssertionError(
@@ -449,8 +454,22 @@ class AttentionConformance:
         ref_out, ref_grads = run(oracle_call, torch.float64, torch.float64, "cpu")
         tol = self.tolerances[case.dtype]
         _close("output (relative bias)", out, ref_out, tol, case)
+        # A fused softmax backward takes delta_i = sum(dO_i * O_i) from the stored (rounded)
+        # output; its error shifts dS_ij by P_ij * error_i, which cancels within a row for q and
+        # k but adds up over rows in a weight's gradient (a single bucket's true gradient is 0).
+        # So a weight's bound grows by the measured sum over rows of |error_i| (each row's
+        # probabilities sum to at most 1 within a bucket).
+        slack = None
+        if case.params.normalization == "softmax":
+            moved = (out.detach().to("cpu", torch.float64) - ref_out.detach()) * inputs[
+                "grad_out"].to("cpu", torch.float64)
+            slack = moved.sum(-1).abs().sum(0)[:, None]  # (heads, 1)
         for name, got, want in zip(names, grads, ref_grads):
-            _close(f"grad {name} (relative bias)", got, want, tol, case)
+            _close(f"grad {name} (relative bias)", got, want, tol, case,
+                   slack if name.endswith("weights") else None)
+
+    bias_max_examples: ClassVar[int | None] = None
+    """Hypothesis examples of :meth:`test_relative_bias`; None: :attr:`max_examples`."""
 
     def _draw_bias(self, data: st.DataObject, max_len: int) -> BiasSpec:
         from hypothesis import strategies as st
@@ -479,8 +498,13 @@ class AttentionConformance:
         from hypothesis import strategies as st
 
         self._skip_unless_bias()
+        settings = self._settings()
+        if self.bias_max_examples is not None:
+            from hypothesis import settings as with_settings
 
-        @self._settings()
+            settings = with_settings(settings, max_examples=self.bias_max_examples)
+
+        @settings
         @given(data=st.data())
         def run(data: st.DataObject) -> None:
             case = self._draw_case(data, "self")

@@ -10,11 +10,32 @@ from gem_core.config import GemConfig, unstructure
 from gem_core.errors import GemConfigError, GemDataError
 
 
+#: Version of the model's parameter layout and data model in checkpoints. 2: request-level
+#: samples with declared feature schemas (one table per declared table, event tokens summed from
+#: every event feature, position embeddings). Checkpoints without it are of version 1 (one
+#: candidate per row, fixed item/action event features), which this model cannot load.
+MODEL_FORMAT = 2
+
+
 def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, strategy: str,
-                     engine_format: str, world_size: int) -> None:
-    """Refuse, naming the reason and ``--fresh``, a checkpoint this run cannot continue: another
-    ``[model]`` or ``[data]``, another engine format, or (full-state engines only) another dense
-    strategy or number of ranks. DCP checkpoints load into any DCP engine and number of ranks."""
+                     engine_format: str, world_size: int,
+                     schema: dict[str, Any] | None = None) -> None:
+    """Refuse, naming the reason and ``--fresh``, a checkpoint this run cannot continue: one of
+    an older model format, another ``[model]``, ``[data]`` or feature schema, another engine
+    format, or (full-state engines only) another dense strategy or number of ranks. DCP
+    checkpoints load into any DCP engine and number of ranks."""
+    saved_format_version = state.get("model_format", 1)
+    if saved_format_version != MODEL_FORMAT:
+        raise GemConfigError(
+            f"{path} was written by an older GEM trainer (model format {saved_format_version}: "
+            "one candidate per row and fixed item/action history features); this version "
+            f"trains request-level samples with declared feature schemas (model format "
+            f"{MODEL_FORMAT}) and cannot load its parameters. Start over with --fresh (or "
+            "another --out), or finish that run with the release that wrote it")
+    if schema is not None and state.get("schema") not in (None, schema):
+        raise GemConfigError(
+            f"{path} was trained on data with another feature schema (tables, features or "
+            "tasks differ); use --fresh to start over or another --out")
     saved, current = state["config"], unstructure(config)
     for section in ("model", "data"):
         if saved[section] != current[section]:

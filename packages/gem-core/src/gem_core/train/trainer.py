@@ -38,7 +38,8 @@ from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
-from gem_core.train.resume import check_compatible, load_data_position
+from gem_core.schema import schema_to_dict
+from gem_core.train.resume import MODEL_FORMAT, check_compatible, load_data_position
 from gem_core.train.run_dir import RunDirectory
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,8 @@ class _Trainer:
         state = self.checkpointer.read_state(path)
         check_compatible(state, path, config=self.config,
                          strategy=self.backends.dense_sharding.spec.name,
-                         engine_format=self.checkpointer.format, world_size=self.ctx.world_size)
+                         engine_format=self.checkpointer.format, world_size=self.ctx.world_size,
+                         schema=schema_to_dict(self.schema))
         load_data_position(self.stream, state, path, rank=self.ctx.rank,
                            world_size=self.ctx.world_size, source=self.config.data.source)
         self._restore(state, path)
@@ -224,6 +226,7 @@ class _Trainer:
             "guard": self.guard.state_dict(),
             "dense_sharding": self.backends.dense_sharding.spec.name,
             "embedding_sharding": self.backends.embedding_sharding.spec.name,
+            "model_format": MODEL_FORMAT, "schema": schema_to_dict(self.schema),
         }, ne=ne)
 
     # -- the loop -------------------------------------------------------------------------------
