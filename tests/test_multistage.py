@@ -111,7 +111,8 @@ def test_events_before_keeps_each_rows_older_prefix():
         keep = stamps <= cutoff[row]
         c_lo, c_hi = int(cut.seq_offsets[row]), int(cut.seq_offsets[row + 1])
         assert torch.equal(cut.seq_timestamps[c_lo:c_hi], stamps[keep])
-        assert torch.equal(cut.seq_item_ids[c_lo:c_hi], batch.seq_item_ids[lo:hi][keep])
+        for name, ids in batch.event_ids.items():  # every event feature is cut alike
+            assert torch.equal(cut.event_ids[name][c_lo:c_hi], ids[lo:hi][keep]), name
     assert 0 < cut.num_events < batch.num_events
 
 

@@ -95,8 +95,14 @@ def _launch(ranks: int, ep_size: int, impl: str) -> subprocess.CompletedProcess:
     try:
         stdout, stderr = process.communicate(timeout=90)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and its workers
-        stdout, stderr = process.communicate()
+        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own
+        # (a SIGKILL of the launcher's group alone leaves them hanging, holding the pipes).
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -291,10 +292,21 @@ def _worker(out_path: str) -> None:
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("torchrec") / "report.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--standalone", __file__, str(out)],
-        capture_output=True, text=True, timeout=300, env=env)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--standalone", __file__, str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, env=env)
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own.
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     assert result.returncode == 0, result.stderr[-5000:]
     return json.loads(out.read_text())
 

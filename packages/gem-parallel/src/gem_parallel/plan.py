@@ -3,16 +3,18 @@
 Parameters come from the configured model built on the ``meta`` device (no memory), so a
 billion-row preset is planned on a laptop. The embedding tables are the ones the data's schema
 declares (one per declared table, ``num_embeddings x embedding_dim``, with the event, candidate
-and context features that index it): the plan reports each table's size, what a rank holds of it
-and the all-to-all bytes of its lookups, from the ids per request that a real batch of the data
-sends to it (multi-valued features send every id; context features one pooled vector per bag). Activations are measured, not guessed: a copy of the
-model with the same widths and depth but small tables runs two real CPU batches of the preset's
-data (histories cut at two lengths) with the chosen checkpointing policy, and the bytes autograd
-keeps are fitted as ``per_token * tokens + per_sample * samples``; the plan scales that fit to
-each rank's share of the global batch (samples are requests, each with its candidates).
-Communication counts the bytes one rank sends per step
-with ring collectives (``(n - 1) / n`` of the buffer per reduce-scatter or all-gather, twice that
-per all-reduce).
+and context features that index it): the plan reports each table's size, what a rank holds of
+it and the all-to-all bytes of its lookups, from the ids per request that a real batch of the
+data sends to it (multi-valued features send every id; context features one pooled vector per
+bag).
+
+Activations are measured, not guessed: a copy of the model with the same widths and depth but
+small tables runs two real CPU batches of the preset's data (histories cut at two lengths) with
+the chosen checkpointing policy, and the bytes autograd keeps are fitted as
+``per_token * tokens + per_sample * samples``; the plan scales that fit to each rank's share of
+the global batch (samples are requests, each with its candidates). Communication counts the
+bytes one rank sends per step with ring collectives (``(n - 1) / n`` of the buffer per
+reduce-scatter or all-gather, twice that per all-reduce).
 """
 
 from __future__ import annotations
@@ -249,10 +251,6 @@ def data_profile(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> 
             "mean_candidates": batch.num_candidates / requests,
             "ids_per_request": {key: jagged.values.numel() / requests
                                 for key, jagged in inputs.items()}}
-
-
-def mean_history_length(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> float:
-    return data_profile(config, plugins, samples)["mean_history_length"]
 
 
 def table_plan(schema: FeatureSchema, tables: Sequence[EmbeddingTableConfig], layout: Layout,
