@@ -1,8 +1,8 @@
-"""Bad input end to end: every bad case the validator knows, in a Parquet data set with good rows
-around it, either stops ``gem train`` with an error naming file, row and feature (policy
-``error``) or gives a finished run whose summary.json counts exactly the dropped or repaired
-rows (policies ``drop`` and ``clamp``). Then hypothesis-generated data sets through the loader
-and validator, for a bounded time."""
+"""Bad input end to end: every bad case the validator knows, in a Parquet data set (format 2: one
+row per request) with good rows around it, either stops ``gem train`` with an error naming file,
+row and feature (policy ``error``) or gives a finished run whose summary.json counts exactly the
+dropped or repaired rows (policies ``drop``, ``clamp`` and ``trim``). Then hypothesis-generated
+data sets through the loader and validator, for a bounded time."""
 
 from __future__ import annotations
 
@@ -17,28 +17,61 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gem_core.errors import GemDataError
+from gem_data import format as fmt
 from gem_data.arrow_io import batch_to_table
 from gem_data.dataset import DatasetReader, split_units
-from gem_data.generator import AdsLogGenerator, SynthOptions
+from gem_data.generator import AdsLogGenerator, SynthOptions, synthetic_ads_schema
 from gem_data.loader import ParquetStream
-from gem_data.validation import ValidationPolicy, ValidationReport, check_batch
+from gem_data.validation import CHECKS, ValidationPolicy, ValidationReport, check_batch
 from gem_data.writer import DatasetWriter
 
 OPTIONS = SynthOptions(num_items=500, num_users=200, num_clusters=8, num_advertisers=20,
                        mean_length=12.0, max_length=64)
+SCHEMA = synthetic_ads_schema(OPTIONS)
 TRAIN_ROWS, GROUP_ROWS, EVAL_ROWS = 256, 64, 256
 FILE = "train-00000.parquet"
 
+# The synthetic-ads 'ad' table takes any 64-bit id (policy 'hash'): the out-of-range cases spoil
+# features of 'dense'-policy tables (advertiser: 20 rows, category: 8, action: 3, context: 16).
+assert SCHEMA.table("ad").id_policy == "hash"
+assert all(SCHEMA.table(t).id_policy == "dense"
+           for t in ("advertiser", "category", "action", "context"))
+assert SCHEMA.table("advertiser").num_embeddings == 20
+assert SCHEMA.table("category").num_embeddings == 8
+assert SCHEMA.table("context").num_embeddings == 16
+# No synthetic-ads feature is multi-valued, so the "empty id list of a multi-valued feature" case
+# has no column to spoil here (packages/gem-data/tests/test_validation.py covers it).
+assert not any(f.multi_valued for f in (*SCHEMA.event_features, *SCHEMA.candidate_features))
+
+EVENT_COLUMNS = [fmt.event_column(f.name) for f in SCHEMA.event_features]
+CANDIDATE_COLUMNS = [fmt.candidate_column(f.name) for f in SCHEMA.candidate_features]
+LABEL_COLUMNS = [fmt.label_column(task) for task in SCHEMA.tasks]
+
 
 def _last_event(row: dict, column: str, value: Any) -> None:
-    if not row["history_item_id"]:  # give an empty history one valid event to spoil
-        row["history_item_id"], row["history_action"] = [1], [0]
-        row["history_timestamp"] = [row["request_timestamp"] - 1]
-    row[column][-1] = value
+    """Set the most recent event's ``column`` to ``value`` (``value(row)`` if callable)."""
+    if not row[fmt.HISTORY_TIMESTAMP]:  # give an empty history one valid event to spoil
+        for name in EVENT_COLUMNS:
+            row[name] = [0]  # valid in every table (the ad table takes any id)
+        row[fmt.HISTORY_TIMESTAMP] = [row[fmt.REQUEST_TIMESTAMP] - 1]
+    row[column][-1] = value(row) if callable(value) else value
+
+
+def _event(column: str, value: Any) -> Callable[[dict], None]:
+    return lambda row: _last_event(row, column, value)
 
 
 def _set(column: str, value: Any) -> Callable[[dict], None]:
     return lambda row: row.__setitem__(column, value)
+
+
+def _candidates(column: str, value: Any) -> Callable[[dict], None]:
+    """Every candidate's ``column`` set to ``value``."""
+    return lambda row: row.__setitem__(column, [value] * len(row[column]))
+
+
+def _last_candidate(column: str, value: Any) -> Callable[[dict], None]:
+    return lambda row: row[column].__setitem__(-1, value)
 
 
 def _dense(index: int, value: float) -> Callable[[dict], None]:
@@ -46,23 +79,35 @@ def _dense(index: int, value: float) -> Callable[[dict], None]:
 
 
 def _ragged(row: dict) -> None:
-    _last_event(row, "history_action", 0)
-    row["history_action"] = row["history_action"][:-1]
+    _last_event(row, "event.action", 0)
+    row["event.action"] = row["event.action"][:-1]
+
+
+def _no_candidates(row: dict) -> None:
+    for name in (*CANDIDATE_COLUMNS, *LABEL_COLUMNS):
+        row[name] = []
+
+
+def _extra_label(row: dict) -> None:
+    row["label.click"] = row["label.click"] + [0.0]
 
 
 # name: (validation check, feature named in the error, how a row is spoiled)
 BAD_CASES: dict[str, tuple[str, str, Callable[[dict], None]]] = {
-    "candidate-id-too-large": ("ids", "candidate_item_id", _set("candidate_item_id", 500)),
-    "negative-history-id": ("ids", "history_item_id",
-                            lambda row: _last_event(row, "history_item_id", -3)),
+    "candidate-id-too-large": ("ids", "candidate.category", _candidates("candidate.category", 8)),
+    "negative-history-id": ("ids", "event.advertiser", _event("event.advertiser", -3)),
     "candidate-feature-out-of-range": ("ids", "candidate.advertiser",
-                                       _set("candidate.advertiser", 20)),
+                                       _last_candidate("candidate.advertiser", 20)),
     "sparse-id-out-of-range": ("ids", "sparse.context", _set("sparse.context", [3, 16])),
     "nan-dense": ("dense", "dense", _dense(1, math.nan)),
     "infinite-dense": ("dense", "dense", _dense(0, -math.inf)),
-    "ragged-history": ("structure", "history_action", _ragged),
-    "label-two": ("labels", "label.click", _set("label.click", 2.0)),
-    "nan-label": ("labels", "label.conversion", _set("label.conversion", math.nan)),
+    "ragged-history": ("structure", "event.action", _ragged),
+    "no-candidates": ("structure", "candidate.ad_id", _no_candidates),
+    "label-count-differs": ("structure", "label.click", _extra_label),
+    "label-two": ("labels", "label.click", _last_candidate("label.click", 2.0)),
+    "nan-label": ("labels", "label.conversion", _last_candidate("label.conversion", math.nan)),
+    "future-event": ("time", fmt.HISTORY_TIMESTAMP,
+                     _event(fmt.HISTORY_TIMESTAMP, lambda row: row[fmt.REQUEST_TIMESTAMP] + 60)),
 }
 
 
@@ -110,11 +155,15 @@ def test_policy_error_names_file_row_and_feature(gem, tmp_path, case):
 
 
 # One data set with every bad case, spread over the four row groups, good rows in between.
-ALL_FAULTS = {row: case for row, case in zip(range(9, TRAIN_ROWS, 27), sorted(BAD_CASES))}
+_SPACING = TRAIN_ROWS // len(BAD_CASES)
+ALL_FAULTS = {row: case for row, case in zip(range(_SPACING // 2, TRAIN_ROWS, _SPACING),
+                                             sorted(BAD_CASES))}
+assert len(ALL_FAULTS) == len(BAD_CASES)
+assert {row // GROUP_ROWS for row in ALL_FAULTS} == set(range(TRAIN_ROWS // GROUP_ROWS))
 
 
 def _expected(policy: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
-    dropped = dict.fromkeys(("structure", "ids", "dense", "labels"), 0)
+    dropped = dict.fromkeys(CHECKS, 0)
     repaired = dict(dropped)
     for case in ALL_FAULTS.values():
         check = BAD_CASES[case][0]
@@ -123,9 +172,9 @@ def _expected(policy: dict[str, str]) -> tuple[dict[str, int], dict[str, int]]:
 
 
 @pytest.mark.parametrize("policy", [
-    {"structure": "drop", "ids": "drop", "dense": "drop", "labels": "drop"},
-    {"structure": "drop", "ids": "clamp", "dense": "clamp", "labels": "drop"},
-], ids=["drop", "clamp"])
+    {"structure": "drop", "ids": "drop", "dense": "drop", "labels": "drop", "time": "drop"},
+    {"structure": "drop", "ids": "clamp", "dense": "clamp", "labels": "drop", "time": "trim"},
+], ids=["drop", "clamp-trim"])
 def test_drop_and_clamp_finish_with_exact_counts(gem, tmp_path, policy):
     data = write_dataset(tmp_path / "data", ALL_FAULTS)
     out = tmp_path / "run"
@@ -145,9 +194,10 @@ def test_drop_and_clamp_finish_with_exact_counts(gem, tmp_path, policy):
 
 # -- fuzzing the loader and validator -------------------------------------------------------
 
-CHECKS = ("structure", "ids", "dense", "labels")
 MODES = {"structure": ("error", "drop"), "ids": ("error", "drop", "clamp"),
-         "dense": ("error", "drop", "clamp"), "labels": ("error", "drop")}
+         "dense": ("error", "drop", "clamp"), "labels": ("error", "drop"),
+         "time": ("error", "drop", "trim")}
+assert set(MODES) == set(CHECKS)
 
 
 @st.composite

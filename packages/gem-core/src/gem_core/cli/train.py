@@ -115,9 +115,14 @@ def _figure(value: float | None) -> str:
 
 def _print_result(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
-    tasks = ", ".join(f"{task} NE {_figure(values['ne'])} AUC {_figure(values['auc'])}"
-                      for task, values in summary["eval"].items())
-    speed = summary["throughput"]["samples_per_s"]
+    tasks = ", ".join(
+        f"{task} NE {_figure(values['ne'])} AUC {_figure(values['auc'])}"
+        + (f" GAUC {_figure(values['gauc'])}" if values.get("gauc_users") else "")
+        for task, values in summary["eval"].items())
+    throughput = summary["throughput"]
+    speed = throughput["samples_per_s"]
+    requests = throughput.get("requests_per_s")
     click.echo(f"run directory: {run_dir}")
     click.echo(f"steps {summary['run']['steps']}: {tasks}"
-               + (f"; {speed:.0f} samples/s" if speed is not None else ""))
+               + (f"; {speed:.0f} impressions/s" if speed is not None else "")
+               + (f" ({requests:.0f} requests/s)" if requests is not None else ""))

@@ -35,7 +35,10 @@ def summary_rows(run: RunRecord) -> list[tuple[str, Any]]:
     for task, report in s["eval"].items():
         rows += [(f"{task} NE", report["ne"]), (f"{task} AUC", report["auc"]),
                  (f"{task} calibration", report["calibration"])]
-    rows += [("samples/s", s["throughput"]["samples_per_s"]),
+        if report.get("gauc_users"):
+            rows.append((f"{task} GAUC", report["gauc"]))
+    rows += [("impressions/s", s["throughput"]["samples_per_s"]),
+             ("requests/s", s["throughput"].get("requests_per_s")),
              ("tokens/s", s["throughput"]["tokens_per_s"]),
              ("FLOPs per step", s["flops"]["per_step"]),
              ("padding saved (attention)", s["padding_saved"]["attention"]),
