@@ -108,3 +108,60 @@ def test_a_backend_that_drops_an_undeclared_bias_fails_the_suite():
     suite.make_backend = _RefusesBias
     with pytest.raises(pytest.fail.Exception):  # DID NOT RAISE
         suite.test_undeclared_relative_bias_raises_naming_it()
+
+
+def test_bucket_formulas():
+    from gem_core.attention.relative_bias import position_bucket, time_bucket
+
+    d = torch.tensor([-7, -1, 0, 1, 2, 3, 4, 100])
+    assert position_bucket(d, 4).tolist() == [3, 1, 0, 1, 2, 3, 3, 3]
+    assert position_bucket(d, 1).tolist() == [0] * 8
+    # floor(ln(max(1, |dt|)) / 0.301): ln 2 / 0.301 = 2.30, ln 10 / 0.301 = 7.65, capped at 9.
+    dt = torch.tensor([0, 1, -1, 2, -10, 10, 10**6])
+    assert time_bucket(dt, 10, 0.301).tolist() == [0, 0, 0, 2, 7, 7, 9]
+
+
+def test_time_bucket_float32_matches_float64_where_documented():
+    """The module promises backends agree for |dt| <= 10**4 at the default divisor: float32
+    and float64 logarithms give the same bucket for every such dt."""
+    from gem_core.attention.relative_bias import DEFAULT_TIME_BUCKET_DIVISOR, time_bucket
+
+    dt = torch.arange(0, 10**4 + 1)
+    exact = torch.floor(torch.log(dt.clamp(min=1).double()) / DEFAULT_TIME_BUCKET_DIVISOR).long()
+    assert torch.equal(time_bucket(dt, 10**6), exact)
+
+
+def test_relative_bias_validates_its_fields():
+    with pytest.raises(ValueError, match="together"):
+        RelativeBias(position_weights=torch.zeros(2, 3), time_weights=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="heads"):
+        RelativeBias(position_weights=torch.zeros(2, 3), time_weights=torch.zeros(1, 4),
+                     timestamps=torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(ValueError, match="integer"):
+        RelativeBias(position_weights=torch.zeros(2, 3), time_weights=torch.zeros(2, 4),
+                     timestamps=torch.zeros(5))
+    with pytest.raises(ValueError, match="num_position_buckets"):
+        RelativeBias(position_weights=torch.zeros(2))
+    bias = RelativeBias(position_weights=torch.zeros(2, 3), time_weights=torch.zeros(2, 4),
+                        timestamps=torch.zeros(5, dtype=torch.int64))
+    x = torch.randn(6, 2, 8)
+    offsets = torch.tensor([0, 6])
+    with pytest.raises(ValueError, match="timestamps has 5 entries"):
+        ReferenceAttention()(x, x, x, offsets, offsets, params=AttentionParams(), bias=bias)
+
+
+def test_require_capabilities_names_what_is_missing():
+    from gem_core.attention import RELATIVE_BIAS, backend_capabilities, require_capabilities
+
+    assert RELATIVE_BIAS in backend_capabilities(ReferenceAttention())
+    require_capabilities(ReferenceAttention(), [RELATIVE_BIAS])
+
+    class Plain:
+        name = "plain"
+
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("not called")
+
+    assert backend_capabilities(Plain()) == frozenset()
+    with pytest.raises(ValueError, match="'plain' does not support relative_bias"):
+        require_capabilities(Plain(), [RELATIVE_BIAS])

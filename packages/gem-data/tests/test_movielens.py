@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,46 +13,12 @@ from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.errors import GemDataError
 from gem_data.movielens import build_impressions, read_movielens
-
-GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-          "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
-          "Romance", "Sci-Fi", "Thriller", "War", "Western"]
-OCCUPATIONS = ["student", "engineer", "writer", "other"]
-
-
-def ratings(seed=0, users=12, items=30, per_user=(3, 25)):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for user in range(1, users + 1):
-        count = int(rng.integers(*per_user))
-        movies = rng.choice(np.arange(1, items + 1), size=count, replace=False)
-        times = 880_000_000 + np.sort(rng.integers(0, 10_000_000, count))
-        times[1:3] = times[1]  # a tie: ordered by movie id
-        for movie, t in zip(movies, times):
-            rows.append((user, int(movie), int(rng.integers(1, 6)), int(t)))
-    return rows
-
+from gem_data.testing import GENRES, write_movielens_sample
 
 @pytest.fixture
 def grouplens(tmp_path):
     d = tmp_path / "ml-100k"
-    d.mkdir()
-    rows = ratings()
-    (d / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
-    (d / "u.user").write_text("".join(
-        f"{u}|{18 + 3 * u}|{'F' if u % 3 == 0 else 'M'}|{OCCUPATIONS[u % 4]}|0{u:04d}\n"
-        for u in range(1, 13)))
-    items = []
-    for i in range(1, 31):
-        flags = ["0"] * 19
-        flags[i % 19] = "1"
-        if i % 4 == 0:
-            flags[(i + 5) % 19] = "1"
-        date = "" if i == 7 else f"01-Jan-{1950 + i}"
-        items.append(f"{i}|Movie {i} (x)|{date}||http://x/{i}|" + "|".join(flags) + "\n")
-    (d / "u.item").write_text("".join(items), encoding="latin-1")
-    (d / "u.genre").write_text("".join(f"{g}|{k}\n" for k, g in enumerate(GENRES)))
-    return d, rows
+    return d, write_movielens_sample(d)
 
 
 @pytest.fixture
