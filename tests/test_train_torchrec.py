@@ -13,7 +13,9 @@ SMALL = ["--preset", "tiny", "--nproc-per-node", "2", "--embedding-sharding", "t
          "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
          "--set", "train.eval_every=0", "--set", "train.checkpoint_every=3",
          "--set", "data.max_seq_len=48", "--no-progress"]
-TABLES = {"item", "user_segment", "context", "candidate_advertiser", "candidate_category"}
+# The tables of the synthetic source's schema (tiny preset): event features item and action,
+# candidate features item (sharing the event table), advertiser and category, two context features.
+TABLES = {"item", "action", "advertiser", "category", "user_segment", "context"}
 
 # DDP and FSDP2 differ only in the order of float32 sums (all-reduce vs reduce-scatter), and
 # table-wise and row-wise shards keep whole rows (so row-wise Adagrad's per-row state is the

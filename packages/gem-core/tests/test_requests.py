@@ -173,3 +173,24 @@ def test_schema_errors_name_the_table_and_feature():
 def test_positions_from_end_count_back_from_the_latest_event():
     offsets = torch.tensor([0, 3, 3, 5])
     assert positions_from_end(offsets).tolist() == [2, 1, 0, 1, 0]
+
+
+def test_relative_bias_learns_and_is_checked_at_start_up():
+    from gem_core.attention.reference import ReferenceAttention
+    from gem_core.config import ModelConfig
+    from gem_core.embedding import ReferenceEmbeddingBackend
+    from gem_core.model import build_model
+
+    schema, batch = synthetic_batch(8, max_seq_len=30, seed=1, candidates=2)
+    model = small_model(schema, relative_bias=True)
+    model(batch)["click"].sum().backward()
+    block = model.tower.blocks[0]
+    assert block.position_bias.grad.abs().sum() > 0 and block.time_bias.grad.abs().sum() > 0
+    reference = ReferenceAttention()
+
+    def undeclared(*args, **kwargs):  # a backend that declares no optional capability
+        return reference(*args, **kwargs)
+
+    with pytest.raises(ValueError, match="does not support relative_bias"):
+        build_model(ModelConfig(embedding_dim=16, relative_bias=True), schema,
+                    attention=undeclared, embedding_backend=ReferenceEmbeddingBackend())

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.attention import (RELATIVE_BIAS, AttentionBackend, AttentionParams,
+                                 require_capabilities)
 from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
 from gem_core.embedding import EmbeddingTableConfig
@@ -65,8 +66,12 @@ class GEMModel(nn.Module):
                                     int(config.mlp_ratio * dim), self.attention_params, attention,
                                     cross_attention=config.cross_attention,
                                     moe=moe if moe and "sequence" in moe.where else None,
-                                    gate_norm=norm if config.attention_gate else None)
+                                    gate_norm=norm if config.attention_gate else None,
+                                    relative_bias=config.relative_bias)
                       if live else None)
+        if config.relative_bias and live and config.num_layers:
+            # At start-up, not at the first forward: the backend must declare the capability.
+            require_capabilities(attention, [RELATIVE_BIAS])
         self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
                     if config.pma_queries and live else None)
         if not live and schema.user_embedding_dim != config.pma_queries * dim:
@@ -128,7 +133,8 @@ class GEMModel(nn.Module):
             context.append(self.dense_proj(batch.dense))
         if self.tower is not None:
             history = self.tower(events, offsets, max_len,
-                                 torch.stack(context, dim=1) if len(self.tower.cross) else None)
+                                 torch.stack(context, dim=1) if len(self.tower.cross) else None,
+                                 timestamps=batch.seq_timestamps)
             user_tokens = self.pma(history, offsets, max_len) if self.pma is not None else None
         else:
             if batch.user_embedding is None:
