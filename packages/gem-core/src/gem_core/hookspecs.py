@@ -45,10 +45,13 @@ def gem_register_attention_backends(register: Register) -> None:
 
     ``load()`` returns an object satisfying :class:`gem_core.attention.AttentionBackend`: a callable
     ``(q, k, v, q_offsets, kv_offsets, *, params, num_targets=None, max_q_len=None,
-    max_kv_len=None) -> Tensor`` that computes the same function as the reference backend
-    (``gem_core.attention.reference``) for every mask, normalisation and shape it declares, with
-    gradients for q, k and v when ``supports_backward`` is true. It must pass
-    :class:`gem_core.testing.AttentionConformance`.
+    max_kv_len=None, bias=None) -> Tensor`` that computes the same function as the reference
+    backend (``gem_core.attention.reference``) for every mask, normalisation and shape it
+    declares, with gradients for q, k and v when ``supports_backward`` is true. Optional
+    capabilities are declared as data in the backend's ``capabilities`` set (today
+    ``relative_bias``: HSTU's relative attention bias, ``bias=RelativeBias(...)``, with gradients
+    for its weights); a backend given a capability it does not declare raises an error naming
+    it. It must pass :class:`gem_core.testing.AttentionConformance`.
     """
 
 
