@@ -34,13 +34,16 @@ def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batc
         if batch.user_ids is not None:  # the user of every impression, for GAUC
             users.append(batch.user_ids[batch.candidate_rows()].cpu())
     report: dict[str, Any] = {}
-    groups = None
-    if users:
-        groups = torch.cat(all_gather_tensors(torch.cat(users), ctx))
+    # Every rank joins the gather, also one that had no eval batch (fewer batches than ranks):
+    # the collectives must match.
+    local_users = torch.cat(users) if users else torch.zeros(0, dtype=torch.int64)
+    groups = torch.cat(all_gather_tensors(local_users, ctx))
     for task in tasks:
         local_logits = torch.cat(logits[task]) if logits[task] else torch.zeros(0)
         local_labels = torch.cat(labels[task]) if labels[task] else torch.zeros(0)
         all_logits = torch.cat(all_gather_tensors(local_logits, ctx))
         all_labels = torch.cat(all_gather_tensors(local_labels, ctx))
-        report[task] = task_report(all_logits, all_labels, groups)
+        # GAUC only when every impression names its user (a source may carry no user ids).
+        named = groups.numel() == all_labels.numel() > 0
+        report[task] = task_report(all_logits, all_labels, groups if named else None)
     return report
