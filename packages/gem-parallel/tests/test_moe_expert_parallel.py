@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gem_core.testing.processes import run_process_group
 
 HERE = Path(__file__).resolve()
 
@@ -87,23 +87,9 @@ def _worker(ep_size: int, impl: str) -> None:
 
 def _launch(ranks: int, ep_size: int, impl: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
+    return run_process_group(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(ranks), str(HERE), str(ep_size), impl],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own
-        # (a SIGKILL of the launcher's group alone leaves them hanging, holding the pipes).
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+         str(ranks), str(HERE), str(ep_size), impl], timeout=90, env=env)
 
 
 @pytest.mark.distributed

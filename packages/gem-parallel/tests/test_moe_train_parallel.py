@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gem_core.testing.processes import run_process_group
 
 SMALL = ["--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
          "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
@@ -29,21 +29,8 @@ def gem(*args: str, timeout: float = 240,
     """``gem ARGS`` in a subprocess; ``env`` adds variables to this one's (None removes one)."""
     merged = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env = {k: v for k, v in merged.items() if v is not None}
-    process = subprocess.Popen([sys.executable, "-m", "gem_core.cli.main", *args], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own
-        # (a SIGKILL of the launcher's group alone leaves them hanging, holding the pipes).
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return run_process_group([sys.executable, "-m", "gem_core.cli.main", *args],
+                             timeout=timeout, env=env)
 
 
 def _records(run_dir: Path) -> list[dict]:

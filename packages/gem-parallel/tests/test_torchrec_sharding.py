@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gem_core.testing.processes import run_process_group
 
 ATOL = 1e-5
 LR = 0.5
@@ -294,19 +293,7 @@ def report(tmp_path_factory) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--standalone", __file__, str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, env=env)
-    try:
-        stdout, stderr = process.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own.
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    result = run_process_group(command, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-5000:]
     return json.loads(out.read_text())
 

@@ -2,14 +2,13 @@
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gem_core.plugins import build_plugins
+from gem_core.testing.processes import run_process_group
 
 GEM = Path(sys.executable).with_name("gem")
 
@@ -27,21 +26,7 @@ def test_fp8_tensorwise_with_fp8_all_gather_and_stash_trains_on_two_ranks(tmp_pa
                "--nproc-per-node", "2", "--out", str(tmp_path / "run"), "--fresh", "--no-progress"]
     for s in sets:
         command += ["--set", s]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        stdout, stderr = process.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun's agent stops its ranks, which run in sessions of their own
-        # (killing the launcher alone would leave them hanging).
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    done = run_process_group(command, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "12 linear layers in float8" in done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

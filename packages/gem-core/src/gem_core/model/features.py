@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Mapping
 
 import attrs
-import torch
 from torch import Tensor, nn
 
 from gem_core.batch import Ids, JaggedBatch
