@@ -194,3 +194,33 @@ def test_relative_bias_learns_and_is_checked_at_start_up():
     with pytest.raises(ValueError, match="does not support relative_bias"):
         build_model(ModelConfig(embedding_dim=16, relative_bias=True), schema,
                     attention=undeclared, embedding_backend=ReferenceEmbeddingBackend())
+
+
+def test_target_match_sums_the_recent_events_sharing_an_attribute():
+    from gem_core.model.target_match import TargetMatch, shared_attributes
+
+    schema, batch = multi_valued_schema(), multi_valued_batch()
+    # movie is shared and single-valued; genres is multi-valued (no single id to compare).
+    assert shared_attributes(schema) == [("movie", "movie")]
+    movies = batch.event_ids["movie"].clone()
+    candidates = batch.candidate_ids["movie"].clone()
+    movies[:] = torch.tensor([5, 6, 5, 1, 2, 3, 2])   # requests: [5 6 5], [], [1 2 3 2]
+    candidates[:] = torch.tensor([5, 9, 4, 2, 1])     # owners: 0 0 1 2 2
+    torch.manual_seed(0)
+    match = TargetMatch(4, [("movie", "movie")], window=3).double()
+    history = torch.randn(7, 4, dtype=torch.float64)
+    owner = batch.candidate_rows()
+    out = match(history, batch.seq_offsets, owner, {"movie": candidates}, {"movie": movies})
+    values = match.values(history)
+    expected = torch.stack([
+        values[0] + values[2],           # 5 among [5 6 5]
+        torch.zeros(4, dtype=torch.float64),  # 9: no match
+        torch.zeros(4, dtype=torch.float64),  # empty history
+        values[6] + values[4],           # 2 among the last 3 of [1 2 3 2]
+        torch.zeros(4, dtype=torch.float64),  # 1 is the 4th most recent: outside the window
+    ])
+    torch.testing.assert_close(out, match.proj(expected))
+    no_shared = attrs.evolve(schema, candidate_features=[
+        SequenceFeature(name="genres", table="genre", multi_valued=True)])
+    with pytest.raises(ValueError, match="share a table"):
+        small_model(no_shared, target_match=4)

@@ -131,6 +131,12 @@ class ModelConfig:
     """Most recent history tokens that target-aware attention sees besides the PMA user tokens;
     0: the whole history."""
 
+    target_match: int = attrs.field(default=0, validator=at_least(0))
+    """Each candidate also gets a token from its exact attribute matches among the most recent
+    ``target_match`` events of its history (ad id, advertiser, category: every candidate and
+    event feature sharing a table): a learned projection of the matching events summed, so
+    "clicked this advertiser two events ago" is visible without learning to find it. 0: off."""
+
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:
     ``tower``, the sequence tower's outputs (one model, one stage); ``events``, the raw event

@@ -20,6 +20,7 @@ from gem_core.model.moe import auxiliary_losses, step_stats, summarize_step_stat
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.model.target_attention import TargetAwareAttention
+from gem_core.model.target_match import TargetMatch, shared_attributes
 from gem_core.model.tokens import EventTokenizer
 from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.model.wukong import WukongInteraction
@@ -83,10 +84,13 @@ class GEMModel(nn.Module):
         self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
                                                       recent=config.target_history)
                                  if config.target_attention else None)
+        self.target_match = (TargetMatch(dim, shared_attributes(schema), config.target_match)
+                             if config.target_match else None)
         self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
-        # candidate, target-aware summary, history mean, PMA user tokens, sparse features, dense
-        self.num_tokens = (1 + int(config.target_attention) + int(config.history_mean)
-                           + config.pma_queries + self.num_context)
+        # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
+        # features, dense
+        self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
+                           + int(config.history_mean) + config.pma_queries + self.num_context)
         if config.interaction == "wukong":
             self.interaction = WukongInteraction(
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
@@ -172,6 +176,9 @@ class GEMModel(nn.Module):
                 tokens.append(self.target_attention(candidate, history, offsets, max_len,
                                                     user_tokens, candidate_offsets,
                                                     max_candidates))
+        if self.target_match is not None:
+            tokens.append(self.target_match(history, offsets, owner, batch.candidate_ids,
+                                            batch.event_ids))
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
                 0, rows, history)
@@ -233,6 +240,8 @@ class GEMModel(nn.Module):
             for key, value in self.target_attention.flops(lengths, queries, c.pma_queries,
                                                           candidates).items():
                 counts[f"target_attention.{key}"] = value
+        if self.target_match is not None:
+            counts["target_match"] = self.target_match.flops(tokens, impressions)
         counts["interaction"] = self.interaction.flops(impressions)
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         return counts
