@@ -12,7 +12,7 @@ import pytest
 
 from gem_core.config import load_config, unstructure
 from gem_core.errors import GemConfigError
-from gem_core.train.resume import check_compatible
+from gem_core.train.resume import MODEL_FORMAT, check_compatible
 
 SMALL = ["--set", "train.steps=8", "--set", "train.batch_size=32", "--set", "data.eval_rows=256",
          "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
@@ -119,7 +119,7 @@ def test_per_rank_data_positions_refuse_another_number_of_ranks(gem, tmp_path, p
 
 def _saved(config, **changes) -> dict:
     state = {"config": unstructure(config), "dense_sharding": "fsdp2", "format": "dcp",
-             "world_size": 2}
+             "world_size": 2, "model_format": MODEL_FORMAT}
     return {**state, **changes}
 
 
@@ -140,6 +140,14 @@ def test_what_a_resume_refuses_and_what_it_allows(tmp_path):
     with pytest.raises(GemConfigError, match="written with dense sharding 'deepspeed-zero3'"):
         check_compatible(full, tmp_path, config=config, strategy="deepspeed-zero1",
                          engine_format="full", world_size=2)
+    with pytest.raises(GemConfigError, match=r"older GEM trainer \(model format 1"):
+        legacy = {k: v for k, v in _saved(config).items() if k != "model_format"}
+        check_compatible(legacy, tmp_path, config=config, strategy="none", engine_format="dcp",
+                         world_size=1)
+    with pytest.raises(GemConfigError, match="another feature schema"):
+        check_compatible(_saved(config, schema={"tasks": ["other"]}), tmp_path, config=config,
+                         strategy="none", engine_format="dcp", world_size=1,
+                         schema={"tasks": ["click"]})
     other = load_config(overrides=["model.num_layers=1"])
     with pytest.raises(GemConfigError, match=r"different \[model\] \(num_layers\)"):
         check_compatible(_saved(other), tmp_path, config=config, strategy="fsdp2",
