@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -186,23 +185,6 @@ def test_cli_validate_reports_each_bad_row_group(make_dataset):
     assert "row group 0, row 3 " in errors[0] and "-7" in errors[0]
     assert "row group 1, row 40 " in errors[1] and "100000" in errors[1]
 
-
-def test_bench_loader_json(small_dataset):
-    pytest.importorskip("torchrec")
-    command = registered(plugin.gem_register_cli_commands)["bench.loader"].load()
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    threads = torch.get_num_threads()
-    result = CliRunner().invoke(command, ["--path", str(small_dataset), "--json",
-                                          "--batch-size", "256"])
-    # The bench pins itself to one core while measuring and puts everything back.
-    assert torch.get_num_threads() == threads
-    assert affinity is None or os.sched_getaffinity(0) == affinity
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output.strip().splitlines()[-1])
-    for name in ("ours_sequential", "ours_shuffled", "ours_sequential_prefetch_thread",
-                 "torchrec"):
-        assert data[name]["samples"] == 3000 and data[name]["tokens_per_s"] > 0
-    assert data["ours_sequential"]["tokens"] == data["torchrec"]["tokens"]
 
 
 def test_synthetic_ads_source():
