@@ -11,7 +11,8 @@ from gem_precision.selection import fp8_candidates
 TOWER = [f"tower.blocks.{i}.{n}" for i in range(2) for n in ("qkv", "proj", "mlp.gate_up",
                                                               "mlp.down")]
 EXPECTED = set(TOWER + ["target_attention.query", "target_attention.key_value",
-                        "target_attention.proj", "interaction.mlp.4"])
+                        "target_attention.proj", "target_match.values", "target_match.proj",
+                        "interaction.mlp.4"])
 
 
 def linear_types(model):
