@@ -36,7 +36,11 @@ class TrainStream(Protocol):
 
 
 class DataSource(Protocol):
-    """Built by a registered factory ``(config: DataConfig, *, seed: int) -> DataSource``."""
+    """Built by a registered factory ``(config: DataConfig, *, seed: int) -> DataSource``.
+
+    ``schema`` declares the data's tables, event, candidate and context features and tasks
+    (:class:`~gem_core.schema.FeatureSchema`); every batch it yields is a request-level
+    :class:`~gem_core.batch.JaggedBatch` that passes ``batch.validate(schema)``."""
 
     schema: FeatureSchema
 
@@ -44,8 +48,9 @@ class DataSource(Protocol):
         self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
         cost_fn: Callable[[JaggedBatch], Sequence[float]],
     ) -> TrainStream:
-        """Global batches of ``batch_size`` samples, split across ranks by ``balancer`` applied
-        to ``cost_fn(global_batch)``; yields this rank's share."""
+        """Global batches of ``batch_size`` requests (each with its ``K >= 1`` candidates),
+        split across ranks by ``balancer`` applied to ``cost_fn(global_batch)`` (one cost per
+        request); yields this rank's share."""
         ...
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
