@@ -136,6 +136,7 @@ def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path):
 
     assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
     side = next((tmp_path / "checkpoints").glob("step-*")) / "trainer.pt"
+    # The file this test just wrote (it holds numpy RNG state, which weights_only refuses).
     state = torch.load(side, weights_only=False)
     del state["model_format"], state["schema"]
     torch.save(state, side)
