@@ -31,14 +31,12 @@ import click
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.config import GemConfig, load_config
+from gem_core.config import GemConfig
 from gem_core.data.api import contiguous_balancer
-from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.metrics import task_report
-from gem_core.model.gem import GEMModel, build_model
-from gem_core.plugins import build_plugins
-from gem_core.train.backends import resolve_backends
+from gem_core.model.gem import GEMModel
+from gem_core.trained_run import load_run
 
 from gem_data.batch_ops import events_before
 from gem_data.writer import DatasetWriter
@@ -46,32 +44,18 @@ from gem_data.writer import DatasetWriter
 
 def load_trained_model(run_dir: Path) -> tuple[GemConfig, Any, GEMModel, Any, int]:
     """The run's config, data source, model with the weights of its latest checkpoint, the
-    attention backend and the checkpoint's step."""
-    from gem_core.checkpoint import latest_checkpoint
-    from gem_core.train.checkpointer import read_checkpoint
+    attention backend and the checkpoint's step (through :func:`gem_core.trained_run.load_run`)."""
+    def check(config: GemConfig) -> None:
+        m = config.model
+        if m.user_embeddings != "live" or m.downstream_history != "events" or not m.pma_queries:
+            raise GemConfigError(
+                f"{run_dir} was trained with model.user_embeddings = {m.user_embeddings!r}, "
+                f"downstream_history = {m.downstream_history!r}, pma_queries = {m.pma_queries}; "
+                "exporting needs a live upstream whose only output to the ranker is its PMA user "
+                "tokens: user_embeddings = 'live', downstream_history = 'events', pma_queries > 0")
 
-    config_file = run_dir / "config.toml"
-    if not config_file.exists():
-        raise GemConfigError(f"{run_dir} is not a run directory (no config.toml)")
-    config = load_config(path=config_file)
-    m = config.model
-    if m.user_embeddings != "live" or m.downstream_history != "events" or not m.pma_queries:
-        raise GemConfigError(
-            f"{run_dir} was trained with model.user_embeddings = {m.user_embeddings!r}, "
-            f"downstream_history = {m.downstream_history!r}, pma_queries = {m.pma_queries}; "
-            "exporting needs a live upstream whose only output to the ranker is its PMA user "
-            "tokens: user_embeddings = 'live', downstream_history = 'events', pma_queries > 0")
-    found = latest_checkpoint(run_dir)
-    if found is None:
-        raise GemConfigError(f"{run_dir} has no complete checkpoint to export from")
-    step, path = found
-    plugins = build_plugins()
-    backends = resolve_backends(config, plugins, ParallelContext())
-    source = backends.data.impl(config.data, seed=config.train.seed)
-    model = build_model(config.model, source.schema, attention=backends.attention.impl,
-                        embedding_backend=backends.embedding.impl)
-    model.load_state_dict(read_checkpoint(path)["engine"]["model"])
-    return config, source, model.eval(), backends.attention.impl, step
+    run = load_run(run_dir, check_config=check)
+    return run.config, run.source, run.model, run.backends.attention.impl, run.step
 
 
 def ranker_for_cache(model: GEMModel, schema_with_cache: Any, attention: Any) -> GEMModel:

@@ -1,0 +1,132 @@
+"""One way to open a trained run directory: its config, data source, schema and the model with the
+weights of a complete checkpoint, in one process on the CPU.
+
+Every consumer of a finished run (``gem export-user-embeddings``, ``gem export-model``,
+``gem distill``'s teacher, ``gem score``) goes through :func:`load_run`, so a run is rebuilt one
+way: with every backend the run resolved (attention, norm and embedding), its model-format check,
+and the TorchRec tables a full-state engine (DeepSpeed) keeps beside its ``engine.pt``. Resuming a
+run is the trainer's business (:class:`gem_core.train.checkpointer.Checkpointer`), which loads
+shards in place on every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from gem_core.checkpoint import complete_checkpoints
+from gem_core.config import DataConfig, GemConfig, load_config
+from gem_core.distributed import ParallelContext
+from gem_core.errors import GemConfigError
+from gem_core.model.gem import GEMModel, build_model
+from gem_core.plugins import GemPlugins, build_plugins
+from gem_core.schema import FeatureSchema, schema_to_dict
+from gem_core.train.backends import RunBackends, resolve_backends
+from gem_core.train.checkpointer import read_checkpoint
+from gem_core.train.resume import MODEL_FORMAT
+
+
+@attrs.frozen(kw_only=True)
+class LoadedRun:
+    """A trained run, rebuilt for inference."""
+
+    run_dir: Path
+    """The run directory."""
+    config: GemConfig
+    """The run's config (``config.toml``), with the overrides :func:`load_run` was given."""
+    source: Any
+    """The data source of ``config.data`` (the run's own data unless ``data`` was given)."""
+    backends: RunBackends
+    """Every kind resolved for one CPU process from ``config.backends``."""
+    model: GEMModel
+    """The model with the checkpoint's weights, in eval mode, float32, on the CPU."""
+    step: int
+    """The step of the checkpoint the weights come from."""
+    checkpoint: Path
+    """That checkpoint's directory."""
+    trainer_state: dict[str, Any]
+    """The checkpoint's side file (step, counters, config, schema, ...)."""
+
+    @property
+    def schema(self) -> FeatureSchema:
+        return self.model.schema
+
+
+def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None = None,
+             backends: dict[str, str] | None = None,
+             plugins: GemPlugins | None = None,
+             check_config: Callable[[GemConfig], None] | None = None) -> LoadedRun:
+    """Open ``run_dir`` at its newest complete checkpoint (or the one of ``step``).
+
+    ``data``: read another data set than the run's (its feature schema must be the run's:
+    same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
+    the run's (an exporter swapping in an attention backend that exports); the weights do not
+    depend on these backends. ``check_config``: called with the run's config before anything is
+    loaded, to refuse a run the caller cannot use (it raises). Every problem is a :class:`GemConfigError` naming the run.
+    """
+    run_dir = Path(run_dir)
+    config_file = run_dir / "config.toml"
+    if not config_file.is_file():
+        raise GemConfigError(f"{run_dir} is not a run directory (no config.toml)")
+    config = load_config(path=config_file)
+    if check_config is not None:
+        check_config(config)
+    checkpoints = complete_checkpoints(run_dir)
+    if not checkpoints:
+        raise GemConfigError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/COMPLETE); "
+                             "train it with train.checkpoint_every > 0 or let it finish")
+    if step is None:
+        step, path = checkpoints[-1]
+    else:
+        by_step = dict(checkpoints)
+        if step not in by_step:
+            raise GemConfigError(f"{run_dir} has no complete checkpoint of step {step}; it has "
+                                 f"{sorted(by_step)}")
+        path = by_step[step]
+    if data is not None:
+        config = attrs.evolve(config, data=data)
+    if backends:
+        unknown = sorted(set(backends) - set(attrs.fields_dict(type(config.backends))))
+        if unknown:
+            raise GemConfigError(f"unknown backend kinds {unknown}; the kinds are "
+                                 f"{sorted(attrs.fields_dict(type(config.backends)))}")
+        config = attrs.evolve(config, backends=attrs.evolve(config.backends, **backends))
+    plugins = plugins if plugins is not None else build_plugins()
+    resolved = resolve_backends(config, plugins, ParallelContext())
+    source = resolved.data.impl(config.data, seed=config.train.seed)
+    saved = read_checkpoint(path)
+    state = saved["trainer"]
+    saved_format = state.get("model_format", 1)
+    if saved_format != MODEL_FORMAT:
+        raise GemConfigError(f"{path} holds model format {saved_format}; this version reads "
+                             f"format {MODEL_FORMAT} (request-level samples with declared "
+                             "feature schemas): retrain the run with this version")
+    if state.get("schema") is not None and state["schema"] != schema_to_dict(source.schema):
+        raise GemConfigError(
+            f"the data of {config.data.source!r} has another feature schema than {run_dir} "
+            f"was trained on: {_schema_difference(state['schema'], schema_to_dict(source.schema))}")
+    model = build_model(config.model, source.schema, attention=resolved.attention.impl,
+                        embedding_backend=resolved.embedding.impl, norm=resolved.norm.impl)
+    weights = dict(saved["engine"]["model"])
+    # Full-state engines (DeepSpeed) keep TorchRec-sharded tables in a DCP directory beside
+    # engine.pt, under the names the unsharded tables have.
+    weights.update(saved["engine"].get("sharded", {}).get("model", {}))
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False)
+    if missing or unexpected:
+        raise GemConfigError(f"{path} does not hold this model's weights: missing {missing[:8]}, "
+                             f"unexpected {unexpected[:8]}")
+    return LoadedRun(run_dir=run_dir, config=config, source=source, backends=resolved,
+                     model=model.float().eval(), step=step, checkpoint=path,
+                     trainer_state=state)
+
+
+def _schema_difference(saved: dict[str, Any], current: dict[str, Any]) -> str:
+    """Which top-level parts of two schema dicts differ, with both values (short)."""
+    parts = []
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            parts.append(f"{key}: trained on {saved.get(key)!r}, data has {current.get(key)!r}")
+    return "; ".join(parts) or "they differ"
