@@ -14,7 +14,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gem_core.schema import EmbeddingTable
+from typing import TYPE_CHECKING
+
+from gem_core.errors import GemConfigError
+from gem_core.registry import MANAGED_IDS
+from gem_core.schema import EmbeddingTable, FeatureSchema
+
+if TYPE_CHECKING:
+    from gem_core.plugins import GemPlugins
+    from gem_core.registry import ImplementationSpec
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -55,21 +63,65 @@ def map_ids(ids: Tensor, table: EmbeddingTable) -> Tensor:
         return unsigned_mod(ids.to(torch.int64), table.num_embeddings)
     if table.id_policy == "hash":
         return unsigned_mod(splitmix64(ids), table.num_embeddings)
+    if table.id_policy == "managed":
+        return ids  # raw: the embedding backend's remapper assigns the rows
     raise ValueError(f"table {table.name!r}: unknown id policy {table.id_policy!r}")
 
 
 def map_ids_numpy(ids: np.ndarray, table: EmbeddingTable) -> np.ndarray:
-    """:func:`map_ids` for numpy arrays (the data tools' collision report)."""
+    """:func:`map_ids` for numpy arrays (the data tools' collision report); a ``managed`` table's
+    rows depend on training, so it has no fixed mapping to give."""
+    if table.id_policy == "managed":
+        raise ValueError(f"table {table.name!r}: managed ids get their rows while training "
+                         "(the embedding backend's remapper); there is no fixed id -> row map")
     return map_ids(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), table).numpy()
 
 
 def collision_report(ids: np.ndarray, table: EmbeddingTable) -> dict[str, float | int]:
     """How the distinct raw ids of ``ids`` share rows of ``table`` under its policy: distinct
-    ids, rows used, ids that share a row with another id, and that share as a rate."""
+    ids, rows used, ids that share a row with another id, and that share as a rate.
+
+    A ``managed`` table gives every live id a row of its own: no two ids share a row at once.
+    What it reports instead is how many distinct ids exceed the ``num_embeddings - 1`` rows it
+    keeps live (``over_capacity_ids``): at least that many evictions over a pass of the data."""
     distinct = np.unique(np.asarray(ids, dtype=np.int64))
+    if table.id_policy == "managed":
+        live = table.num_embeddings - 1
+        return {"distinct_ids": int(distinct.size), "rows_used": min(int(distinct.size), live),
+                "colliding_ids": 0, "collision_rate": 0.0,
+                "over_capacity_ids": max(int(distinct.size) - live, 0)}
     rows = map_ids_numpy(distinct, table)
     used, counts = np.unique(rows, return_counts=True)
     colliding = int(counts[counts > 1].sum())
     return {"distinct_ids": int(distinct.size), "rows_used": int(used.size),
             "colliding_ids": colliding,
             "collision_rate": colliding / distinct.size if distinct.size else 0.0}
+
+
+def check_managed_ids(schema: FeatureSchema, *, embedding: ImplementationSpec,
+                      embedding_sharding: ImplementationSpec, world_size: int,
+                      plugins: GemPlugins) -> None:
+    """At start-up: refuse, naming the table and what to choose instead, a run whose ``managed``
+    tables the chosen embedding backend cannot remap (it must declare :data:`MANAGED_IDS`), or
+    whose ranks would remap ids each on its own (several ranks need an embedding sharding that
+    declares it: replicated remappers fed different batches would give one id different rows)."""
+    managed = [t.name for t in schema.tables if t.id_policy == "managed"]
+    if not managed:
+        return
+    tables = ", ".join(repr(name) for name in managed)
+
+    def offering(kind: str) -> str:
+        names = [s.name for s in plugins.registry(kind).specs() if MANAGED_IDS in s.capabilities]
+        return ", ".join(names) or "none is installed (gem-parallel provides them)"
+
+    if MANAGED_IDS not in embedding.capabilities:
+        raise GemConfigError(
+            f"table(s) {tables} have id_policy 'managed', which the embedding backend "
+            f"{embedding.name!r} does not handle (it maps no raw ids to rows); choose one that "
+            f"does with --set backends.embedding=NAME: {offering('embedding')}")
+    if world_size > 1 and MANAGED_IDS not in embedding_sharding.capabilities:
+        raise GemConfigError(
+            f"table(s) {tables} have id_policy 'managed' and this run has {world_size} ranks: "
+            f"with embedding sharding {embedding_sharding.name!r} every rank would remap the ids "
+            f"of its own batches and one id would get different rows on different ranks; use "
+            f"--embedding-sharding {offering('embedding_sharding')}")

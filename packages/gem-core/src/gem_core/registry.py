@@ -35,6 +35,12 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
+MANAGED_IDS = "managed_ids"
+"""Capability of an embedding backend that remaps the raw ids of ``id_policy = "managed"`` tables
+itself, and of an embedding sharding that keeps that remapping the same on every rank (checked at
+start-up by :func:`gem_core.ids.check_managed_ids`)."""
+
+
 @attrs.frozen(kw_only=True)
 class ImplementationSpec:
     """One registered implementation of a kind: what it is called, what it can do, how to load it."""
@@ -56,6 +62,10 @@ class ImplementationSpec:
 
     supports_backward: bool = True
     """Whether gradients flow through it."""
+
+    capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    """Optional features it handles, declared as data so a run checks its choices at start-up
+    (embedding backends and embedding shardings: :data:`MANAGED_IDS`)."""
 
     requires: tuple[str, ...] = ()
     """Importable module names it needs; ``gem plugins`` checks them without importing them."""

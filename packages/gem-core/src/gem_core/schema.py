@@ -26,7 +26,14 @@ import attrs
 _positive = attrs.validators.gt(0)
 
 #: How a raw id reaches its table's rows (see :class:`EmbeddingTable`).
-ID_POLICIES = ("dense", "modulo", "hash")
+ID_POLICIES = ("dense", "modulo", "hash", "managed")
+
+#: Which live id a full ``managed`` table evicts for a new one (TorchRec's MCH eviction policies).
+EVICTION_POLICIES = ("lru", "lfu", "distance_lfu")
+
+#: The fields of :class:`EmbeddingTable` that only a ``managed`` table uses (left out of the
+#: plain-data form of other tables, so their schema reads as it did before the policy existed).
+MANAGED_FIELDS = ("eviction_policy", "eviction_decay")
 
 
 def _unique_names(instance: object, attribute: attrs.Attribute, value: tuple) -> None:
@@ -57,7 +64,43 @@ class EmbeddingTable:
     error naming file, row, feature and value. ``modulo``: row = id mod ``num_embeddings`` (ids
     that are small integers with a known bound). ``hash``: row = a stable 64-bit mix of the raw
     id (splitmix64's finalizer) mod ``num_embeddings``, for unbounded 64-bit hashed ids; distinct
-    ids may share a row (``gem data inspect`` reports the collision rate)."""
+    ids may share a row (``gem data inspect`` reports the collision rate). ``managed``:
+    zero-collision hashing by TorchRec's managed-collision module (``MCHManagedCollisionModule``):
+    the raw 64-bit ids reach the embedding backend untouched and its remapper gives each id a row
+    of its own while the id is live; when the table is full, a new id takes the row of the id
+    :attr:`eviction_policy` evicts. The last row is the remapper's shared row for ids that hold
+    none (seen first in evaluation, or more new ids in one batch than there are free rows), so a
+    managed table keeps ``num_embeddings - 1`` ids live. The remapper's state (id -> row, its
+    counters) is part of the model and of its checkpoints; evaluation only looks ids up, it
+    never inserts them. Needs an embedding backend that declares the ``managed_ids`` capability
+    (``torchrec-managed``) and, on several ranks, ``--embedding-sharding torchrec``."""
+
+    eviction_policy: str = attrs.field(default="lru",
+                                       validator=attrs.validators.in_(EVICTION_POLICIES))
+    """``managed`` tables only: which live id a new id replaces when the table is full. ``lru``:
+    the one seen longest ago; ``lfu``: the one seen the fewest times; ``distance_lfu``: the
+    fewest times, each count weighted down by its age (:attr:`eviction_decay`). Ids of the
+    current batch are kept first, whatever the policy."""
+
+    eviction_decay: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    """``distance_lfu`` only: the exponent of the age (in steps) that divides an id's count,
+    score = count / age ** eviction_decay; larger values forget old ids faster."""
+
+    def __attrs_post_init__(self) -> None:
+        defaults = {f.name: f.default for f in attrs.fields(EmbeddingTable)}
+        if self.id_policy != "managed":
+            changed = [name for name in MANAGED_FIELDS if getattr(self, name) != defaults[name]]
+            if changed:
+                raise ValueError(f"table {self.name!r}: {', '.join(changed)} applies to "
+                                 f"id_policy 'managed' only; this table's is {self.id_policy!r}")
+            return
+        if self.num_embeddings < 2:
+            raise ValueError(f"table {self.name!r}: a managed table needs at least 2 rows (the "
+                             "last one is the shared row of ids that hold none)")
+        if self.eviction_policy != "distance_lfu" and self.eviction_decay != 1.0:
+            raise ValueError(f"table {self.name!r}: eviction_decay weighs the counts of "
+                             f"eviction_policy 'distance_lfu'; this table's policy is "
+                             f"{self.eviction_policy!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -195,7 +238,26 @@ _SECTIONS = {"tables": EmbeddingTable, "event_features": SequenceFeature,
 def schema_to_dict(schema: FeatureSchema) -> dict:
     """The schema as plain data (JSON or TOML ready): the form of a data set's manifest and of
     the schema file a user writes for their own data (see :func:`schema_from_dict`)."""
-    return attrs.asdict(schema, recurse=True)
+    data = attrs.asdict(schema, recurse=True)
+    for table in data["tables"]:
+        if table["id_policy"] != "managed":
+            for name in MANAGED_FIELDS:
+                del table[name]
+    # Teacher signals (gem distill-precompute) are written only where a data set has them, so
+    # every other schema reads as it did before they existed.
+    for name in TEACHER_FIELDS:
+        if not data[name]:
+            del data[name]
+    return data
+
+
+TEACHER_FIELDS = ("teacher_tasks", "teacher_embedding_dim")
+
+
+def without_teacher_signals(schema: FeatureSchema) -> FeatureSchema:
+    """``schema`` without the teacher's columns: the features a model is built from, which
+    a precomputed-teacher data set shares with the data the teacher was trained on."""
+    return attrs.evolve(schema, teacher_tasks=(), teacher_embedding_dim=0)
 
 
 def schema_from_dict(data: dict, where: str = "schema") -> FeatureSchema:

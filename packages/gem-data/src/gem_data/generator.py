@@ -82,6 +82,11 @@ class SynthOptions:
 
     num_clusters: int = attrs.field(default=50, validator=greater_than(1))
     """Categories (interest clusters): the ``category`` event and candidate feature."""
+    ad_id_policy: str = attrs.field(default="hash",
+                                    validator=attrs.validators.in_(("hash", "managed")))
+    """Id policy of the ``ad`` table: ``hash`` (a fixed hash into its rows) or ``managed``
+    (TorchRec's zero-collision remapper; train with ``--set backends.embedding=torchrec-managed``)."""
+
 
     num_advertisers: int = attrs.field(default=1000, validator=greater_than(0))
     """Advertisers (each belongs to one category; an ad belongs to one advertiser)."""
@@ -368,7 +373,7 @@ def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:
     return FeatureSchema(
         tables=(
             EmbeddingTable(name="ad", num_embeddings=o.ad_table_size or 2 * o.num_items,
-                           id_policy="hash"),
+                           id_policy=o.ad_id_policy),
             EmbeddingTable(name="advertiser", num_embeddings=o.num_advertisers),
             EmbeddingTable(name="category", num_embeddings=o.num_clusters),
             EmbeddingTable(name="action", num_embeddings=NUM_ACTIONS),

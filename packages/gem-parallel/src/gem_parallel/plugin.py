@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import AutoContext, ImplementationSpec, lazy
+from gem_core.registry import MANAGED_IDS, AutoContext, ImplementationSpec, lazy
 
 
 def _ddp():
@@ -126,8 +126,26 @@ def _torchrec():
 def gem_register_embedding_sharding(register) -> None:
     register(ImplementationSpec(
         name="torchrec", load=_torchrec, requires=("torchrec", "fbgemm_gpu"), dtypes=("float32",),
+        capabilities=(MANAGED_IDS,),
         description="TorchRec planner + sharded EmbeddingBagCollection/EmbeddingCollection, fused "
-                    "sparse optimizer (options: plan, optimizer, lr)",
+                    "sparse optimizer (options: plan, optimizer, lr); managed ids remapped "
+                    "alike on every rank",
+    ))
+
+
+def _torchrec_managed():
+    from gem_parallel.torchrec_managed import ManagedEmbeddingBackend
+
+    return ManagedEmbeddingBackend()
+
+
+@hookimpl
+def gem_register_embedding_backends(register) -> None:
+    register(ImplementationSpec(
+        name="torchrec-managed", load=_torchrec_managed, requires=("torchrec", "fbgemm_gpu"),
+        dtypes=("float32",), capabilities=(MANAGED_IDS,),
+        description="reference tables + TorchRec MCHManagedCollisionModule per id_policy "
+                    "'managed' table (zero-collision ids, LRU/LFU eviction)",
     ))
 
 

@@ -25,6 +25,12 @@ What the strategy does to ``model.embeddings`` (a
   (its ``EmbeddingBagCollectionSharder`` offers it on CUDA only: row-wise pooling sums partial
   bags with a reduce-scatter, which TorchRec does not run over gloo, torchrec issue #1252;
   sequence tables can be row-wise on CPU);
+- tables with ``id_policy = "managed"`` keep the remappers of the ``torchrec-managed`` embedding
+  backend (:mod:`gem_parallel.torchrec_managed`) as ``remappers.<table>``: in training every rank
+  remaps all ranks' ids of the lookup (an all-gather of the raw ids, in rank order), so the
+  copies stay identical and an id has one row everywhere, whatever the plan (``row_wise``, the
+  layout TorchRec's own sharded managed-collision collections use, suits such tables); in
+  evaluation the remap is a local look-up that inserts nothing;
 - one process runs TorchRec in a process group of one rank (gloo; NCCL too on CUDA) that the
   strategy starts itself: every table is then one shard on that rank, and the run keeps the
   fused optimizer and its state (a checkpoint of N ranks resumes on one process this way);
@@ -81,6 +87,7 @@ from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
 from gem_parallel import torchrec_state
+from gem_parallel.torchrec_managed import ManagedEmbeddingCollection, remap_features
 from gem_parallel.torchrec_plan import (
     TorchRecOptions,
     describe_plan,
@@ -176,6 +183,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self._root: Callable[[], nn.Module | None] | None = None
         """Weak reference to the model holding this collection (for the dense dtype)."""
         self._world_size, self._rank, self._device = 1, 0, torch.device("cpu")
+        self.remappers = nn.ModuleDict()
+        """Managed tables' id remappers, taken over from the ``torchrec-managed`` collection
+        (a child module: in the model's state dict, identical on every rank)."""
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -191,6 +201,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
         tables = list(reference.table_configs.values())
         self = cls(tables)
+        if isinstance(reference, ManagedEmbeddingCollection):
+            self.remappers = reference.remappers
         self.train(reference.training)
         self._world_size, self._rank, self._device = ctx.world_size, ctx.rank, ctx.device
         self._optimizer = options.optimizer
@@ -224,6 +236,7 @@ class ShardedEmbeddingCollection(nn.Module):
         so filling the copy from one (as the replica is) does not need them."""
         replica = ShardedEmbeddingCollection(list(self.table_configs.values()), local=True)
         replica.plan = copy.deepcopy(self.plan, memo)
+        replica.remappers = copy.deepcopy(self.remappers, memo)
         source = self if not self._local else self._source() if self._source else None
         replica._source = weakref.ref(source) if source is not None else None
         replica.train(self.training)
@@ -232,6 +245,11 @@ class ShardedEmbeddingCollection(nn.Module):
     # -- forward ----------------------------------------------------------------------------------
 
     def forward(self, features: Mapping[str, Jagged]) -> dict[str, Tensor]:
+        if len(self.remappers):
+            # Training on several ranks: every rank remaps all ranks' ids, so the copies agree.
+            features = remap_features(
+                self.remappers, self.table_configs, features,
+                across_ranks=self.training and not self._local and self._world_size > 1)
         for name, config in self.table_configs.items():
             for feature in config.features:
                 check_ids(features[feature].values, config, feature)
@@ -385,7 +403,14 @@ class TorchRecSharding:
                 or not hasattr(reference, "tables"):
             raise GemConfigError(
                 "embedding_sharding 'torchrec' shards model.embeddings built by the 'reference' "
-                f"embedding backend; this model's is {type(reference).__name__}")
+                f"or 'torchrec-managed' embedding backend; this model's is "
+                f"{type(reference).__name__}")
+        managed = [t.name for t in reference.table_configs.values() if t.managed is not None]
+        if managed and not isinstance(reference, ManagedEmbeddingCollection):
+            raise GemConfigError(
+                f"table(s) {', '.join(managed)} have id_policy 'managed': embedding_sharding "
+                "'torchrec' takes their remappers from the 'torchrec-managed' embedding backend; "
+                f"this model's embeddings are a {type(reference).__name__}")
         # The plan is checked first, so that a mistake in it is named whatever the launch.
         constraints = planner_constraints(list(reference.table_configs.values()), opts,
                                           ctx.world_size, ctx.device.type)

@@ -40,7 +40,8 @@ def embedding_tables(dim: int, schema: FeatureSchema) -> list[EmbeddingTableConf
                 raise ValueError(f"context features of table {feature.table!r} disagree on "
                                  f"pooling ({previous} and {feature.pooling})")
     return [EmbeddingTableConfig(name=t.name, num_embeddings=t.num_embeddings, dim=dim,
-                                 pooling=pooling.get(t.name, "none"), features=tuple(keys[t.name]))
+                                 pooling=pooling.get(t.name, "none"), features=tuple(keys[t.name]),
+                                 managed=t if t.id_policy == "managed" else None)
             for t in schema.tables]
 
 
@@ -78,7 +79,8 @@ def pool_rows(vectors: Tensor, offsets: Tensor, mode: str) -> Tensor:
 
 
 class FeatureLookup:
-    """Maps raw ids by each table's id policy, looks them up on the embedding backend, pools
+    """Maps raw ids by each table's id policy (a ``managed`` table's ids go on raw: the
+    embedding backend's remapper assigns their rows), looks them up on the backend, pools
     multi-valued features and sums each event's (and candidate's) feature vectors. Holds no
     parameters: the embedding module stays the model's own ``embeddings`` attribute, which the
     parallel plugins replace (TorchRec) and checkpoints name."""

@@ -40,6 +40,7 @@ from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
 from gem_core.schema import schema_to_dict
 from gem_core.train.resume import MODEL_FORMAT, check_compatible, load_data_position
+from gem_core.ids import check_managed_ids
 from gem_core.train.run_dir import RunDirectory
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,9 @@ class _Trainer:
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
                        "padded_flops": 0.0, "padded_attention_flops": 0.0}
+        check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
+                          embedding_sharding=self.backends.embedding_sharding.spec,
+                          world_size=ctx.world_size, plugins=plugins)
 
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
