@@ -31,7 +31,7 @@ from gem_core.model.features import FeatureLookup
 from gem_core.model.gem import build_model
 from gem_core.model.summary import meta_model, parameter_counts
 from gem_core.plugins import GemPlugins
-from gem_core.schema import FeatureSchema
+from gem_core.schema import EmbeddingTable, FeatureSchema
 
 GIB = 2**30
 DENSE_STRATEGIES = ("ddp", "fsdp2", "hsdp", "deepspeed-zero1", "deepspeed-zero2",
@@ -184,9 +184,14 @@ class _MoeRows:
 def _measuring_schema(schema: FeatureSchema) -> FeatureSchema:
     """``schema`` with every table cut to at most :data:`MEASURE_ROWS` rows: activations do not
     depend on the tables' sizes. A cut ``dense`` table maps its raw ids ``modulo`` the new size
-    (``hash`` and ``modulo`` tables already reduce any id to their rows)."""
+    (``hash`` and ``modulo`` tables already reduce any id to their rows). A ``managed`` table is
+    measured as ``hash``: the reference backend it is measured on has no remapper, and which row
+    an id gets changes no activation."""
     tables = []
     for table in schema.tables:
+        if table.id_policy == "managed":
+            table = EmbeddingTable(name=table.name, num_embeddings=table.num_embeddings,
+                                   id_policy="hash")
         if table.num_embeddings > MEASURE_ROWS:
             policy = "modulo" if table.id_policy == "dense" else table.id_policy
             table = attrs.evolve(table, num_embeddings=MEASURE_ROWS, id_policy=policy)
