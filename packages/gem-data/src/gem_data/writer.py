@@ -107,7 +107,7 @@ def _encodings(schema: Any, features: FeatureSchema | None = None) -> dict[str, 
     hashed = set()
     if features is not None:
         hashed = {column for column, _, feature in fmt.id_columns(features)
-                  if features.table(feature.table).id_policy == "hash"}
+                  if features.table(feature.table).id_policy in ("hash", "managed")}
     encodings = {}
     for field in schema:
         leaf = field.type
