@@ -132,14 +132,16 @@ def test_two_ranks_with_ddp_match_one_process(gem, tmp_path):
 def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path):
     """A checkpoint written before request-level samples (no model format in its side file) is
     refused with a message that says why and what to do, before anything is loaded."""
-    import torch
+    from gem_core.checkpoint_digests import write_digests
+    from gem_core.checkpoint_io import read_trainer_state, write_trainer_state
 
     assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
-    side = next((tmp_path / "checkpoints").glob("step-*")) / "trainer.pt"
-    # The file this test just wrote (it holds numpy RNG state, which weights_only refuses).
-    state = torch.load(side, weights_only=False)
+    checkpoint = next((tmp_path / "checkpoints").glob("step-*"))
+    side = (checkpoint / "trainer.json", checkpoint / "trainer-tensors.pt")
+    state = read_trainer_state(*side)
     del state["model_format"], state["schema"]
-    torch.save(state, side)
+    write_trainer_state(state, *side)
+    write_digests(checkpoint)  # as that older trainer's checkpoint would verify
     result = gem("train", "--out", str(tmp_path), *SMALL)
     assert result.returncode != 0
     assert "older GEM trainer (model format 1" in result.stderr and "--fresh" in result.stderr

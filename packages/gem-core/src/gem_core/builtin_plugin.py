@@ -163,6 +163,9 @@ def gem_register_cli_commands(register) -> None:
                                 description="Plots and an HTML page for one run."))
     register(ImplementationSpec(name="runs", load=lazy("gem_core.cli.report", "runs"),
                                 description="Compare several runs side by side."))
+    register(ImplementationSpec(name="checkpoints",
+                                load=lazy("gem_core.cli.checkpoints", "checkpoints"),
+                                description="Verify a run's checkpoints against their digests."))
     register(ImplementationSpec(name="scaling", load=lazy("gem_core.cli.scaling", "scaling"),
                                 description="NE against training FLOPs over a sweep of sizes"))
     register(ImplementationSpec(name="bench.flops",

@@ -1,17 +1,22 @@
 """The on-disk protocol of checkpoints in ``RUN_DIR/checkpoints/``: layout, atomic publish,
-retention. What goes into a checkpoint is :mod:`gem_core.train.checkpointer`'s business.
+digests, recovery of interrupted saves, retention. What goes into a checkpoint is
+:mod:`gem_core.train.checkpointer`'s business; how its files are read without running code from
+them, :mod:`gem_core.checkpoint_io`'s.
 
 A checkpoint of step N is written into ``.tmp-step-NNNNNNNN`` (the same name on every rank, so
-all ranks write their shards into one directory), then rank 0 adds the ``COMPLETE`` marker and
-publishes it with one rename to ``step-NNNNNNNN``. A process killed mid-save leaves only a
-temporary directory: it is never loaded (no marker, not a ``step-`` name) and is removed by the
-next run. Layout of a published checkpoint::
+all ranks write their shards into one directory), then rank 0 records the digests, adds the
+``COMPLETE`` marker and publishes it with one rename to ``step-NNNNNNNN``. A process killed
+mid-save leaves only a temporary directory: without the marker it is never loaded and the next
+run removes it; with the marker (killed between marker and rename) the save was finished and the
+next run publishes it. Layout of a published checkpoint::
 
     step-00000040/
         COMPLETE        the marker (written last, before the rename)
-        info.json       step, format and evaluation NE (read by retention without unpickling)
-        trainer.pt      non-tensor trainer state written by rank 0 (step, data positions, RNG,
-                        counters, guard, config, world size, dense strategy)
+        digests.json    size and SHA-256 of every other file, checked before anything loads
+        info.json       step, format and evaluation NE (read by retention)
+        trainer.json    trainer state written by rank 0 (step, data positions, counters, guard,
+                        config, world size, dense strategy), plain JSON, and beside it
+        trainer-tensors.pt  its tensors (RNG states), loaded with weights_only=True
         engine/         model + optimizer through torch.distributed.checkpoint (each rank
                         writes its own shards; any number of ranks can load them), or
         engine.pt       the full model + optimizer state of engines that keep a full-state
@@ -19,24 +24,33 @@ next run. Layout of a published checkpoint::
         sharded/        with such engines, the sharded modules' state (TorchRec tables and
                         their sparse optimizer) through DCP, every rank its own shards
 """
-
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
+
+from gem_core.checkpoint_digests import write_digests
+
+log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 INFO_FILE = "info.json"
-TRAINER_FILE = "trainer.pt"
+TRAINER_FILE = "trainer.json"
+TRAINER_TENSORS_FILE = "trainer-tensors.pt"
+LEGACY_TRAINER_FILE = "trainer.pt"
+"""The side file of older versions: a pickle, which this version refuses to load."""
 ENGINE_DIR = "engine"
 FULL_ENGINE_FILE = "engine.pt"
 SHARDED_DIR = "sharded"
 PREFIX = "step-"
 TEMPORARY_PREFIX = ".tmp-"
+REPLACED_PREFIX = ".replaced-"
+"""Where a published checkpoint waits while a new save of the same step takes its place."""
 
 BEST_BY = "mean evaluation NE over tasks"
 """What "best" means for retention (lower is better)."""
@@ -93,30 +107,64 @@ def read_info(path: Path) -> dict[str, Any]:
 
 
 def publish(run_dir: Path, step: int) -> Path:
-    """Rank 0, after every rank finished writing into the staging directory: mark it complete
-    (durably) and rename it into place. Re-saving a published step replaces it."""
+    """Rank 0, after every rank finished writing into the staging directory: record the
+    digests, mark it complete (durably) and rename it into place."""
     staging = staging_dir(run_dir, step)
+    write_digests(staging)
     for path in staging.rglob("*"):
         if path.is_file():
             _fsync_file(path)
     marker = staging / COMPLETE
     marker.write_text(f"{step}\n")
     _fsync_file(marker)
-    final = checkpoint_dir(run_dir) / _name(step)
-    if final.exists():  # re-saving the same step (e.g. the final step of a resumed run)
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    _fsync_dir(staging)
+    return _move_into_place(staging, checkpoint_dir(run_dir) / _name(step))
+
+
+def _move_into_place(staging: Path, final: Path) -> Path:
+    """Rename a complete staging directory to ``final``. Re-saving a published step (e.g. the
+    final step of a resumed run) sets the old copy aside first and deletes it only once the new
+    one is in place, so a complete copy exists at every moment."""
+    if final.exists():
+        aside = final.parent / f"{REPLACED_PREFIX}{final.name}"
+        if aside.exists():  # left by an earlier replacement that finished its renames
+            shutil.rmtree(aside)
+        os.replace(final, aside)
+        os.replace(staging, final)
+        _fsync_dir(final.parent)
+        shutil.rmtree(aside)
+    else:
+        os.replace(staging, final)
     _fsync_dir(final.parent)
     return final
 
 
 def remove_torn(run_dir: Path) -> list[Path]:
-    """Rank 0, when no save is in flight: delete staging directories of saves that never
-    finished (a process killed mid-write). Returns what was removed."""
+    """Rank 0, when no save is in flight (at start): finish what an interrupted run left.
+
+    A staging directory with the ``COMPLETE`` marker is a finished save killed before its
+    rename: it is published (logged). A copy set aside by an interrupted re-save is restored
+    when nothing replaced it, else deleted. Staging directories without the marker are saves
+    that never finished: they are deleted and returned."""
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    torn = [p for p in root.iterdir() if p.name.startswith(TEMPORARY_PREFIX)]
+    for staging in sorted(root.iterdir()):
+        if staging.name.startswith(TEMPORARY_PREFIX) and (staging / COMPLETE).is_file():
+            final = _move_into_place(staging, root / staging.name[len(TEMPORARY_PREFIX):])
+            log.warning("published %s: its save had finished (COMPLETE) but was stopped before "
+                        "the rename", final)
+    for aside in sorted(root.iterdir()):
+        if aside.name.startswith(REPLACED_PREFIX):
+            final = root / aside.name[len(REPLACED_PREFIX):]
+            if final.exists():
+                shutil.rmtree(aside)
+            else:
+                os.replace(aside, final)
+                _fsync_dir(root)
+                log.warning("restored %s: a re-save of that step was stopped before its new "
+                            "copy was complete", final)
+    torn = [p for p in sorted(root.iterdir()) if p.name.startswith(TEMPORARY_PREFIX)]
     for path in torn:
         shutil.rmtree(path)
     return torn
@@ -133,18 +181,20 @@ def best_checkpoint(run_dir: Path) -> tuple[int, float] | None:
     return step, ne
 
 
-def retain(run_dir: Path, *, keep_last: int, keep_best: bool) -> list[int]:
-    """Delete complete checkpoints except the ``keep_last`` most recent and, with ``keep_best``,
-    the one with the best NE (never deleted by the rotation). Returns the steps kept."""
+def retain(run_dir: Path, *, keep_last: int, keep_best: bool,
+           protect: Iterable[int] = ()) -> list[int]:
+    """Delete complete checkpoints except the ``keep_last`` most recent, with ``keep_best`` the
+    one with the best NE, and the steps in ``protect`` (the newest verified checkpoint: newer
+    ones may be damaged). Returns the steps kept."""
     found = complete_checkpoints(run_dir)
-    keep = {step for step, _ in found[-keep_last:]}
+    keep = {step for step, _ in found[-keep_last:]} | set(protect)
     best = best_checkpoint(run_dir) if keep_best else None
     if best is not None:
         keep.add(best[0])
     for step, path in found:
         if step not in keep:
             shutil.rmtree(path)
-    return sorted(keep)
+    return sorted(step for step, _ in found if step in keep)
 
 
 def _fsync_file(path: Path) -> None:

@@ -15,3 +15,8 @@ class GemPluginError(GemError, RuntimeError):
 
 class GemDataError(GemError, ValueError):
     """Input data is malformed; the message names the file, row, feature and value."""
+
+
+class GemCheckpointError(GemError, RuntimeError):
+    """A checkpoint cannot be used: damaged (a file differs from its recorded digest), of an older
+    format, or asking to run code while it loads. The message names the files and the options."""

@@ -1,6 +1,8 @@
 """The trainer's checkpoints: the engine through torch.distributed.checkpoint (DCP), the rest in a
 small side file from rank 0, saved synchronously or in the background, published atomically by
-:mod:`gem_core.checkpoint` only once every rank's write has finished.
+:mod:`gem_core.checkpoint` only once every rank's write has finished. Loading first verifies the
+files against their digests and falls back to the newest checkpoint that verifies
+(:meth:`Checkpointer.newest_intact`); nothing is unpickled (:mod:`gem_core.checkpoint_io`).
 
 Sharded modules (TorchRec-sharded tables) add their own state: see
 :mod:`gem_core.train.sharded_modules`.
@@ -9,7 +11,6 @@ Sharded modules (TorchRec-sharded tables) add their own state: see
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 import warnings
 from concurrent.futures import Future
@@ -20,14 +21,16 @@ import attrs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
 
+from gem_core import checkpoint_io
 from gem_core.checkpoint import (
     BEST_BY,
     ENGINE_DIR,
     FULL_ENGINE_FILE,
+    LEGACY_TRAINER_FILE,
     SHARDED_DIR,
     TRAINER_FILE,
+    TRAINER_TENSORS_FILE,
     best_checkpoint,
     complete_checkpoints,
     prepare_staging,
@@ -36,10 +39,11 @@ from gem_core.checkpoint import (
     staging_dir,
     write_info,
 )
+from gem_core.checkpoint_digests import verify_files
 from gem_core.config import TrainConfig
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
-from gem_core.errors import GemConfigError
+from gem_core.errors import GemCheckpointError, GemConfigError
 from gem_core.train import sharded_modules
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,9 @@ class Checkpointer:
         self.blocking_s: list[float] = []
         self.write_s: list[float] = []
         self.last_bytes = 0
+        self.damaged: list[dict[str, Any]] = []  # checkpoints that failed verification
+        self.verify_s = 0.0
+        self._newest_verified: int | None = None  # retention never deletes it
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -120,8 +127,9 @@ class Checkpointer:
         if self.ctx.is_main:
             layouts = {name: module.checkpoint_layout()
                        for name, module in self.sharded_modules.items()}
-            torch.save({**trainer_state, "format": self.format, "sharded_modules": layouts},
-                       staging / TRAINER_FILE)
+            checkpoint_io.write_trainer_state(
+                {**trainer_state, "format": self.format, "sharded_modules": layouts},
+                staging / TRAINER_FILE, staging / TRAINER_TENSORS_FILE)
             write_info(staging, step=step, format=self.format, ne=ne)
         if future is None:
             self._barrier()  # every rank's shards are on disk
@@ -156,12 +164,32 @@ class Checkpointer:
         self._pending = None
         self._barrier()  # the published checkpoint is visible to every rank from here on
 
+    def close(self, *, publish: bool = True, timeout_s: float = 600.0) -> None:
+        """At the end of the run, before the process group is destroyed: let a background
+        save's writer thread (collectives on this checkpointer's group) finish. On success it
+        is published (:meth:`wait`). After an error it is waited for, at most ``timeout_s``
+        (other ranks may be gone, and their sockets' closing ends its collectives), and left
+        unpublished in staging, which the next run removes as torn."""
+        if publish:
+            self.wait()
+            return
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result(timeout=timeout_s)
+        except Exception as error:  # noqa: BLE001 - the run's own error is the one to report
+            log.warning("background checkpoint of step %d did not finish (%s: %s); it stays "
+                        "unpublished", pending.step, type(error).__name__, error)
+
     def _publish(self, step: int, started: float) -> None:
         staging = staging_dir(self.run_dir, step)
         self.last_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
         final = publish(self.run_dir, step)
         self.write_s.append(time.perf_counter() - started)
-        retain(self.run_dir, keep_last=self.keep_last, keep_best=self.keep_best)
+        self._newest_verified = step  # its digests were just taken from the files
+        retain(self.run_dir, keep_last=self.keep_last, keep_best=self.keep_best,
+               protect=[step])
         log.info("checkpoint %s published (%.1f MB)", final, self.last_bytes / 1e6)
 
     def _barrier(self) -> None:
@@ -169,6 +197,52 @@ class Checkpointer:
             dist.barrier()
 
     # -- loading --------------------------------------------------------------------------------
+
+    def verify(self, path: Path) -> list[str]:
+        """Every rank together: the problems of checkpoint ``path`` (empty when every file
+        matches its digest). Each rank checks every size and hashes its share of the files;
+        all ranks then hold the same verdict."""
+        started = time.perf_counter()
+        problems = verify_files(path, rank=self.ctx.rank, world_size=self.ctx.world_size)
+        if self.ctx.is_distributed:
+            found: list[Any] = [None] * self.ctx.world_size
+            dist.all_gather_object(found, problems)
+            problems = sorted({p for rank_problems in found for p in rank_problems})
+        self.verify_s += time.perf_counter() - started
+        return problems
+
+    def newest_intact(self) -> tuple[int, Path] | None:
+        """Every rank together: ``(step, path)`` of the newest complete checkpoint that
+        verifies, ``None`` when there is no complete checkpoint. Each damaged newer one is
+        reported by name (log warning, and :meth:`report` for summary.json); when every one is
+        damaged this stops with the options. A checkpoint of the older pickle format is refused."""
+        self._barrier()  # rank 0 may just have published an interrupted save (remove_torn)
+        found = complete_checkpoints(self.run_dir)
+        skipped = []
+        for step, path in reversed(found):
+            refuse_legacy(path)
+            problems = self.verify(path)
+            if not problems:
+                if skipped and self.ctx.is_main:
+                    log.warning("using %s: the newer %s failed verification (see above)",
+                                path, ", ".join(p.name for p in skipped))
+                self._newest_verified = step
+                return step, path
+            skipped.append(path)
+            record = {"step": step, "path": str(path), "problems": problems}
+            if record not in self.damaged:
+                self.damaged.append(record)
+            if self.ctx.is_main:
+                log.warning("checkpoint %s is damaged and is not loaded: %s", path,
+                            "; ".join(problems))
+        if not found:
+            return None
+        listing = "; ".join(f"{Path(d['path']).name}: {', '.join(d['problems'])}"
+                            for d in self.damaged if Path(d["path"]) in set(skipped))
+        raise GemCheckpointError(
+            f"no checkpoint in {self.run_dir / 'checkpoints'} verifies ({listing}). Options: "
+            "--fresh starts over and deletes them; another --out starts over and keeps this "
+            f"directory as it is; `gem checkpoints verify {self.run_dir}` lists the damage")
 
     def read_state(self, path: Path) -> dict[str, Any]:
         """The side file of a complete checkpoint (every rank reads it)."""
@@ -183,7 +257,7 @@ class Checkpointer:
         sharded_modules.check_layouts(path, state, self.sharded_modules)
         if self.format == "full":
             self.engine.load_state_dict(
-                torch.load(path / FULL_ENGINE_FILE, map_location="cpu", weights_only=False))
+                checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE))
             if self.sharded_modules:
                 shards = sharded_modules.standalone(self.sharded_modules)
                 sharded_modules.check_saved_shapes(path / SHARDED_DIR, state,
@@ -199,6 +273,8 @@ class Checkpointer:
             self._load_dcp(sharded, path / ENGINE_DIR)
             sharded_modules.detach(sharded, attached)
             self.engine.load_sharded_state_dict(sharded)
+        except GemCheckpointError:
+            raise
         except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as error:
             saved = state["world_size"]
             if saved == self.ctx.world_size:
@@ -215,13 +291,7 @@ class Checkpointer:
             module.checkpoint_loaded()
 
     def _load_dcp(self, state: dict[str, Any], directory: Path) -> None:
-        # flatten_sharded_tensors=False: that step (for FSDP1's nested ShardedTensors) drops a
-        # ShardedTensor with no shard on this rank (a table another rank holds), and DCP then
-        # takes the checkpoint's key for it as a sign of a pre-2.4 checkpoint and looks up
-        # every key in that older format.
-        dcp.load(state, checkpoint_id=directory,
-                 planner=DefaultLoadPlanner(flatten_sharded_tensors=False),
-                 no_dist=not self.ctx.is_distributed)
+        checkpoint_io.load_dcp(state, directory, no_dist=not self.ctx.is_distributed)
 
     def report(self) -> dict[str, Any]:
         """For ``summary.json``: format, mode, timings, size, kept steps and the best one."""
@@ -233,6 +303,8 @@ class Checkpointer:
             "last_bytes": self.last_bytes,
             "kept_steps": [step for step, _ in complete_checkpoints(self.run_dir)],
             "best": {"step": best[0], "ne": best[1]} if best else None, "best_by": BEST_BY,
+            # Checkpoints that failed verification when this run looked for one to load.
+            "damaged": self.damaged, "verify_s": self.verify_s,
         }
 
 
@@ -244,36 +316,49 @@ def _reason(error: BaseException) -> str:
     return reason.rstrip(".")
 
 
+def refuse_legacy(path: Path) -> None:
+    """A checkpoint of the older format (``trainer.pt``, a pickle) is refused, naming the
+    options: loading it could run code."""
+    path = Path(path)
+    if (path / LEGACY_TRAINER_FILE).exists() and not (path / TRAINER_FILE).exists():
+        raise GemCheckpointError(
+            f"{path} holds {LEGACY_TRAINER_FILE}, the trainer state of an older version: a "
+            "pickle, which can run code when loaded, so this version does not read it. Start "
+            "over with --fresh (deletes the run's checkpoints) or another --out, or finish the "
+            "run with the release that wrote it")
+
+
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    side = Path(path) / TRAINER_FILE
+    """The trainer state of checkpoint ``path`` (JSON plus its tensors; nothing unpickled)."""
+    path = Path(path)
+    refuse_legacy(path)
+    side = path / TRAINER_FILE
     if not side.exists():
         old = " (it holds state.pt: an older single-file format)" if (
-            Path(path) / "state.pt").exists() else ""
+            path / "state.pt").exists() else ""
         raise GemConfigError(f"checkpoint {path} has no {TRAINER_FILE}{old}; use --fresh or "
                              "another --out")
-    # weights_only=False: the side file holds RNG states and plain Python data written by us.
-    return torch.load(side, map_location="cpu", weights_only=False)
+    return checkpoint_io.read_trainer_state(side, path / TRAINER_TENSORS_FILE)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A whole checkpoint in one process, with full (unsharded) tensors: ``{"trainer": side
     file, "engine": {"model": ..., "optimizer": ...}}`` (plus ``"sharded"``, the sharded
-    modules' state, for full-state engines). For tests and inspection; a run loads through
+    modules' state, for full-state engines), after verifying its files against their digests.
+    For inspection and :func:`gem_core.trained_run.load_run`; a run loads through
     :class:`Checkpointer`."""
     path = Path(path)
+    refuse_legacy(path)
+    problems = verify_files(path)
+    if problems:
+        raise GemCheckpointError(
+            f"checkpoint {path} is damaged: {'; '.join(problems)}. `gem checkpoints verify "
+            f"{path.parent.parent}` lists the checkpoints that verify")
     trainer = read_trainer_state(path)
     if trainer["format"] == "full":
-        engine = torch.load(path / FULL_ENGINE_FILE, map_location="cpu", weights_only=False)
+        engine = checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE)
         if (path / SHARDED_DIR).is_dir():
-            engine["sharded"] = _read_dcp(path / SHARDED_DIR)
+            engine["sharded"] = checkpoint_io.read_dcp(path / SHARDED_DIR)
     else:
-        engine = _read_dcp(path / ENGINE_DIR)
+        engine = checkpoint_io.read_dcp(path / ENGINE_DIR)
     return {"trainer": trainer, "engine": engine}
-
-
-def _read_dcp(directory: Path) -> dict[str, Any]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as scratch:
-        dcp_to_torch_save(directory, Path(scratch) / "state.pt")
-        return torch.load(Path(scratch) / "state.pt", weights_only=False)

@@ -7,7 +7,7 @@ Such a module offers its state through four methods (every rank calls them toget
 - ``sharded_checkpoint_state()``: ``{"model": {name: tensor}, "optimizer": {name: {state:
   tensor}}}``, live ``ShardedTensor``s that DCP writes shard by shard and loads into in place,
   resharding by offsets (background saves copy their local shards to CPU first);
-- ``checkpoint_layout()``: plain data recorded in ``trainer.pt`` (``sharded_modules``);
+- ``checkpoint_layout()``: plain data recorded in ``trainer.json`` (``sharded_modules``);
 - ``check_checkpoint_layout(saved)``: raises ``GemConfigError`` when the saved layout's state
   cannot continue in this one (checked before anything loads);
 - ``checkpoint_loaded()``: after loading.
@@ -26,9 +26,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+from gem_core.checkpoint_io import read_dcp_metadata
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
 
@@ -137,7 +137,7 @@ def check_saved_shapes(directory: Path, state: dict[str, Any], flat: dict[str, A
     if not flat:
         return
     path = directory.parent
-    metadata = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    metadata = read_dcp_metadata(directory).state_dict_metadata  # nothing unpickled
     for key, tensor in flat.items():
         saved = metadata.get(key)
         if saved is None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.checkpoint import latest_checkpoint, remove_torn
+from gem_core.checkpoint import remove_torn
 from gem_core.config import GemConfig, unstructure
 from gem_core.distributed import (
     ParallelContext,
@@ -165,7 +165,7 @@ class _Trainer:
         if self.ctx.is_main:
             for torn in remove_torn(self.run_dir.path):
                 log.warning("removed %s: a checkpoint whose save never finished", torn)
-        found = latest_checkpoint(self.run_dir.path)
+        found = self.checkpointer.newest_intact()  # verified; damaged newer ones are skipped
         if found is None:
             return
         step, path = found
@@ -201,7 +201,7 @@ class _Trainer:
 
     def _roll_back(self) -> None:
         self.checkpointer.wait()  # a checkpoint still being written in the background counts
-        found = latest_checkpoint(self.run_dir.path)
+        found = self.checkpointer.newest_intact()
         if found is None:
             raise RuntimeError(
                 f"{self.guard.consecutive_bad} consecutive steps were skipped "
