@@ -109,6 +109,21 @@ def test_a_batch_larger_than_the_first_inserts_every_id():
     assert len(set(rows.tolist())) == 10 and ROWS - 1 not in rows.tolist()
 
 
+def test_loading_a_state_into_a_used_remapper_continues_from_that_state():
+    from gem_parallel.torchrec_managed import IdRemapper
+
+    used, fresh = (IdRemapper(managed(4)).train() for _ in range(2))
+    used(torch.tensor([1, 2]))
+    saved = {k: v.clone() for k, v in used.state_dict().items()}
+    for batch in ([3], [4, 5], [6]):  # a rollback: these steps are undone below
+        used(torch.tensor(batch))
+    used.load_state_dict(saved)
+    fresh.load_state_dict(saved)
+    for batch in ([3, 1], [7], [2, 8]):
+        assert torch.equal(used(torch.tensor(batch)), fresh(torch.tensor(batch)))
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in used.state_dict().items())
+
+
 def test_bad_options_and_ids_are_refused():
     from gem_core.schema import schema_from_dict, schema_to_dict
     from gem_parallel.torchrec_managed import IdRemapper

@@ -114,6 +114,12 @@ class IdRemapper(nn.Module):
             # silently skips the ids beyond it; with eviction_interval 1 it holds nothing between
             # calls, so it is rebuilt for the larger batch (-1: "size me from this batch").
             mch._input_history_buffer_size = -1
+        if self.training:
+            # Read the iteration from the buffer (as TorchRec does on its first call), not from
+            # its Python copy: after a checkpoint is loaded into a remapper that has run (a
+            # rollback, an evaluation replica), the buffer is the truth. With eviction_interval
+            # 1 nothing else is carried between calls.
+            mch._current_iter = -1
         lengths = torch.tensor([values.numel()], dtype=torch.int64)
         rows = mch({"ids": JaggedTensor(values=values, lengths=lengths)})["ids"].values()
         return rows.to(device)
