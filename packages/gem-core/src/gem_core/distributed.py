@@ -10,6 +10,8 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from gem_core.errors import GemConfigError
+
 
 @attrs.frozen(kw_only=True)
 class ParallelContext:
@@ -60,7 +62,11 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device = 'cuda' but torch sees no CUDA device")
+            build = (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but "
+                     "finds no GPU (driver, CUDA_VISIBLE_DEVICES?)" if torch.version.cuda else
+                     f"torch {torch.__version__} is a CPU-only build")
+            raise GemConfigError(f"train.device = 'cuda' but there is no CUDA device: {build}; "
+                                 "use train.device=cpu (or auto)")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

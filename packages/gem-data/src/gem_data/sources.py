@@ -17,6 +17,8 @@ Sharding (``[data.options] sharding``):
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -132,6 +134,12 @@ class ParquetSource:
                     return
         finally:
             stream.close()
+
+    def fingerprint(self) -> dict[str, str]:
+        """The manifest's digest: its files, row counts, schema and provenance (generator
+        options and seed) change when the data set is rewritten in place."""
+        canonical = json.dumps(self.manifest.to_dict(), sort_keys=True).encode()
+        return {"manifest_sha256": hashlib.sha256(canonical).hexdigest()}
 
     def report(self) -> dict[str, Any]:
         """Counts of checked, dropped, repaired and truncated rows, for the run's summary."""

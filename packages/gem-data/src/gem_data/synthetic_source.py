@@ -45,6 +45,10 @@ class SyntheticAdsSource:
         self.rows_generated += batch.batch_size
         return batch
 
+    def fingerprint(self) -> dict[str, str]:
+        """Generated data is a function of ``[data]`` and the seed: nothing more to record."""
+        return {}
+
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         for index, size in self.generator.eval_chunks(self.config.eval_rows):
             chunk = self.generator.chunk(size, split="eval", index=index)

@@ -51,11 +51,17 @@ SHORTCUTS = {
 @click.option("--until-step", default=None, type=click.IntRange(min=1),
               help="Stop after this step (checkpointed) without changing the schedule of "
                    "train.steps; run again to continue.")
-@click.option("--fresh", is_flag=True, help="Ignore existing checkpoints in --out; start over.")
+@click.option("--fresh", is_flag=True,
+              help="Start over in --out: delete its checkpoints, logs, summary and TensorBoard "
+                   "events first.")
+@click.option("--allow-data-change", is_flag=True,
+              help="Resume even though the data differs from the checkpoint's (another "
+                   "train.seed, [data] section or a data set rewritten in place); refused "
+                   "otherwise.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train(preset, config_file, overrides, attention, norm, sharding, embedding_sharding, precision,
           activation_checkpointing, balancer, data, nproc_per_node, max_restarts, out, until_step,
-          fresh, no_progress) -> None:
+          fresh, allow_data_change, no_progress) -> None:
     """Train a GEM model. With no options: the default preset on generated data on CPU."""
     shortcuts = {"attention": attention, "norm": norm, "sharding": sharding,
                  "embedding_sharding": embedding_sharding, "precision": precision,
@@ -69,20 +75,21 @@ def train(preset, config_file, overrides, attention, norm, sharding, embedding_s
 
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         _launch(nproc_per_node, max_restarts, run_dir, preset, config_file, all_overrides, fresh,
-                until_step)
+                until_step, allow_data_change)
         return  # rank 0 of the launched group printed the result
 
     from gem_core.cli.main import CATALOG
     from gem_core.train import train as run_training
 
     result = run_training(config, CATALOG.plugins, run_dir, fresh=fresh,
-                          progress=not no_progress, until_step=until_step)
+                          progress=not no_progress, until_step=until_step,
+                          allow_data_change=allow_data_change)
     if int(os.environ.get("RANK", "0")) == 0:
         _print_result(result.run_dir)
 
 
 def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, overrides,
-            fresh: bool, until_step: int | None) -> None:
+            fresh: bool, until_step: int | None, allow_data_change: bool) -> None:
     """Re-run this command under torchrun; every rank then joins the group from its environment."""
     root = click.get_current_context().find_root().params
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -98,6 +105,8 @@ def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, o
         args += ["--set", override]
     if fresh:
         args.append("--fresh")
+    if allow_data_change:
+        args.append("--allow-data-change")
     if until_step:
         args += ["--until-step", str(until_step)]
     completed = subprocess.run(args, check=False)

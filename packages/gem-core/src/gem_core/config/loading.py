@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import tomllib
 import types
 import typing
@@ -167,6 +168,8 @@ def _convert(annotation: Any, value: Any, key: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise GemConfigError(f"{key} must be a number; got {value!r}")
+        if not math.isfinite(float(value)):  # TOML reads inf, nan and 1e400 as floats
+            raise GemConfigError(f"{key} must be a finite number; got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):

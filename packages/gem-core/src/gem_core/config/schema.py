@@ -227,8 +227,8 @@ class TrainConfig:
     steps: int = attrs.field(default=300, validator=greater_than(0))
     """Optimizer steps of the run."""
 
-    seed: int = attrs.field(default=0, validator=at_least(0))
-    """Seed of model initialisation and data order."""
+    seed: int = attrs.field(default=0, validator=between(0, 2**32 - 1))
+    """Seed of model initialisation and data order (numpy's range: 0 to 2**32 - 1)."""
 
     batch_size: int = attrs.field(default=256, validator=greater_than(0))
     """Global batch size (samples per optimizer step, summed over ranks)."""
@@ -318,6 +318,12 @@ class BackendsConfig:
 
     balancer: str = "auto"
     """Batch balancer across data-parallel ranks."""
+
+    max_rollbacks: int = attrs.field(default=3, validator=at_least(0))
+    """Rollbacks allowed in a row without progress (the run getting past the steps where the
+    previous rollback's bad steps ended); the next one stops the run with the steps and causes
+    of each. A persistent fault (a learning rate that always diverges, data that is NaN from
+    some step on) would otherwise roll back forever. 0: stop instead of rolling back."""
 
 
 @attrs.frozen(kw_only=True)

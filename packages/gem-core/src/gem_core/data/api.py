@@ -57,6 +57,13 @@ class DataSource(Protocol):
         """The whole held-out split, the same on every rank, in a fixed order."""
         ...
 
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies the data beyond ``[data]`` and the seed (e.g. a digest of a data
+        set's manifest, which changes when the data set is regenerated in place). Every
+        checkpoint stores it and a resume on data with another fingerprint is refused. Data
+        that is a pure function of the config and the seed (generated data) returns ``{}``."""
+        ...
+
 
 def contiguous_balancer(costs: Sequence[float], num_ranks: int) -> list[list[int]]:
     """The reference balancer: equal-count contiguous slices, ignoring cost (what a naive loader

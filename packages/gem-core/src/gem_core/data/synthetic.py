@@ -150,6 +150,10 @@ class SyntheticSource:
             lambda index: self.generate(batch_size, split=_TRAIN, index=index),
             rank=rank, world_size=world_size, balancer=balancer, cost_fn=cost_fn)
 
+    def fingerprint(self) -> dict[str, str]:
+        """Generated data is a function of ``[data]`` and the seed: nothing more to record."""
+        return {}
+
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         rows = self.config.eval_rows
         for index, chunk_start in enumerate(range(0, rows, EVAL_CHUNK)):

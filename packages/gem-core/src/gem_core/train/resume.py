@@ -19,11 +19,14 @@ MODEL_FORMAT = 2
 
 def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, strategy: str,
                      engine_format: str, world_size: int,
-                     schema: dict[str, Any] | None = None) -> None:
+                     schema: dict[str, Any] | None = None,
+                     allow_data_change: bool = False) -> None:
     """Refuse, naming the reason and ``--fresh``, a checkpoint this run cannot continue: one of
     an older model format, another ``[model]``, ``[data]`` or feature schema, another engine
     format, or (full-state engines only) another dense strategy or number of ranks. DCP
-    checkpoints load into any DCP engine and number of ranks."""
+    checkpoints load into any DCP engine and number of ranks. ``allow_data_change``
+    (``--allow-data-change``) accepts another ``[data]`` (the feature schema must still
+    match)."""
     saved_format_version = state.get("model_format", 1)
     if saved_format_version != MODEL_FORMAT:
         raise GemConfigError(
@@ -37,13 +40,15 @@ def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, st
             f"{path} was trained on data with another feature schema (tables, features or "
             "tasks differ); use --fresh to start over or another --out")
     saved, current = state["config"], unstructure(config)
-    for section in ("model", "data"):
+    for section in ("model",) if allow_data_change else ("model", "data"):
         if saved[section] != current[section]:
             changed = sorted(k for k in current[section]
                              if saved[section].get(k) != current[section][k])
             raise GemConfigError(
                 f"{path} was trained with a different [{section}] ({', '.join(changed)}); "
                 "use --fresh to start over or another --out"
+                + ("" if section == "model" else
+                   ", or --allow-data-change to continue on the new data on purpose")
             )
     saved_strategy, saved_format = state["dense_sharding"], state["format"]
     if saved_format != engine_format:
@@ -64,6 +69,17 @@ def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, st
             f"{saved_strategy!r} checkpoints hold per-rank optimizer partitions and cannot be "
             "resharded: resume with the same number of ranks or use --fresh"
         )
+
+
+def check_steps_cover(saved_step: int, steps: int, path: Path) -> None:
+    """Refuse a ``train.steps`` below the checkpoint's step (before config.toml is rewritten):
+    the run would stop at once and record a schedule it never followed."""
+    if steps < saved_step:
+        raise GemConfigError(
+            f"{path} is at step {saved_step} and train.steps is {steps}: a run cannot end "
+            f"before its latest checkpoint. Set train.steps >= {saved_step} to continue (the "
+            "learning-rate schedule follows train.steps), use --until-step to stop early, or "
+            "use --fresh / another --out to start over")
 
 
 def load_data_position(stream: Any, state: dict[str, Any], path: Path, *, rank: int,

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from gem_core.config import GemConfig, to_toml, unstructure
+from gem_core.errors import GemRunError
+from gem_core.train.environment import write_errors_named
+
+log = logging.getLogger(__name__)
+
+#: What a run writes besides its checkpoints; ``--fresh`` deletes them all.
+RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "summary.json", "summary.json.tmp", "config.toml")
+TENSORBOARD_DIR = "tensorboard"
 
 
 def _clean(value: Any) -> Any:
@@ -33,14 +43,29 @@ class RunDirectory:
         if enabled:
             self.path.mkdir(parents=True, exist_ok=True)
 
+    def start_fresh(self) -> None:
+        """``--fresh`` (rank 0, holding the run's lock): delete the checkpoints and every file
+        of the earlier run (logs, summary, TensorBoard events), so no old row or curve point
+        is mixed into the new run's."""
+        if not self.enabled:
+            return
+        with write_errors_named("the run directory (--fresh)", self.path):
+            for directory in ("checkpoints", TENSORBOARD_DIR):
+                if (self.path / directory).exists():
+                    shutil.rmtree(self.path / directory)
+            for name in RUN_OUTPUTS:
+                (self.path / name).unlink(missing_ok=True)
+
     def open_tensorboard(self, *, first_step: int) -> None:
-        """Start the event writer; events at or after ``first_step`` left by an earlier,
-        interrupted run are purged so a resumed run's curves have no doubled tail."""
+        """Start the event writer; events after ``first_step`` left by an earlier, interrupted
+        run (every event when starting at step 0 without a checkpoint) are purged, so a
+        resumed run's curves have no doubled tail."""
         if self.enabled and self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.path / "tensorboard"),
-                                         purge_step=first_step + 1 if first_step else None)
+            with write_errors_named("TensorBoard events", self.path / TENSORBOARD_DIR):
+                self._writer = SummaryWriter(str(self.path / TENSORBOARD_DIR),
+                                             purge_step=first_step + 1)
 
     def _scalars(self, prefix: str, record: dict[str, Any], step: int) -> None:
         if self._writer is None:
@@ -50,21 +75,25 @@ class RunDirectory:
                 self._scalars(f"{prefix}/{key}", value, step)
             elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
                 if math.isfinite(value):
-                    self._writer.add_scalar(f"{prefix}/{key}", value, step)
+                    with write_errors_named("TensorBoard events", self.path / TENSORBOARD_DIR):
+                        self._writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
+            with write_errors_named("TensorBoard events", self.path / TENSORBOARD_DIR):
+                self._writer.close()
             self._writer = None
 
     def write_config(self, config: GemConfig) -> None:
         if self.enabled:
-            (self.path / "config.toml").write_text(to_toml(unstructure(config)))
+            with write_errors_named("config.toml", self.path / "config.toml"):
+                (self.path / "config.toml").write_text(to_toml(unstructure(config)))
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path / name, "a") as handle:
-                handle.write(json.dumps(_clean(record)) + "\n")
+            with write_errors_named(name, self.path / name):
+                with open(self.path / name, "a") as handle:
+                    _write_line(handle, json.dumps(_clean(record)) + "\n")
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append("metrics.jsonl", record)
@@ -75,19 +104,57 @@ class RunDirectory:
         self._scalars("eval", record, record["step"])
 
     def truncate_metrics(self, *, after_step: int) -> None:
-        """On resume, forget lines logged after the checkpoint (they will be logged again)."""
+        """On resume, forget lines logged after the checkpoint (they will be logged again). A
+        torn last line (the process died mid-write) is dropped with a warning; an unreadable
+        line before the last is an error naming the file and line."""
         if not self.enabled:
             return
         for name in ("metrics.jsonl", "eval.jsonl"):
             file = self.path / name
             if not file.exists():
                 continue
-            kept = [line for line in file.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= after_step]
-            file.write_text("".join(line + "\n" for line in kept))
+            records = _read_lines(file)
+            kept = [line for line, record in records if record["step"] <= after_step]
+            with write_errors_named(name, file):
+                temporary = file.with_name(file.name + ".tmp")
+                temporary.write_text("".join(line + "\n" for line in kept))
+                os.replace(temporary, file)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:
             temporary = self.path / "summary.json.tmp"
-            temporary.write_text(json.dumps(_clean(summary), indent=2) + "\n")
-            os.replace(temporary, self.path / "summary.json")
+            with write_errors_named("summary.json", temporary):
+                temporary.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+                os.replace(temporary, self.path / "summary.json")
+
+
+def _write_line(handle: Any, text: str) -> None:
+    """One whole line, flushed (a test makes this raise ENOSPC, as a full disk does)."""
+    handle.write(text)
+    handle.flush()
+
+
+def _read_lines(file: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of every line of a JSON-lines log. The last line may be torn (no
+    newline, or not JSON): it is dropped with a warning naming the file and its bytes."""
+    text = file.read_text(errors="replace")
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a record with an integer step")
+        except ValueError as error:
+            if last:
+                log.warning("%s: dropped its last line, torn by an interrupted write (%d bytes: "
+                            "%.60r...)", file, len(line), line)
+                continue
+            raise GemRunError(f"{file} line {number} is not a JSON record with a step ({error}); "
+                              "only the last line can be torn by an interrupted write. Delete "
+                              "the line, or use --fresh to start the run over") from None
+        records.append((line, record))
+    return records

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.checkpointer import Checkpointer
+from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
+from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
 from gem_core.train.evaluate import evaluate
 from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
@@ -39,9 +40,15 @@ from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
 from gem_core.schema import schema_to_dict
-from gem_core.train.resume import MODEL_FORMAT, check_compatible, load_data_position
+from gem_core.train.resume import (
+    MODEL_FORMAT,
+    check_compatible,
+    check_steps_cover,
+    load_data_position,
+)
 from gem_core.ids import check_managed_ids
 from gem_core.train.run_dir import RunDirectory
+from gem_core.train.run_lock import hold_run_directory
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +62,23 @@ class TrainResult:
 
 
 def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool = False,
-          progress: bool = True, until_step: int | None = None) -> TrainResult:
+          progress: bool = True, until_step: int | None = None,
+          allow_data_change: bool = False) -> TrainResult:
     """Train ``config`` into ``run_dir`` (resuming from its latest checkpoint unless ``fresh``).
 
     ``until_step`` stops (with a checkpoint) after that step, with the schedule of the whole run
-    unchanged, so that running again continues exactly where it stopped.
+    unchanged, so that running again continues exactly where it stopped. The run holds
+    ``run_dir``'s lock throughout (one trainer per directory); resuming on data other than the
+    checkpoint's is refused unless ``allow_data_change``.
     """
     ctx = init_from_environment(config.train.device)
     try:
-        trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh, progress=progress)
-        return trainer.run(until_step)
+        # A full disk anywhere in the run (a background checkpoint too) is named with its path.
+        with hold_run_directory(Path(run_dir), ctx), write_errors_named(
+                "the run's files", Path(run_dir), errnos=WRITE_ONLY_ERRNOS):
+            trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh,
+                               progress=progress, allow_data_change=allow_data_change)
+            return trainer.run(until_step)
     finally:
         shutdown(ctx)
 
@@ -97,15 +111,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 class _Trainer:
     def __init__(self, config: GemConfig, plugins: GemPlugins, run_dir: Path,
-                 ctx: ParallelContext, *, fresh: bool, progress: bool) -> None:
+                 ctx: ParallelContext, *, fresh: bool, progress: bool,
+                 allow_data_change: bool = False) -> None:
         self.config, self.ctx = config, ctx
         self.tc = config.train
+        self.allow_data_change = allow_data_change
         if self.tc.deterministic:
             torch.use_deterministic_algorithms(True)
-        if ctx.is_main and fresh and run_dir.exists():
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         self.run_dir = RunDirectory(run_dir, enabled=ctx.is_main)
+        if fresh:
+            self.run_dir.start_fresh()
         self.backends: RunBackends = resolve_backends(config, plugins, ctx)
         self.show_progress = progress
         seed_everything(self.tc.seed)
@@ -167,13 +182,18 @@ class _Trainer:
                 log.warning("removed %s: a checkpoint whose save never finished", torn)
         found = self.checkpointer.newest_intact()  # verified; damaged newer ones are skipped
         if found is None:
+            self.run_dir.truncate_metrics(after_step=0)  # lines of a run that saved nothing
             return
         step, path = found
         state = self.checkpointer.read_state(path)
+        check_steps_cover(step, self.tc.steps, path)
         check_compatible(state, path, config=self.config,
                          strategy=self.backends.dense_sharding.spec.name,
                          engine_format=self.checkpointer.format, world_size=self.ctx.world_size,
-                         schema=schema_to_dict(self.schema))
+                         schema=schema_to_dict(self.schema),
+                         allow_data_change=self.allow_data_change)
+        check_same_data(state.get(STATE_KEY), self._data_fingerprint(), path,
+                        allow_change=self.allow_data_change)
         load_data_position(self.stream, state, path, rank=self.ctx.rank,
                            world_size=self.ctx.world_size, source=self.config.data.source)
         self._restore(state, path)
@@ -202,18 +222,11 @@ class _Trainer:
     def _roll_back(self) -> None:
         self.checkpointer.wait()  # a checkpoint still being written in the background counts
         found = self.checkpointer.newest_intact()
-        if found is None:
-            raise RuntimeError(
-                f"{self.guard.consecutive_bad} consecutive steps were skipped "
-                f"({self.guard.report()['reasons']}) and there is no checkpoint to roll back to; "
-                "lower train.lr or inspect the data"
-            )
+        # Stops the run when there is no checkpoint or after train.max_rollbacks in a row.
+        kept = self.guard.before_rollback(found and found[0], last_step=self.step + 1)
         step, path = found
-        # What went wrong since the checkpoint did happen: keep counting it after the restore.
-        reasons, rollbacks = self.guard.reasons.copy(), self.guard.rollbacks + 1
         self._restore(self.checkpointer.read_state(path), path)
-        self.guard.reasons, self.guard.rollbacks = reasons, rollbacks
-        self.guard.consecutive_bad = 0
+        self.guard.after_rollback(kept)
         self.run_dir.truncate_metrics(after_step=step)
         log.warning("rolled back to %s (step %d); the batches since are skipped", path, step)
 
@@ -223,7 +236,7 @@ class _Trainer:
         last = self.eval_history[-1] if self.eval_history else None
         ne = (statistics.fmean(last[t]["ne"] for t in self.schema.tasks)
               if last is not None and last["step"] == self.step else None)
-        self.checkpointer.save(self.step, {
+        state = {
             "step": self.step, "data": data_states,
             "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
             "config": unstructure(self.config), "world_size": self.ctx.world_size,
@@ -231,7 +244,14 @@ class _Trainer:
             "dense_sharding": self.backends.dense_sharding.spec.name,
             "embedding_sharding": self.backends.embedding_sharding.spec.name,
             "model_format": MODEL_FORMAT, "schema": schema_to_dict(self.schema),
-        }, ne=ne)
+            STATE_KEY: self._data_fingerprint(),
+        }
+        with write_errors_named(f"the checkpoint of step {self.step}",
+                                self.run_dir.path / "checkpoints"):
+            self.checkpointer.save(self.step, state, ne=ne)
+
+    def _data_fingerprint(self) -> dict[str, Any]:
+        return data_fingerprint(self.config, self.source.fingerprint())
 
     # -- the loop -------------------------------------------------------------------------------
 
