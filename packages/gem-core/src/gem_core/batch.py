@@ -86,6 +86,15 @@ class JaggedBatch:
     user_ids: Tensor | None = None
     """``(R,)`` int64 raw user id of each request, or None: groups impressions for GAUC."""
 
+    teacher_logits: Mapping[str, Tensor] | None = None
+    """Per task of :attr:`FeatureSchema.teacher_tasks`, ``(N,)`` float32 logit a distillation
+    teacher gave each candidate, or None (``gem distill``: computed online or read from a data
+    set written by ``gem distill-precompute``)."""
+
+    teacher_embedding: Tensor | None = None
+    """``(R, teacher_embedding_dim)`` float32 user embedding the teacher computed for each
+    request, or None."""
+
     @property
     def batch_size(self) -> int:
         """Number of requests."""
@@ -132,6 +141,10 @@ class JaggedBatch:
                              else self.candidate_dense[cand_index]),
             user_embedding=None if self.user_embedding is None else self.user_embedding[indices],
             user_ids=None if self.user_ids is None else self.user_ids[indices],
+            teacher_logits=(None if self.teacher_logits is None else
+                            {k: v[cand_index] for k, v in self.teacher_logits.items()}),
+            teacher_embedding=(None if self.teacher_embedding is None
+                               else self.teacher_embedding[indices]),
         )
 
     def to(self, device: torch.device | str) -> JaggedBatch:
@@ -152,6 +165,9 @@ class JaggedBatch:
             candidate_dense=move(self.candidate_dense),
             user_embedding=move(self.user_embedding),
             user_ids=move(self.user_ids),
+            teacher_logits=(None if self.teacher_logits is None else
+                            {k: move(v) for k, v in self.teacher_logits.items()}),
+            teacher_embedding=move(self.teacher_embedding),
         )
 
     def validate(self, schema: FeatureSchema, where: str = "batch") -> None:
@@ -239,6 +255,28 @@ class JaggedBatch:
                                    f"{float(self.dense[row, col])} is not finite")
         if self.user_ids is not None and self.user_ids.shape != (r,):
             raise GemDataError(f"{where}: user ids must be ({r},)")
+        self._validate_teacher(schema, where)
+
+    def _validate_teacher(self, schema: FeatureSchema, where: str) -> None:
+        """The teacher's signals the schema declares: shapes, and finite values."""
+        n, r = self.num_candidates, self.batch_size
+        for task in schema.teacher_tasks:
+            logits = None if self.teacher_logits is None else self.teacher_logits.get(task)
+            if logits is None or logits.shape != (n,):
+                raise GemDataError(f"{where}: teacher logit {task!r} missing or not of shape "
+                                   f"({n},) (one per candidate)")
+            bad = ~torch.isfinite(logits)
+            if bool(bad.any()):
+                row = _row_of(int(torch.nonzero(bad)[0]), self.candidate_offsets)
+                raise GemDataError(f"{where}: row {row}: teacher logit {task!r} is not finite")
+        if schema.teacher_embedding_dim:
+            shape = (r, schema.teacher_embedding_dim)
+            if self.teacher_embedding is None or tuple(self.teacher_embedding.shape) != shape:
+                raise GemDataError(f"{where}: teacher embeddings must be {shape}")
+            bad = ~torch.isfinite(self.teacher_embedding).all(dim=1)
+            if bool(bad.any()):
+                raise GemDataError(f"{where}: row {int(torch.nonzero(bad)[0])}: teacher "
+                                   "embedding is not finite")
 
 
 def _row_of(position: int, offsets: Tensor) -> int:

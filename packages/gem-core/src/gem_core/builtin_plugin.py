@@ -18,6 +18,12 @@ def _bucketed_attention():
     return BucketedAttention()
 
 
+def _padded_attention():
+    from gem_core.attention.padded import PaddedAttention
+
+    return PaddedAttention()
+
+
 @hookimpl
 def gem_register_attention_backends(register) -> None:
     register(ImplementationSpec(
@@ -29,6 +35,12 @@ def gem_register_attention_backends(register) -> None:
         name="bucketed", load=_bucketed_attention, dtypes=("float32", "bfloat16", "float16",
                                                             "float64"),
         description="pure PyTorch, batched over geometric length buckets (padding <= 1.25x)",
+    ))
+    register(ImplementationSpec(
+        name="padded", load=_padded_attention, dtypes=("float32", "bfloat16", "float16",
+                                                        "float64"),
+        description="pure PyTorch padded to the batch maximum, no data-dependent control "
+                    "flow: exports with torch.export (gem export-model's fallback)",
     ))
 
 
@@ -157,6 +169,9 @@ def gem_register_cli_commands(register) -> None:
                                 description="List every registered implementation by kind."))
     register(ImplementationSpec(name="train", load=lazy("gem_core.cli.train", "train"),
                                 description="Train a GEM model and write a run directory."))
+    register(ImplementationSpec(name="distill", load=lazy("gem_core.cli.distill", "distill"),
+                                description="Train a student run from a teacher run "
+                                            "(knowledge distillation, Student Adapter)."))
     register(ImplementationSpec(name="config", load=lazy("gem_core.cli.config", "config"),
                                 description="Show presets and resolved configurations."))
     register(ImplementationSpec(name="report", load=lazy("gem_core.cli.report", "report"),
@@ -168,6 +183,15 @@ def gem_register_cli_commands(register) -> None:
                                 description="Verify a run's checkpoints against their digests."))
     register(ImplementationSpec(name="scaling", load=lazy("gem_core.cli.scaling", "scaling"),
                                 description="NE against training FLOPs over a sweep of sizes"))
+    register(ImplementationSpec(name="export-model",
+                                load=lazy("gem_core.cli.export_model", "export_model"),
+                                description="Export a trained run as torch.export programs "
+                                            "for serving."))
+    register(ImplementationSpec(name="bench.serve",
+                                load=lazy("gem_core.cli.bench_serve", "bench_serve"),
+                                description="Candidates/s of the exported ranker on the cached "
+                                            "user embedding against the full model per "
+                                            "candidate."))
     register(ImplementationSpec(name="bench.flops",
                                 load=lazy("gem_core.cli.bench_flops", "bench_flops"),
                                 description="Analytic FLOPs of the model next to "

@@ -175,6 +175,15 @@ class FeatureSchema:
     max_seq_len: int = attrs.field(default=1024, validator=_positive)
     """Longest history the data holds (after truncation to the most recent events)."""
 
+    teacher_tasks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Tasks whose teacher logit each candidate carries (``JaggedBatch.teacher_logits``): data
+    sets written by ``gem distill-precompute`` for a student of ``gem distill``. Not a
+    feature: :func:`without_teacher_signals` leaves it out when schemas are compared."""
+
+    teacher_embedding_dim: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Width of the teacher's user embedding each request carries
+    (``JaggedBatch.teacher_embedding``; 0: none). Not a feature, like ``teacher_tasks``."""
+
     def __attrs_post_init__(self) -> None:
         if not self.event_features:
             raise ValueError("the schema declares no event features: a history event needs at "
@@ -184,6 +193,9 @@ class FeatureSchema:
                              "least one categorical attribute (its item or ad id)")
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks must be distinct and at least one, got {list(self.tasks)}")
+        if not set(self.teacher_tasks) <= set(self.tasks):
+            raise ValueError(f"teacher_tasks {list(self.teacher_tasks)} must be among the tasks "
+                             f"{list(self.tasks)}")
         if self.candidate_content and not self.seq_dense_dim:
             raise ValueError("candidate_content needs seq_dense_dim > 0 (the candidate's content "
                              "vector lives in the history's space)")
@@ -312,7 +324,7 @@ def schema_from_dict(data: dict, where: str = "schema") -> FeatureSchema:
                     raise ValueError(f"{where}: {key}[{index}]: {error}") from None
             kwargs[key] = tuple(items)
         else:
-            kwargs[key] = tuple(value) if key == "tasks" else value
+            kwargs[key] = tuple(value) if key in ("tasks", "teacher_tasks") else value
     try:
         return FeatureSchema(**kwargs)
     except (TypeError, ValueError) as error:

@@ -22,7 +22,8 @@ from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.gem import GEMModel, build_model
 from gem_core.plugins import GemPlugins, build_plugins
-from gem_core.schema import FeatureSchema, schema_to_dict
+from gem_core.schema import (TEACHER_FIELDS, FeatureSchema, schema_to_dict,
+                              without_teacher_signals)
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.resume import MODEL_FORMAT
@@ -103,10 +104,16 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         raise GemConfigError(f"{path} holds model format {saved_format}; this version reads "
                              f"format {MODEL_FORMAT} (request-level samples with declared "
                              "feature schemas): retrain the run with this version")
-    if state.get("schema") is not None and state["schema"] != schema_to_dict(source.schema):
+    # Teacher columns (gem distill-precompute) are not features: a data set that has them is
+    # the same data for this model.
+    trained = state.get("schema")
+    trained = None if trained is None else {k: v for k, v in trained.items()
+                                            if k not in TEACHER_FIELDS}
+    given = schema_to_dict(without_teacher_signals(source.schema))
+    if trained is not None and trained != given:
         raise GemConfigError(
             f"the data of {config.data.source!r} has another feature schema than {run_dir} "
-            f"was trained on: {_schema_difference(state['schema'], schema_to_dict(source.schema))}")
+            f"was trained on: {_schema_difference(trained, given)}")
     model = build_model(config.model, source.schema, attention=resolved.attention.impl,
                         embedding_backend=resolved.embedding.impl, norm=resolved.norm.impl)
     weights = dict(saved["engine"]["model"])

@@ -191,6 +191,10 @@ def table_to_batch(table: Any, schema: FeatureSchema, max_seq_len: int | None = 
         user_embedding=(fixed(fmt.USER_EMBEDDING, schema.user_embedding_dim)
                         if schema.user_embedding_dim else None),
         user_ids=t(scalar_parts(table.column(fmt.USER_ID))),
+        teacher_logits=({task: t(list_parts(table.column(fmt.teacher_logit_column(task)))[0])
+                         for task in schema.teacher_tasks} if schema.teacher_tasks else None),
+        teacher_embedding=(fixed(fmt.TEACHER_EMBEDDING, schema.teacher_embedding_dim)
+                           if schema.teacher_embedding_dim else None),
     )
 
 
@@ -257,6 +261,17 @@ def batch_to_table(batch: JaggedBatch, schema: FeatureSchema) -> Any:
         columns[fmt.USER_EMBEDDING] = pa.FixedSizeListArray.from_arrays(
             pa.array(n(batch.user_embedding).reshape(-1), pa.float32()),
             schema.user_embedding_dim)
+    for task in schema.teacher_tasks:
+        if batch.teacher_logits is None or task not in batch.teacher_logits:
+            raise GemDataError(f"the schema has teacher logits of {task!r} and the batch has "
+                               "none")
+        columns[fmt.teacher_logit_column(task)] = list_array(
+            n(batch.teacher_logits[task]), cand_offsets, pa.float32(),
+            fmt.teacher_logit_column(task))
+    if schema.teacher_embedding_dim:
+        columns[fmt.TEACHER_EMBEDDING] = pa.FixedSizeListArray.from_arrays(
+            pa.array(n(batch.teacher_embedding).reshape(-1), pa.float32()),
+            schema.teacher_embedding_dim)
     return pa.Table.from_pydict(columns, schema=fmt.arrow_schema(schema))
 
 

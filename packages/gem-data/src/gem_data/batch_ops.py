@@ -55,6 +55,10 @@ def concat_batches(batches: Sequence[JaggedBatch]) -> JaggedBatch:
         candidate_dense=_opt_cat([b.candidate_dense for b in batches]),
         user_embedding=_opt_cat([b.user_embedding for b in batches]),
         user_ids=_opt_cat([b.user_ids for b in batches]),
+        teacher_logits=(None if first.teacher_logits is None else
+                        {k: torch.cat([b.teacher_logits[k] for b in batches])
+                         for k in first.teacher_logits}),
+        teacher_embedding=_opt_cat([b.teacher_embedding for b in batches]),
     )
 
 
@@ -90,6 +94,9 @@ def slice_batch(batch: JaggedBatch, start: int, stop: int) -> JaggedBatch:
                          else batch.candidate_dense[c_lo:c_hi]),
         user_embedding=rows(batch.user_embedding),
         user_ids=rows(batch.user_ids),
+        teacher_logits=(None if batch.teacher_logits is None else
+                        {k: v[c_lo:c_hi] for k, v in batch.teacher_logits.items()}),
+        teacher_embedding=rows(batch.teacher_embedding),
     )
 
 
@@ -149,6 +156,9 @@ class RowGather:
                              else _take(b.candidate_dense, cand_index)),
             user_embedding=rows(b.user_embedding),
             user_ids=rows(b.user_ids),
+            teacher_logits=(None if b.teacher_logits is None else
+                            {k: _take(v, cand_index) for k, v in b.teacher_logits.items()}),
+            teacher_embedding=rows(b.teacher_embedding),
         )
 
 

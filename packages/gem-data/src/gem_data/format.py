@@ -23,7 +23,13 @@ column                       arrow type                           meaning
 ``sparse.<name>``            ``list<int64>``                      a context feature's bag of ids
 ``dense``                    ``fixed_size_list<float32>[n]``      ``num_dense`` floats (optional)
 ``user_embedding``           ``fixed_size_list<float32>[u]``      upstream user embedding (exported)
+``teacher_logit.<task>``     ``list<float32>``                    a teacher's logit per candidate (K)
+``teacher_embedding``        ``fixed_size_list<float32>[t]``      a teacher's user embedding
 ===========================  ===================================  ===================================
+
+The two ``teacher_*`` columns come last and only in data sets written by ``gem
+distill-precompute`` (the schema's ``teacher_tasks`` and ``teacher_embedding_dim``): the
+teacher's signals for a student of ``gem distill --signals precomputed``. They are not features.
 
 Format 1 (one row per impression: ``history_item_id``, ``history_action``, ``candidate_item_id``,
 scalar ``candidate.<name>`` and ``label.<task>``) is read by no reader: ``gem data convert``
@@ -45,6 +51,7 @@ HISTORY_DENSE = "history_dense"
 CANDIDATE_DENSE = "candidate_dense"
 DENSE = "dense"
 USER_EMBEDDING = "user_embedding"
+TEACHER_EMBEDDING = "teacher_embedding"
 
 #: Columns only format 1 had: their presence names a data set to convert.
 V1_COLUMNS = ("history_item_id", "history_action", "candidate_item_id")
@@ -60,6 +67,10 @@ def candidate_column(name: str) -> str:
 
 def label_column(task: str) -> str:
     return f"label.{task}"
+
+
+def teacher_logit_column(task: str) -> str:
+    return f"teacher_logit.{task}"
 
 
 def sparse_column(name: str) -> str:
@@ -98,6 +109,12 @@ def arrow_schema(schema: FeatureSchema) -> Any:
         fields.append(pa.field(DENSE, pa.list_(pa.float32(), schema.num_dense), nullable=False))
     if schema.user_embedding_dim:
         fields.append(pa.field(USER_EMBEDDING, pa.list_(pa.float32(), schema.user_embedding_dim),
+                               nullable=False))
+    fields += [pa.field(teacher_logit_column(t), floats, nullable=False)
+               for t in schema.teacher_tasks]
+    if schema.teacher_embedding_dim:
+        fields.append(pa.field(TEACHER_EMBEDDING,
+                               pa.list_(pa.float32(), schema.teacher_embedding_dim),
                                nullable=False))
     return pa.schema(fields)
 

@@ -28,6 +28,11 @@ action >= 1 (clicked or converted)::
                        + 0.8 * dense[1]
     click ~ Bernoulli(sigmoid(click_logit)); conversion = click & Bernoulli(sigmoid(conv_logit))
 
+With ``drift_weight > 0`` the click logit also has a per-category term that turns with the
+chunk's time (``train_start`` + index for training chunks, ``eval_time`` for the eval split):
+a drifting world where a model trained on an older window goes stale (see
+:meth:`AdsLogGenerator.category_drift`).
+
 :meth:`AdsLogGenerator.chunk_with_probabilities` returns the true probability of every label
 (``P(click)`` and ``P(conversion) = P(click) * P(conversion | click)``), and
 :func:`achievable_ne` the NE those probabilities reach on the eval split: the floor a model
@@ -77,16 +82,16 @@ class SynthOptions:
     """Rows of the ``ad`` embedding table (``hash`` id policy: distinct ads may share a row);
     0: twice ``num_items``."""
 
-    num_users: int = attrs.field(default=100_000, validator=greater_than(0))
-    """Distinct users, each with fixed interests and segments."""
-
-    num_clusters: int = attrs.field(default=50, validator=greater_than(1))
-    """Categories (interest clusters): the ``category`` event and candidate feature."""
     ad_id_policy: str = attrs.field(default="hash",
                                     validator=attrs.validators.in_(("hash", "managed")))
     """Id policy of the ``ad`` table: ``hash`` (a fixed hash into its rows) or ``managed``
     (TorchRec's zero-collision remapper; train with ``--set backends.embedding=torchrec-managed``)."""
 
+    num_users: int = attrs.field(default=100_000, validator=greater_than(0))
+    """Distinct users, each with fixed interests and segments."""
+
+    num_clusters: int = attrs.field(default=50, validator=greater_than(1))
+    """Categories (interest clusters): the ``category`` event and candidate feature."""
 
     num_advertisers: int = attrs.field(default=1000, validator=greater_than(0))
     """Advertisers (each belongs to one category; an ad belongs to one advertiser)."""
@@ -161,6 +166,31 @@ class SynthOptions:
     conversion_bias: float = attrs.field(default=-1.8, validator=between(-20.0, 20.0))
     """Conversion-given-click logit intercept (about a quarter of clicks convert)."""
 
+    drift_weight: float = attrs.field(default=0.0, validator=at_least(0))
+    """Time drift of the planted process: category ``c`` adds
+    ``drift_weight * (cos(phase) * u[c] + sin(phase) * v[c])`` to the click logit, ``u`` and
+    ``v`` fixed standard-normal draws per category and ``phase = 2 pi t / drift_period`` at the
+    chunk's time ``t`` (so which categories users favour moves with time). 0: a stationary
+    process, the data of earlier versions byte for byte."""
+
+    drift_period: float = attrs.field(default=400.0, validator=greater_than(0))
+    """Chunks of time per full turn of the drifting category preferences."""
+
+    train_start: int = attrs.field(default=0, validator=at_least(0))
+    """Time window of the training split: training chunk ``i`` is chunk ``train_start + i``
+    (its requests and its time). A chunk is one training batch of the ``synthetic-ads``
+    source (one row group of ``gem data synth``), so one seed gives an older window to one run
+    (a teacher) and a more recent one to another (a student)."""
+
+    data_seed: int = attrs.field(default=-1, validator=at_least(-1))
+    """Seed of the world and its requests for the ``synthetic-ads`` source; -1: the run's
+    ``train.seed``. Fix it to give runs of other seeds (a teacher and its students) the same
+    world. (``gem data synth`` takes ``--seed``.)"""
+
+    eval_time: int = attrs.field(default=0, validator=at_least(0))
+    """Time (in training chunks) at which the eval split's labels are drawn: the present that
+    runs are evaluated on. Only matters with ``drift_weight > 0``."""
+
 
 def truncated_zipf_pmf(exponent: float, maximum: int) -> np.ndarray:
     """P(K = k) for k = 1..maximum, proportional to k ** -exponent."""
@@ -200,6 +230,15 @@ class AdsLogGenerator:
         self.candidates_cdf = np.cumsum(truncated_zipf_pmf(o.candidates_exponent,
                                                            o.max_candidates))
         self.schema = synthetic_ads_schema(o)
+        # The drift directions come from their own stream, so the world above is unchanged.
+        drift = np.random.default_rng([seed, 3])
+        self.drift_u, self.drift_v = drift.standard_normal((2, o.num_clusters))
+
+    def category_drift(self, time: int) -> np.ndarray:
+        """``(num_clusters,)`` click-logit offset of each category at chunk time ``time``."""
+        o = self.options
+        phase = 2.0 * math.pi * time / o.drift_period
+        return o.drift_weight * (math.cos(phase) * self.drift_u + math.sin(phase) * self.drift_v)
 
     # -- drawing helpers ----------------------------------------------------------------------
 
@@ -239,6 +278,9 @@ class AdsLogGenerator:
         """:meth:`chunk` and, per task, the generating process's probability of a positive
         label for each candidate (``(N,)`` float64, aligned with the batch's labels)."""
         o = self.options
+        if split == "train":
+            index += o.train_start
+        time = index if split == "train" else o.eval_time
         rng = np.random.default_rng([self.seed, SPLIT_IDS[split], index])
         users = rng.integers(0, o.num_users, n)
         lengths = self._lengths(rng, n)
@@ -329,6 +371,8 @@ class AdsLogGenerator:
                        + o.recent_category_weight * cat_match
                        + o.recent_view_weight * viewed_match
                        + o.history_weight * affinity + request_effect[owner])
+        if o.drift_weight:
+            click_logit = click_logit + self.category_drift(time)[cand_category]
         p_click = _sigmoid(click_logit)
         p_convert = _sigmoid(o.conversion_bias + 1.5 * adv_match + 1.0 * affinity
                              + 0.8 * dense[owner, 1])

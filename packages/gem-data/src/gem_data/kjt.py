@@ -48,6 +48,8 @@ class KJTExtras:
     candidate_dense: Tensor | None = None
     user_embedding: Tensor | None = None
     user_ids: Tensor | None = None
+    teacher_logits: Mapping[str, Tensor] | None = None
+    teacher_embedding: Tensor | None = None
 
 
 def kjt_keys(schema: FeatureSchema) -> list[str]:
@@ -95,7 +97,8 @@ def to_kjt(batch: JaggedBatch, schema: FeatureSchema, *, map_ids: bool = True
         request_timestamps=batch.request_timestamps, candidate_offsets=batch.candidate_offsets,
         labels=dict(batch.labels), item_offsets=item_offsets, dense=batch.dense,
         seq_dense=batch.seq_dense, candidate_dense=batch.candidate_dense,
-        user_embedding=batch.user_embedding, user_ids=batch.user_ids)
+        user_embedding=batch.user_embedding, user_ids=batch.user_ids,
+        teacher_logits=batch.teacher_logits, teacher_embedding=batch.teacher_embedding)
     return kjt, extras
 
 
@@ -178,4 +181,6 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
         candidate_dense=extras.candidate_dense,
         user_embedding=extras.user_embedding,
         user_ids=extras.user_ids,
+        teacher_logits=extras.teacher_logits,
+        teacher_embedding=extras.teacher_embedding,
     )

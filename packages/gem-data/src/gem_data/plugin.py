@@ -70,3 +70,10 @@ def gem_register_cli_commands(register: Any) -> None:
         load=lazy("gem_data.export_user_embeddings", "export_user_embeddings"),
         requires=("pyarrow",),
         description="Run a trained upstream tower over its data; write data + user embeddings"))
+    register(ImplementationSpec(
+        name="distill-precompute",
+        load=lazy("gem_data.distill_precompute", "distill_precompute"), requires=("pyarrow",),
+        description="Write a data set plus a teacher's logits and user embeddings (gem distill)"))
+    register(ImplementationSpec(
+        name="score", load=lazy("gem_data.score", "score_command"), requires=("pyarrow",),
+        description="Score a Parquet data set with an exported model (gem export-model)"))

@@ -30,7 +30,9 @@ class SyntheticAdsSource:
         self.config, self.seed = config, seed
         self.options = structure(SynthOptions, {"max_length": config.max_seq_len,
                                                 **config.options}, "data.options")
-        self.generator = AdsLogGenerator(self.options, seed=seed)
+        if self.options.data_seed >= 0:
+            self.seed = self.options.data_seed
+        self.generator = AdsLogGenerator(self.options, seed=self.seed)
         self.schema = self.generator.schema
         self.rows_generated = 0
         self._achievable: dict[str, float] | None = None

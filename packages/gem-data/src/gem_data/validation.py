@@ -15,8 +15,11 @@ Checks (the name is the policy key in ``[data.options.validation]``):
   ``user_embedding``). ``error``, ``drop``, or ``clamp`` (replaced by 0).
 * ``labels``: a label that is not 0 or 1. ``error`` or ``drop``.
 * ``time``: a history event later than its request (``history_timestamp > request_timestamp``: a
-  leak of the future into the history). ``error``, ``drop`` the request, or ``trim`` (remove
-  those events from every history column, keeping the rest).
+  leak of the future into the history) or earlier than ``time_floor`` (a placeholder or corrupt
+  value such as -2^62): ``error``, ``drop`` the request, or ``trim`` (remove those events from
+  every history column, keeping the rest). A request earlier than ``time_floor``, or a history
+  whose (kept) events are not oldest first, cannot be trimmed: ``error`` or, under ``drop`` and
+  ``trim``, the request is dropped.
 
 Structure is checked first and rows it drops are gone before the value checks, so every count is
 of distinct requests: a request is counted under the first check that drops it. Offsets that go
@@ -26,6 +29,7 @@ error names the file, row group, row, feature and value.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from typing import Any, Callable
 
@@ -70,8 +74,15 @@ class ValidationPolicy:
     """A label other than 0 or 1: ``error`` or ``drop`` the request."""
 
     time: str = attrs.field(default="error", validator=choice("error", "drop", "trim"))
-    """A history event after its request: ``error``, ``drop`` the request, or ``trim`` the
-    future events from the history."""
+    """A history event after its request or before ``time_floor``: ``error``, ``drop`` the
+    request, or ``trim`` those events from the history. A request before ``time_floor`` or a
+    history out of order is an error under ``error`` and dropped otherwise."""
+
+    time_floor: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+    """Earliest plausible time, in the data's seconds since 1970-01-01 UTC: requests and events
+    before it fail the ``time`` check (-2^62 and other placeholders). The default, 0, accepts
+    any time from 1970 on; ``631152000`` is 1990-01-01. Data sets with relative times (seconds
+    from the start of a log) keep 0."""
 
 
 @attrs.frozen(kw_only=True)
@@ -289,6 +300,9 @@ def _check_structure(table: Any, schema: FeatureSchema, c: _Checker) -> None:
     if schema.candidate_content:
         same_length(fmt.CANDIDATE_DENSE, _lengths(table.column(fmt.CANDIDATE_DENSE)), counts,
                     what, schema.seq_dense_dim)
+    for task in schema.teacher_tasks:  # gem distill-precompute: one teacher logit a candidate
+        name = fmt.teacher_logit_column(task)
+        same_length(name, _lengths(table.column(name)), counts, what)
 
 
 def _trim_events(table: Any, schema: FeatureSchema, keep: np.ndarray) -> Any:
@@ -369,7 +383,9 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
 
     for name, width in ((fmt.DENSE, schema.num_dense), (fmt.HISTORY_DENSE, schema.seq_dense_dim),
                         (fmt.CANDIDATE_DENSE, schema.seq_dense_dim * schema.candidate_content),
-                        (fmt.USER_EMBEDDING, schema.user_embedding_dim)):
+                        (fmt.USER_EMBEDDING, schema.user_embedding_dim),
+                        (fmt.TEACHER_EMBEDDING, schema.teacher_embedding_dim),
+                        *((fmt.teacher_logit_column(t), 1) for t in schema.teacher_tasks)):
         if not width:
             continue
         values, chain, shape = _leaf(columns[name])
@@ -405,30 +421,7 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
                          f"candidate {int(positions[np.flatnonzero(owners == row)[0]]) - int(offsets[row])}"
                          " is not 0 or 1"))
 
-    stamps, hist_offsets = list_parts(columns[fmt.HISTORY_TIMESTAMP])
-    request = scalar_parts(columns[fmt.REQUEST_TIMESTAMP])
-    if stamps.size:
-        event_rows = np.repeat(np.arange(n), np.diff(hist_offsets))
-        future = stamps > request[event_rows]
-        if future.any():
-            rows = np.zeros(n, dtype=bool)
-            rows[event_rows[future]] = True
-            if policy.time == "trim":
-                c.repair("time", rows)
-                if replaced:
-                    table = pa.table(columns, schema=table.schema)
-                    replaced = False
-                table = _trim_events(table, schema, ~future)
-                columns = {name: table.column(name) for name in table.column_names}
-            else:
-                def describe(row: int) -> str:
-                    start, end = int(hist_offsets[row]), int(hist_offsets[row + 1])
-                    event = int(np.flatnonzero(future[start:end])[0])
-                    return (f"feature {fmt.HISTORY_TIMESTAMP!r} value {int(stamps[start + event])}"
-                            f" of event {event} is after the request's "
-                            f"{fmt.REQUEST_TIMESTAMP!r} {int(request[row])} (history events must "
-                            "not be later than their request)")
-                c.reject("time", rows, describe)
+    table, columns, replaced = _check_time(table, columns, replaced, schema, policy, c)
 
     if replaced:
         table = pa.table(columns, schema=table.schema)
@@ -440,6 +433,89 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
             truncated = int((_lengths(table.column(fmt.HISTORY_TIMESTAMP)) > max_seq_len).sum())
         report.add(where, n_in, c.dropped, c.repaired, truncated)
     return table
+
+
+def _utc(seconds: int) -> str:
+    """``seconds`` as a UTC date for messages (``?`` when outside what a date can hold)."""
+    try:
+        return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return "not a representable date"
+
+
+def _check_time(table: Any, columns: dict[str, Any], replaced: bool, schema: FeatureSchema,
+                policy: ValidationPolicy, c: _Checker) -> tuple[Any, dict[str, Any], bool]:
+    """The ``time`` check: requests before the floor; history events after their request or
+    before the floor (trimmed under ``trim``); histories whose remaining events go back in
+    time. Returns the (possibly trimmed) table, its columns and whether columns still differ
+    from the table."""
+    n, floor = table.num_rows, policy.time_floor
+    stamps, hist_offsets = list_parts(columns[fmt.HISTORY_TIMESTAMP])
+    request = scalar_parts(columns[fmt.REQUEST_TIMESTAMP])
+    early_requests = request < floor
+    if early_requests.any():
+        c.reject("time", early_requests, lambda row: (
+            f"feature {fmt.REQUEST_TIMESTAMP!r} value {int(request[row])} "
+            f"({_utc(int(request[row]))}) is before data.options.validation.time_floor "
+            f"{floor} ({_utc(floor)})"))
+    if not stamps.size:
+        return table, columns, replaced
+    event_rows = np.repeat(np.arange(n), np.diff(hist_offsets))
+    future = stamps > request[event_rows]
+    early = stamps < floor
+
+    def first_event(mask: np.ndarray, row: int) -> int:
+        start, end = int(hist_offsets[row]), int(hist_offsets[row + 1])
+        return int(np.flatnonzero(mask[start:end])[0])
+
+    def rows_of(mask: np.ndarray) -> np.ndarray:
+        rows = np.zeros(n, dtype=bool)
+        rows[event_rows[mask]] = True
+        return rows
+
+    if policy.time != "trim":
+        if future.any():
+            def describe_future(row: int) -> str:
+                event = first_event(future, row)
+                return (f"feature {fmt.HISTORY_TIMESTAMP!r} value "
+                        f"{int(stamps[hist_offsets[row] + event])} of event {event} is after "
+                        f"the request's {fmt.REQUEST_TIMESTAMP!r} {int(request[row])} (history "
+                        "events must not be later than their request)")
+            c.reject("time", rows_of(future), describe_future)
+        if early.any():
+            def describe_early(row: int) -> str:
+                event = first_event(early, row)
+                value = int(stamps[hist_offsets[row] + event])
+                return (f"feature {fmt.HISTORY_TIMESTAMP!r} value {value} ({_utc(value)}) of "
+                        f"event {event} is before data.options.validation.time_floor {floor} "
+                        f"({_utc(floor)})")
+            c.reject("time", rows_of(early), describe_early)
+    # Order among the events that stay (a trimmed placeholder does not count as going back).
+    kept = ~(future | early)
+    kept_index = np.flatnonzero(kept)
+    backwards = np.zeros(stamps.size, dtype=bool)
+    if kept_index.size > 1:
+        same_row = event_rows[kept_index[1:]] == event_rows[kept_index[:-1]]
+        backwards[kept_index[1:]] = same_row & (stamps[kept_index[1:]]
+                                                < stamps[kept_index[:-1]])
+    if backwards.any():
+        def describe_backwards(row: int) -> str:
+            event = first_event(backwards, row)
+            position = int(hist_offsets[row]) + event
+            previous = kept_index[np.searchsorted(kept_index, position) - 1]
+            return (f"feature {fmt.HISTORY_TIMESTAMP!r} goes back in time at event {event}: "
+                    f"{int(stamps[previous])} then {int(stamps[position])} (history events "
+                    "must be oldest first)")
+        c.reject("time", rows_of(backwards), describe_backwards)
+    if policy.time == "trim" and not kept.all():
+        c.repair("time", rows_of(~kept))
+        if replaced:
+            table = pa.table(columns, schema=table.schema)
+            replaced = False
+        table = _trim_events(table, schema, kept)
+        columns = {name: table.column(name) for name in table.column_names}
+    return table, columns, replaced
 
 
 def check_batch(batch: Any, schema: FeatureSchema, where: str = "batch") -> None:

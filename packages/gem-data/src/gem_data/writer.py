@@ -17,7 +17,7 @@ from gem_core.schema import FeatureSchema
 
 from gem_data import format as fmt
 from gem_data.arrow_io import batch_to_table
-from gem_data.manifest import FileEntry, Manifest, write_manifest
+from gem_data.manifest import FileEntry, Manifest, with_digests, write_manifest
 
 SPLITS = ("train", "eval")
 
@@ -57,7 +57,10 @@ class DatasetWriter:
             name = f"{split}-00000.parquet"
             self._writers[split] = pq.ParquetWriter(
                 self.directory / name, self.arrow_schema, compression="none", use_dictionary=False,
-                column_encoding=_encodings(self.arrow_schema, self.schema))
+                column_encoding=_encodings(self.arrow_schema, self.schema),
+                # A CRC per page: the reader verifies it, so a flipped bit in a page of plain
+                # floats is an error naming the file and row group, not a wrong value.
+                write_page_checksum=True)
             self._entries[split] = {"path": name, "rows": 0, "row_groups": [], "tokens": 0,
                                     "candidates": 0}
         self._writers[split].write_table(table, row_group_size=self.row_group_rows)
@@ -81,6 +84,7 @@ class DatasetWriter:
         if not manifest.splits.get("train"):
             raise GemDataError(f"no training rows were written to {self.directory}")
         self._check_row_groups(manifest)
+        manifest = with_digests(self.directory, manifest)
         write_manifest(self.directory, manifest)
         return manifest
 
@@ -95,6 +99,36 @@ class DatasetWriter:
                     raise GemDataError(f"{entry.path}: wrote row groups {actual[:8]}..., expected "
                                        f"{entry.row_groups[:8]}...")
 
+
+
+def write_file(path: Path, table: Any, schema: FeatureSchema, *, row_group_rows: int) -> FileEntry:
+    """Write ``table`` (with ``schema``'s arrow schema) as the single Parquet file ``path``, as
+    :class:`DatasetWriter` writes (encodings, page checksums), atomically: under a temporary name
+    then renamed, so the file is whole or absent (a resumable producer skips the files that
+    exist). Returns its manifest entry, without size and digest."""
+    expected = fmt.arrow_schema(schema)
+    if not table.schema.equals(expected):
+        raise GemDataError(f"{path}: table does not have the data set's schema:\n{table.schema}"
+                           f"\nexpected\n{expected}")
+    partial = path.with_name(path.name + ".partial")
+    with pq.ParquetWriter(partial, expected, compression="none", use_dictionary=False,
+                          column_encoding=_encodings(expected, schema),
+                          write_page_checksum=True) as writer:
+        writer.write_table(table, row_group_size=row_group_rows)
+    partial.replace(path)
+    return file_entry(path, schema)
+
+
+def file_entry(path: Path, schema: FeatureSchema) -> FileEntry:
+    """The manifest entry (rows, row groups, tokens, candidates) of a written data file."""
+    meta = pq.ParquetFile(path).metadata
+    counts = pq.read_table(path, columns=[fmt.HISTORY_TIMESTAMP,
+                                          fmt.label_column(schema.tasks[0])])
+    return FileEntry(
+        path=path.name, rows=meta.num_rows,
+        row_groups=tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)),
+        tokens=int(pc.sum(pc.list_value_length(counts.column(0))).as_py() or 0),
+        candidates=int(pc.sum(pc.list_value_length(counts.column(1))).as_py() or 0))
 
 
 def _encodings(schema: Any, features: FeatureSchema | None = None) -> dict[str, str]:

@@ -9,8 +9,10 @@ from gem_core.config.loading import (
     unstructure,
 )
 from gem_core.config.schema import (
+    AdapterConfig,
     BackendsConfig,
     DataConfig,
+    DistillConfig,
     GemConfig,
     ModelConfig,
     MoeConfig,
@@ -21,8 +23,10 @@ from gem_core.config.schema import (
 
 __all__ = [
     "DEFAULT_PRESET",
+    "AdapterConfig",
     "BackendsConfig",
     "DataConfig",
+    "DistillConfig",
     "GemConfig",
     "ModelConfig",
     "MoeConfig",

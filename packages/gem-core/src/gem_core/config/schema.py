@@ -181,6 +181,17 @@ class ModelConfig:
     moe: MoeConfig = attrs.field(factory=MoeConfig)
     """Mixture of experts in place of the sequence and/or Wukong MLPs (off by default)."""
 
+    teacher_embedding_dim: int = attrs.field(default=0, validator=at_least(0))
+    """Width of a distillation teacher's user embedding (``JaggedBatch.teacher_embedding``)
+    that a learned projection turns into one extra interaction token; the model keeps its own
+    upstream, if it has one. 0: off. ``gem distill`` sets it from the teacher when
+    ``distill.embedding_feature``."""
+
+    teacher_match_dim: int = attrs.field(default=0, validator=at_least(0))
+    """Width of a learned projection of this model's user embedding (its PMA tokens) that an
+    embedding-matching loss compares with a teacher's user embedding. 0: off. ``gem distill``
+    sets it from the teacher when ``distill.embedding_match_weight > 0``."""
+
     def __attrs_post_init__(self) -> None:
         if self.embedding_dim % self.num_heads:
             raise ValueError(f"embedding_dim ({self.embedding_dim}) must be divisible by "
@@ -198,6 +209,10 @@ class ModelConfig:
                              f"got {list(self.esmm_tasks)}")
         if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
             raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
+        if self.teacher_match_dim and not (self.pma_queries and self.user_embeddings == "live"):
+            raise ValueError("model.teacher_match_dim matches this model's user embedding (its "
+                             "PMA tokens) with a teacher's: it needs pma_queries > 0 and "
+                             "user_embeddings = 'live'")
 
 
 @attrs.frozen(kw_only=True)
@@ -289,6 +304,12 @@ class TrainConfig:
     """After this many consecutive skipped steps, roll back to the latest checkpoint and go on
     with the next batches (the ones that caused it are not seen again); 0 never rolls back."""
 
+    max_rollbacks: int = attrs.field(default=3, validator=at_least(0))
+    """Rollbacks allowed in a row without progress (the run getting past the steps where the
+    previous rollback's bad steps ended); the next one stops the run with the steps and causes
+    of each. A persistent fault (a learning rate that always diverges, data that is NaN from
+    some step on) would otherwise roll back forever. 0: stop instead of rolling back."""
+
 
 @attrs.frozen(kw_only=True)
 class BackendsConfig:
@@ -319,12 +340,6 @@ class BackendsConfig:
     balancer: str = "auto"
     """Batch balancer across data-parallel ranks."""
 
-    max_rollbacks: int = attrs.field(default=3, validator=at_least(0))
-    """Rollbacks allowed in a row without progress (the run getting past the steps where the
-    previous rollback's bad steps ended); the next one stops the run with the steps and causes
-    of each. A persistent fault (a learning rate that always diverges, data that is NaN from
-    some step on) would otherwise roll back forever. 0: stop instead of rolling back."""
-
 
 @attrs.frozen(kw_only=True)
 class ParallelConfig:
@@ -349,6 +364,81 @@ class PrecisionConfig:
 
 
 @attrs.frozen(kw_only=True)
+class AdapterConfig:
+    """The Student Adapter of ``[distill]``: a small learned correction of the teacher's logits
+    (from its logits and, optionally, its user embedding), fitted on recent labelled data before
+    the student trains, so the soft labels track the present rather than the teacher's older
+    training window."""
+
+    enabled: bool = False
+    """Distil from the adapted teacher logits instead of the raw ones."""
+
+    fit_batches: int = attrs.field(default=20, validator=greater_than(0))
+    """Training batches the adapter is fitted on: the first of the student's own (recent,
+    labelled) training stream, read whole on every rank so every rank fits the same adapter."""
+
+    epochs: int = attrs.field(default=5, validator=greater_than(0))
+    """Passes over those batches (one Adam step per batch)."""
+
+    lr: float = attrs.field(default=0.02, validator=greater_than(0))
+    """Adam learning rate of the fit."""
+
+    use_embedding: bool = False
+    """Also feed the teacher's user embedding to the adapter (a linear term per task); needs a
+    teacher with a user embedding (PMA)."""
+
+
+@attrs.frozen(kw_only=True)
+class DistillConfig:
+    """Knowledge distillation from a trained teacher run (``gem distill``); off while
+    ``teacher`` is empty. Every weight below is logged per step and kept in ``summary.json``."""
+
+    teacher: str = ""
+    """The teacher's run directory (a complete checkpoint is required); empty: no
+    distillation."""
+
+    signals: str = attrs.field(default="online", validator=choice("online", "precomputed"))
+    """``online``: every rank runs the teacher on its own share of each batch; ``precomputed``:
+    the data set carries the teacher's columns (``gem distill-precompute``)."""
+
+    temperature: float = attrs.field(default=1.0, validator=greater_than(0))
+    """Soft labels are ``sigmoid(teacher_logit / T)`` and the student's logit is divided by T
+    too; the soft loss is multiplied by ``T**2`` so its gradient scale does not depend on T."""
+
+    soft_weight: float = attrs.field(default=1.0, validator=at_least(0))
+    """Weight of the soft-label (teacher) loss of every task without its own entry in
+    ``task_soft_weights``."""
+
+    task_soft_weights: dict[str, float] = attrs.field(factory=dict)
+    """Per task, a soft-label weight overriding ``soft_weight`` (tasks are checked against the
+    data's at start-up)."""
+
+    hard_weight: float = attrs.field(default=1.0, validator=at_least(0))
+    """Weight of the ordinary loss on the data's labels."""
+
+    embedding_feature: bool = False
+    """Give the student the teacher's user embedding as one extra interaction token
+    (representation transfer; sets ``model.teacher_embedding_dim``)."""
+
+    embedding_match_weight: float = attrs.field(default=0.0, validator=at_least(0))
+    """Weight of the MSE between a learned projection of the student's user embedding and the
+    teacher's (sets ``model.teacher_match_dim``; needs a student with PMA). 0: off."""
+
+    adapter: AdapterConfig = attrs.field(factory=AdapterConfig)
+    """The Student Adapter on the teacher's outputs."""
+
+    def __attrs_post_init__(self) -> None:
+        for task, weight in self.task_soft_weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+                raise ValueError(f"task_soft_weights.{task} must be a number >= 0, got "
+                                 f"{weight!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.teacher)
+
+
+@attrs.frozen(kw_only=True)
 class GemConfig:
     """A whole run."""
 
@@ -361,3 +451,5 @@ class GemConfig:
     backends: BackendsConfig = attrs.field(factory=BackendsConfig)
     parallel: ParallelConfig = attrs.field(factory=ParallelConfig)
     precision: PrecisionConfig = attrs.field(factory=PrecisionConfig)
+    distill: DistillConfig = attrs.field(factory=DistillConfig)
+    """Knowledge distillation from a teacher run (off by default; see ``gem distill``)."""

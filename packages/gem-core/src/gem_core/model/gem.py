@@ -13,6 +13,7 @@ from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
+from gem_core.jagged import max_length
 from gem_core.model.features import FeatureLookup, embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
@@ -90,7 +91,15 @@ class GEMModel(nn.Module):
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
         self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
-                           + int(config.history_mean) + config.pma_queries + self.num_context)
+                           + int(config.history_mean) + config.pma_queries + self.num_context
+                           + int(config.teacher_embedding_dim > 0))
+        # Distillation (gem distill): a teacher's user embedding as one more token, and a
+        # projection of this model's user embedding for matching the teacher's.
+        self.teacher_token = (nn.Linear(config.teacher_embedding_dim, dim)
+                              if config.teacher_embedding_dim else None)
+        self.teacher_match = (nn.Linear(config.pma_queries * dim, config.teacher_match_dim)
+                              if config.teacher_match_dim else None)
+        self._matched_user_embedding: Tensor | None = None
         if config.interaction == "wukong":
             self.interaction = WukongInteraction(
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
@@ -126,9 +135,9 @@ class GEMModel(nn.Module):
         looked_up = self.lookup(self.embeddings, batch)
         offsets = batch.seq_offsets
         lengths = batch.seq_lengths()
-        max_len = int(lengths.max()) if lengths.numel() else 0
+        max_len = max_length(lengths)
         rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
-                                       lengths)
+                                       lengths, output_size=batch.seq_timestamps.shape[0])
         ages = batch.request_timestamps[rows] - batch.seq_timestamps
         events = self.events(looked_up.events, ages, offsets, batch.seq_dense)
         # Non-sequence user/context tokens: candidate-independent, so the tower may see them.
@@ -148,6 +157,8 @@ class GEMModel(nn.Module):
                 batch.batch_size, self.config.pma_queries, -1)
         if upstream_only:
             return user_tokens.flatten(1)
+        if self.teacher_match is not None:
+            self._matched_user_embedding = self.teacher_match(user_tokens.flatten(1))
         # The downstream reads the tower's outputs (one stage) or the raw event tokens (multi
         # stage: the upstream reaches it only through the user tokens, which can be cached).
         history = events if self.config.downstream_history == "events" else history
@@ -155,9 +166,9 @@ class GEMModel(nn.Module):
         # Everything above ran once per request; from here on, once per candidate.
         candidate_offsets = batch.candidate_offsets
         counts = candidate_offsets[1:] - candidate_offsets[:-1]
-        max_candidates = int(counts.max()) if counts.numel() else 0
+        max_candidates = max_length(counts)
         owner = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
-                                        counts)
+                                        counts, output_size=looked_up.candidates.shape[0])
         candidate = looked_up.candidates
         candidate_content = self.events.content_vector(batch.candidate_dense)
         if candidate_content is not None:
@@ -187,6 +198,12 @@ class GEMModel(nn.Module):
         if user_tokens is not None:
             tokens += list(user_tokens[owner].unbind(1))
         tokens += context
+        if self.teacher_token is not None:
+            if batch.teacher_embedding is None:
+                raise ValueError("model.teacher_embedding_dim is set but the batch carries no "
+                                 "teacher embedding: train it with gem distill "
+                                 "(distill.embedding_feature)")
+            tokens.append(self.teacher_token(batch.teacher_embedding)[owner])
         shared = self.interaction(torch.stack(tokens, dim=1))
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
@@ -194,6 +211,14 @@ class GEMModel(nn.Module):
         if self.config.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
+
+    def matched_user_embedding(self) -> Tensor:
+        """``(R, teacher_match_dim)``: the projection of the last forward's user embedding that
+        distillation's embedding-matching loss compares with the teacher's."""
+        if self._matched_user_embedding is None:
+            raise ValueError("no matched user embedding: model.teacher_match_dim is 0 or the "
+                             "model has not run a forward yet")
+        return self._matched_user_embedding
 
     def auxiliary_losses(self) -> dict[str, Tensor]:
         """Weighted auxiliary losses of the last training forward, to add to the training loss
@@ -242,6 +267,10 @@ class GEMModel(nn.Module):
                 counts[f"target_attention.{key}"] = value
         if self.target_match is not None:
             counts["target_match"] = self.target_match.flops(tokens, impressions)
+        if self.teacher_token is not None:
+            counts["teacher_token"] = linear_layer_flops(self.teacher_token, batch)
+        if self.teacher_match is not None:
+            counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
         counts["interaction"] = self.interaction.flops(impressions)
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         return counts

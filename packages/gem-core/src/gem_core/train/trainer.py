@@ -18,6 +18,8 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.checkpoint import remove_torn
 from gem_core.config import GemConfig, unstructure
+from gem_core.distill.distiller import build_distiller
+from gem_core.distill.setup import resolve_distillation
 from gem_core.distributed import (
     ParallelContext,
     all_reduce_max,
@@ -39,6 +41,7 @@ from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress
+from gem_core.ids import check_managed_ids
 from gem_core.schema import schema_to_dict
 from gem_core.train.resume import (
     MODEL_FORMAT,
@@ -46,9 +49,10 @@ from gem_core.train.resume import (
     check_steps_cover,
     load_data_position,
 )
-from gem_core.ids import check_managed_ids
 from gem_core.train.run_dir import RunDirectory
 from gem_core.train.run_lock import hold_run_directory
+from gem_core.train.teardown import stop_background_work
+from gem_core.train.data_log import data_report, log_data_counts
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +75,20 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
     ``run_dir``'s lock throughout (one trainer per directory); resuming on data other than the
     checkpoint's is refused unless ``allow_data_change``.
     """
+    config = resolve_distillation(config)  # [distill]'s model options, from the teacher
     ctx = init_from_environment(config.train.device)
+    trainer, failed = None, True
     try:
         # A full disk anywhere in the run (a background checkpoint too) is named with its path.
         with hold_run_directory(Path(run_dir), ctx), write_errors_named(
                 "the run's files", Path(run_dir), errnos=WRITE_ONLY_ERRNOS):
-            trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh,
-                               progress=progress, allow_data_change=allow_data_change)
-            return trainer.run(until_step)
+            try:
+                trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh,
+                                   progress=progress, allow_data_change=allow_data_change)
+                result, failed = trainer.run(until_step), False
+                return result
+            finally:  # every background thread joined while the group and the lock still exist
+                stop_background_work(trainer, failed=failed)
     finally:
         shutdown(ctx)
 
@@ -125,7 +135,14 @@ class _Trainer:
         self.show_progress = progress
         seed_everything(self.tc.seed)
         self.source = self.backends.data.impl(config.data, seed=self.tc.seed)
+        # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
+        self.distiller = build_distiller(config, self.source, ctx)
+        if self.distiller is not None:
+            self.source = self.distiller.source
         self.schema = self.source.schema
+        check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
+                          embedding_sharding=self.backends.embedding_sharding.spec,
+                          world_size=ctx.world_size, plugins=plugins)
         self.model = build_model(config.model, self.schema,
                                  attention=self.backends.attention.impl,
                                  embedding_backend=self.backends.embedding.impl,
@@ -154,9 +171,6 @@ class _Trainer:
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
                        "padded_flops": 0.0, "padded_attention_flops": 0.0}
-        check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
-                          embedding_sharding=self.backends.embedding_sharding.spec,
-                          world_size=ctx.world_size, plugins=plugins)
 
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
@@ -301,6 +315,8 @@ class _Trainer:
         summary = self._summary(peak, start_step, time.perf_counter() - started)
         self.run_dir.write_summary(summary)
         self.run_dir.close()
+        if self.ctx.is_main:
+            log_data_counts(self.source, "at the end of the run")
         return TrainResult(run_dir=self.run_dir.path, summary=summary)
 
     def _train_step(self, batch: JaggedBatch, peak: float) -> dict[str, Any]:
@@ -324,6 +340,10 @@ class _Trainer:
             impressions = all_reduce_sum(torch.tensor([impressions], dtype=torch.float64),
                                          ctx).item()
         loss = task_sums.sum() * (ctx.world_size / max(impressions, 1.0))
+        distill_record: dict[str, float] = {}
+        if self.distiller is not None:
+            loss, distill_record = self.distiller.loss(logits, batch, task_sums, impressions,
+                                                       self.engine.unwrapped)
         # The model's auxiliary losses (MoE load balancing), each a mean over this rank's rows:
         # gradient averaging across ranks then trains their mean.
         aux_losses = getattr(self.engine.unwrapped, "auxiliary_losses", dict)()
@@ -390,6 +410,7 @@ class _Trainer:
             "rank_tokens_max_over_mean": busiest / (tokens / ctx.world_size) if tokens else 1.0,
         }
         record.update(self._model_step_stats(aux_losses))
+        record.update(distill_record)
         if skipped is not None:
             record["skipped"] = skipped
         return record
@@ -431,6 +452,7 @@ class _Trainer:
             self.run_dir.append_eval(entry)
             log.info("eval at step %d: %s", self.step, {
                 t: round(report[t]["ne"], 4) for t in self.schema.tasks})
+            log_data_counts(self.source, f"at step {self.step}")
 
     def _summary(self, peak: float, start_step: int, wall_s: float) -> dict[str, Any]:
         timed = self.step_times[WARMUP_STEPS_EXCLUDED:] or self.step_times
@@ -484,7 +506,8 @@ class _Trainer:
             # e.g. expert parallelism's all-to-all bytes per step (this rank's)
             "dense_sharding": getattr(self.engine, "summary", lambda: {})(),
             "backends": self.backends.describe(),
-            "data": getattr(self.source, "report", lambda: {})(),
+            "data": data_report(self.source),
+            **({"distill": self.distiller.summary()} if self.distiller is not None else {}),
             "config": unstructure(self.config),
         }
 

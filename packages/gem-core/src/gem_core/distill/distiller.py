@@ -1,0 +1,274 @@
+"""What the trainer calls when ``[distill]`` names a teacher: a data source whose batches carry
+the teacher's (adapted) signals, and the student's loss.
+
+The student's loss over the global batch's impressions (as the trainer's hard loss)::
+
+    hard_weight * BCE(student, labels)
+    + sum_t soft_weight_t * T**2 * KL(sigmoid(teacher_t / T) || sigmoid(student_t / T))
+    + embedding_match_weight * MSE(projection(student user embedding), teacher user embedding)
+
+The soft term is the Bernoulli KL divergence (the cross-entropy to the soft label less its
+entropy: the same gradient, and 0 when the student matches the teacher). The embedding term is
+each rank's mean over its requests (ranks then average it, as the MoE auxiliary losses).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gem_core.batch import JaggedBatch
+from gem_core.config import GemConfig
+from gem_core.data.api import contiguous_balancer
+from gem_core.distill.adapter import TeacherAdapter, fit_adapter
+from gem_core.distributed import ParallelContext, all_reduce_sum
+from gem_core.errors import GemConfigError
+from gem_core.metrics import task_report
+
+log = logging.getLogger(__name__)
+
+
+class _SignalStream:
+    """A training stream whose batches get the teacher's signals; the position is the inner
+    stream's (the signals are a pure function of the batch)."""
+
+    def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch]) -> None:
+        self.inner, self.attach = inner, attach
+
+    def __iter__(self) -> _SignalStream:
+        return self
+
+    def __next__(self) -> JaggedBatch:
+        return self.attach(next(self.inner))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # e.g. close() of a file-backed stream
+
+class TeacherSignalSource:
+    """The student's data source with the teacher's signals attached to every training batch
+    (and to eval batches when the student's model reads the teacher's embedding). Everything
+    else (``schema``, ``report()``, ``achievable_ne()``) is the wrapped source's."""
+
+    def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch], *,
+                 attach_eval: bool) -> None:
+        self.inner, self._attach, self._attach_eval = inner, attach, attach_eval
+        self.schema = inner.schema
+
+    def train_stream(self, **kwargs: Any) -> _SignalStream:
+        return _SignalStream(self.inner.train_stream(**kwargs), self._attach)
+
+    def eval_batches(self, **kwargs: Any) -> Iterator[JaggedBatch]:
+        for batch in self.inner.eval_batches(**kwargs):
+            yield self._attach(batch) if self._attach_eval else batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@attrs.frozen(kw_only=True)
+class Weights:
+    """The weights of the student's loss terms, resolved against the data's tasks."""
+
+    hard: float
+    soft: Mapping[str, float]
+    embedding_match: float
+    temperature: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hard": self.hard, "soft": dict(self.soft),
+                "embedding_match": self.embedding_match, "temperature": self.temperature}
+
+
+class Distiller:
+    """The distillation of one student run: its data source and its loss."""
+
+    def __init__(self, config: GemConfig, source: Any, ctx: ParallelContext) -> None:
+        d = config.distill
+        self.config, self.ctx = config, ctx
+        tasks = source.schema.tasks
+        unknown = sorted(set(d.task_soft_weights) - set(tasks))
+        if unknown:
+            raise GemConfigError(f"distill.task_soft_weights names tasks {unknown}; the data's "
+                                 f"tasks are {list(tasks)}")
+        self.weights = Weights(
+            hard=d.hard_weight, embedding_match=d.embedding_match_weight,
+            temperature=d.temperature,
+            soft={t: float(d.task_soft_weights.get(t, d.soft_weight)) for t in tasks})
+        self.tasks = tasks
+        self.soft_tasks = [t for t in tasks if self.weights.soft[t] > 0]
+        self.needs_embedding = bool(d.embedding_feature or d.embedding_match_weight > 0
+                                    or (d.adapter.enabled and d.adapter.use_embedding))
+        # Imported here: teacher -> trained_run -> gem_core.train -> the trainer -> this module.
+        from gem_core.distill.teacher import open_teacher
+
+        # Opening the teacher builds a model: keep the student's initialisation untouched.
+        with torch.random.fork_rng(devices=[]):
+            self.teacher = open_teacher(d.teacher, data=config.data, device=ctx.device)
+        self._check_teacher(source)
+        if d.signals == "precomputed":
+            self._check_precomputed(source)
+        self.adapter: TeacherAdapter | None = None
+        self.adapter_report: dict[str, Any] = {}
+        self.source = TeacherSignalSource(source, self._attach,
+                                          attach_eval=d.embedding_feature)
+        if d.adapter.enabled:
+            self._fit_adapter(source)
+        self.teacher_eval = self._evaluate_teacher(source) if ctx.is_main else {}
+        log.info("distilling from %s (step %d, signals %s): weights %s%s", d.teacher,
+                 self.teacher.run.step, d.signals, self.weights.as_dict(),
+                 ", with the Student Adapter" if self.adapter is not None else "")
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _check_teacher(self, source: Any) -> None:
+        missing = [t for t in self.soft_tasks if t not in self.teacher.tasks]
+        if missing:
+            raise GemConfigError(f"the teacher {self.config.distill.teacher} has no head for "
+                                 f"tasks {missing}")
+
+    def _check_precomputed(self, source: Any) -> None:
+        schema, d = source.schema, self.config.distill
+        where = (f"data set {self.config.data.path}" if self.config.data.path
+                 else f"data source {self.config.data.source!r}")
+        missing = [t for t in self.soft_tasks if t not in schema.teacher_tasks]
+        if missing or (self.needs_embedding and not schema.teacher_embedding_dim):
+            what = (f"teacher logits of {missing}" if missing
+                    else "the teacher's user embeddings")
+            raise GemConfigError(
+                f"distill.signals = 'precomputed' but the {where} has no {what} (its schema's "
+                f"teacher_tasks = {list(schema.teacher_tasks)}, teacher_embedding_dim = "
+                f"{schema.teacher_embedding_dim}); write them with gem distill-precompute "
+                f"--teacher {d.teacher} --data DATASET --out DATASET, or use signals = 'online'")
+        if self.needs_embedding and schema.teacher_embedding_dim != self.teacher.embedding_dim:
+            raise GemConfigError(
+                f"the {where} carries {schema.teacher_embedding_dim}-float teacher embeddings; "
+                f"the teacher {d.teacher} makes {self.teacher.embedding_dim}: the columns come "
+                "from another teacher")
+
+    def _attach(self, batch: JaggedBatch) -> JaggedBatch:
+        """The batch with the teacher's signals (online: computed here; precomputed: read),
+        the logits replaced by the adapter's when there is one."""
+        if self.config.distill.signals == "online":
+            batch = self.teacher.attach(batch, embedding=self.needs_embedding)
+        if self.adapter is not None:
+            with torch.no_grad():
+                batch = attrs.evolve(batch, teacher_logits=self.adapter(batch))
+        return batch
+
+    def _fit_adapter(self, source: Any) -> None:
+        a = self.config.distill.adapter
+        stream = source.train_stream(batch_size=self.config.train.batch_size, rank=0,
+                                     world_size=1, balancer=contiguous_balancer,
+                                     cost_fn=lambda b: [1.0] * b.batch_size)
+        batches = [self._attach(b) for b in itertools.islice(stream, a.fit_batches)]
+        del stream
+        adapter = TeacherAdapter(self.teacher.tasks,
+                                 self.teacher.embedding_dim if a.use_embedding else 0)
+        self.adapter_report = fit_adapter(adapter, batches, epochs=a.epochs, lr=a.lr)
+        self.adapter = adapter
+        log.info("Student Adapter fitted on %d requests: NE %s -> %s",
+                 self.adapter_report["rows"], self.adapter_report["ne_before"],
+                 self.adapter_report["ne_after"])
+
+    @torch.no_grad()
+    def _evaluate_teacher(self, source: Any) -> dict[str, Any]:
+        """The teacher's NE on the student's eval split, raw and through the adapter."""
+        raw: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
+        adapted: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
+        labels: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
+        for batch in source.eval_batches(batch_size=self.config.train.eval_batch_size):
+            if self.config.distill.signals == "online":
+                batch = self.teacher.attach(batch, embedding=self.needs_embedding)
+            corrected = self.adapter(batch) if self.adapter is not None else None
+            for task in self.teacher.tasks:
+                raw[task].append(batch.teacher_logits[task])
+                labels[task].append(batch.labels[task])
+                if corrected is not None:
+                    adapted[task].append(corrected[task])
+
+        def ne(parts: dict[str, list[Tensor]]) -> dict[str, float | None]:
+            return {t: task_report(torch.cat(parts[t]), torch.cat(labels[t]))["ne"]
+                    for t in self.teacher.tasks}
+
+        report = {"raw": ne(raw)}
+        if self.adapter is not None:
+            report["adapted"] = ne(adapted)
+        return report
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def loss(self, logits: Mapping[str, Tensor], batch: JaggedBatch, task_sums: Tensor,
+             impressions: float, model: Any) -> tuple[Tensor, dict[str, float]]:
+        """The student's loss from its logits, the batch (with teacher signals), the per-task
+        BCE sums of the hard labels and the global batch's impressions; and the step's record
+        of every term (reduced over ranks)."""
+        w, ctx = self.weights, self.ctx
+        scale = ctx.world_size / max(impressions, 1.0)
+        if batch.teacher_logits is None:
+            raise ValueError("distillation needs the teacher's logits in every training batch")
+        temperature = w.temperature
+        kl_sums = torch.stack([_bernoulli_kl_sum(batch.teacher_logits[t].float() / temperature,
+                                                 logits[t].float() / temperature)
+                               for t in self.soft_tasks]) if self.soft_tasks else None
+        loss = task_sums.sum() * (w.hard * scale)
+        if kl_sums is not None:
+            soft = torch.tensor([w.soft[t] for t in self.soft_tasks], device=kl_sums.device)
+            loss = loss + (soft * kl_sums).sum() * (temperature ** 2 * scale)
+        mse = None
+        if w.embedding_match:
+            if batch.teacher_embedding is None:
+                raise ValueError("distill.embedding_match_weight needs the teacher's embedding")
+            mse = F.mse_loss(model.matched_user_embedding().float(),
+                             batch.teacher_embedding.float())
+            loss = loss + w.embedding_match * mse
+        local = [float(loss.detach()),
+                 *(kl_sums.detach().double().tolist() if kl_sums is not None else []),
+                 float(mse.detach()) if mse is not None else 0.0]
+        reduced = all_reduce_sum(torch.tensor(local, dtype=torch.float64), ctx).tolist()
+        # Each rank's loss is its share of the global mean (plus its mean embedding term):
+        # their mean over ranks is the global batch's loss.
+        record = {"distill_loss": reduced[0] / ctx.world_size}
+        record.update({f"distill_soft_kl_{t}": reduced[1 + i] / max(impressions, 1.0)
+                       for i, t in enumerate(self.soft_tasks)})
+        if mse is not None:
+            record["distill_embedding_mse"] = reduced[-1] / ctx.world_size
+        return loss, record
+
+    def summary(self) -> dict[str, Any]:
+        d = self.config.distill
+        return {
+            "teacher": str(Path(d.teacher)), "teacher_step": self.teacher.run.step,
+            "signals": d.signals, "weights": self.weights.as_dict(),
+            "embedding_feature": d.embedding_feature,
+            "adapter": ({"fit": self.adapter_report, "fit_batches": d.adapter.fit_batches,
+                         "epochs": d.adapter.epochs, "lr": d.adapter.lr,
+                         "use_embedding": d.adapter.use_embedding}
+                        if self.adapter is not None else None),
+            "teacher_eval_ne": self.teacher_eval,
+        }
+
+
+def _bernoulli_kl_sum(target_logits: Tensor, student_logits: Tensor) -> Tensor:
+    """Sum over impressions of KL(Bernoulli(sigmoid(target)) || Bernoulli(sigmoid(student)))."""
+    p = torch.sigmoid(target_logits)
+    cross = F.binary_cross_entropy_with_logits(student_logits, p, reduction="sum")
+    entropy = F.binary_cross_entropy_with_logits(target_logits, p, reduction="sum")
+    return cross - entropy
+
+
+def build_distiller(config: GemConfig, source: Any, ctx: ParallelContext) -> Distiller | None:
+    """The run's :class:`Distiller`, or None when ``[distill]`` names no teacher."""
+    return Distiller(config, source, ctx) if config.distill.enabled else None
