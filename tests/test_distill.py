@@ -160,3 +160,22 @@ def test_bad_teachers_and_data_are_named(teacher, dataset, plugins, tmp_path):
         train(_config(dataset, "train.steps=1", f"distill.teacher={teacher}",
                       "distill.task_soft_weights.clik=2.0"), plugins, tmp_path / "s4",
               progress=False)
+
+
+@pytest.mark.distributed
+def test_two_ranks_each_run_the_teacher_on_their_share(teacher, dataset, gem, tmp_path):
+    args = ["distill", "--teacher", str(teacher), "--preset", "tiny-gem", "--no-progress",
+            "--embedding-feature", "--adapter", "--temperature", "2"]
+    for pair in [*SMALL, f"data.path={dataset}", "train.steps=2",
+                 "distill.adapter.fit_batches=2"]:
+        args += ["--set", pair]
+    records = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks-{ranks}"
+        done = gem(*args, "--nproc-per-node", str(ranks), "--out", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        records[ranks] = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert len(records[2]) == 2
+    for one, two in zip(records[1], records[2]):
+        for key in ("loss", "distill_loss", "distill_soft_kl_click", "distill_soft_kl_conversion"):
+            assert two[key] == pytest.approx(one[key], rel=1e-5), key
