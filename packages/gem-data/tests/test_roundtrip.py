@@ -18,7 +18,7 @@ from gem_data.batch_ops import RowGather, concat_batches, events_before, slice_b
 from gem_data.bench import make_requests
 from gem_data.dataset import DatasetReader, split_units
 from gem_data.loader import ParquetStream
-from gem_data.manifest import read_manifest
+from gem_data.manifest import read_manifest, with_digests, write_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -152,6 +152,7 @@ def test_uint64_id_columns_read_as_int64_bits(make_dataset):
     assert table.schema.field("event.ad_id").type == pa.list_(pa.uint64())
     assert bool((expected.event_ids["ad_id"] < 0).any())  # bit patterns above 2^63 are there
     pq.write_table(table, path, row_group_size=32)
+    write_manifest(directory, with_digests(directory, read_manifest(directory)))  # rewritten
     reader = DatasetReader(directory)
     got = concat_batches([table_to_batch(reader.read(u), SCHEMA)
                           for u in split_units(reader.manifest, "train")])

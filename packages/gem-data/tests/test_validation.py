@@ -15,6 +15,7 @@ import torch
 from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_data.dataset import DatasetReader, split_units
+from gem_data.manifest import read_manifest, with_digests, write_manifest
 from gem_data.validation import (
     Location,
     ValidationPolicy,
@@ -44,7 +45,15 @@ def edit_rows(directory, edit, nullable=False):
     if nullable:
         schema = pa.schema([f.with_nullable(True) for f in schema])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=32)
+    record_digests(directory)
     return rows
+
+
+def record_digests(directory):
+    """The manifest re-records the rewritten file's size and SHA-256: these tests edit files
+    on purpose to reach the row checks (a file changed behind the manifest's back is refused
+    first, see test_integrity.py)."""
+    write_manifest(directory, with_digests(directory, read_manifest(directory)))
 
 
 def with_history(rows, start=0):
@@ -312,6 +321,11 @@ def test_truncated_file(make_dataset):
     path = directory / "train-00000.parquet"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(GemDataError, match=rf"train-00000.parquet: {len(data) // 2} bytes where "
+                                           rf"the manifest records {len(data)}: the file was "
+                                           "truncated"):
+        read_all(directory)
+    record_digests(directory)  # a manifest written for the truncated file: the format check
     with pytest.raises(GemDataError, match=r"train-00000.parquet: truncated or corrupt Parquet"):
         read_all(directory)
 
@@ -331,6 +345,7 @@ def test_schema_mismatch(make_dataset):
     table = table.set_column(index, "candidate.advertiser",
                              table.column(index).cast(pa.list_(pa.float64())))
     pq.write_table(table, path, row_group_size=32)
+    record_digests(directory)
     with pytest.raises(GemDataError, match=r"schema mismatch: feature 'candidate.advertiser' is "
                                            r"list<.*double>, expected list<.*int64>"):
         read_all(directory)

@@ -18,7 +18,16 @@ from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
 from gem_data import format as fmt
 from gem_data.arrow_io import ids_as_int64, list_child, numpy_view, single_array
 from gem_data.dataset import DatasetReader, open_parquet, split_units
-from gem_data.manifest import MANIFEST_NAME, FileEntry, Manifest, read_manifest
+from gem_data.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    file_digest,
+    missing_digests,
+    read_manifest,
+    with_digests,
+    write_manifest,
+)
 
 
 def load_schema_file(path: str | Path) -> FeatureSchema:
@@ -62,13 +71,17 @@ def manifest_of_files(directory: Path, schema: FeatureSchema) -> Manifest:
                     info={"source": "files without a manifest"})
 
 
-def validate_dataset(directory: Path, schema: FeatureSchema | None = None) -> dict[str, Any]:
-    """Check every row group of every split with the strict policy; one error per bad row group
-    (or per unreadable file), each naming file, row group, row, feature and value. With
-    ``schema`` (a user's TOML schema), the files are checked against it instead of the
-    manifest's schema (a directory of Parquet files without a manifest works too)."""
+def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
+                     write_digests: bool = False) -> dict[str, Any]:
+    """Check every file's SHA-256 against the manifest's, then every row group of every split
+    with the strict policy; one error per bad file or row group, each naming file, row group,
+    row, feature and value. With ``schema`` (a user's TOML schema), the files are checked
+    against it instead of the manifest's schema (a directory of Parquet files without a
+    manifest works too). ``write_digests``: when everything passed and the manifest records no
+    sizes and digests (a data set written before gem-data recorded them), record them."""
     errors: list[str] = []
-    result: dict[str, Any] = {"directory": str(directory), "rows_checked": 0, "row_groups": 0}
+    result: dict[str, Any] = {"directory": str(directory), "rows_checked": 0, "row_groups": 0,
+                              "warnings": []}
     try:
         if schema is not None and not (directory / MANIFEST_NAME).is_file():
             manifest = manifest_of_files(directory, schema)
@@ -83,6 +96,21 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None) -> di
         return {**result, "errors": [str(error)]}
     checked = 0
     broken_files: set[str] = set()
+    for files in reader.manifest.splits.values():
+        for entry in files:
+            if entry.sha256 is None or not (directory / entry.path).is_file():
+                continue  # a missing file is reported when it is opened
+            actual = file_digest(directory / entry.path)
+            if actual != entry.sha256:
+                errors.append(f"{directory / entry.path}: SHA-256 {actual} differs from the "
+                              f"manifest's {entry.sha256}: the file was damaged or replaced "
+                              "after the data set was written")
+    missing = missing_digests(reader.manifest)
+    if missing and (directory / MANIFEST_NAME).is_file() and not write_digests:
+        result["warnings"].append(
+            f"manifest.json records no size or SHA-256 for {len(missing)} file(s) (written "
+            "before gem-data recorded them): damage to them is found only where it breaks the "
+            f"format; add them with `gem data validate --write-digests {directory}`")
     for split in reader.manifest.splits:
         for unit in split_units(reader.manifest, split):
             if unit.file in broken_files:
@@ -95,6 +123,15 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None) -> di
                     broken_files.add(unit.file)
                 continue
             checked += 1
+    if write_digests:
+        if not (directory / MANIFEST_NAME).is_file():
+            errors.append(f"{directory}: --write-digests needs a manifest.json (write the data "
+                          "set with gem-data first)")
+        elif errors:
+            result["warnings"].append("digests not written: the data set has errors")
+        elif missing:
+            write_manifest(directory, with_digests(directory, read_manifest(directory)))
+            result["digests_written"] = len(missing)
     return {**result, "rows_checked": reader.report.rows_checked, "row_groups": checked,
             "errors": errors}
 

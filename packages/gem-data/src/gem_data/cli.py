@@ -80,18 +80,27 @@ def fetch_command(name: str, cache_dir: str | None, out: str | None, max_history
 @click.option("--schema", "schema_file", type=click.Path(dir_okay=False), default=None,
               help="A TOML schema (docs/data-format.md) to check the files against instead of "
                    "the manifest's; DIRECTORY may then be Parquet files without a manifest.")
+@click.option("--write-digests", is_flag=True,
+              help="When every check passes, record each file's size and SHA-256 in "
+                   "manifest.json (data sets written before gem-data recorded them).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def validate_command(directory: str, schema_file: str | None, as_json: bool) -> None:
+def validate_command(directory: str, schema_file: str | None, write_digests: bool,
+                     as_json: bool) -> None:
     from gem_data.check import load_schema_file, validate_dataset
 
     try:
         schema = load_schema_file(schema_file) if schema_file else None
     except GemError as error:
         _fail(error)
-    result = validate_dataset(Path(directory), schema)
+    result = validate_dataset(Path(directory), schema, write_digests=write_digests)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
+        for warning in result.get("warnings", []):
+            click.echo(f"warning: {warning}", err=True)
+        if result.get("digests_written"):
+            click.echo(f"recorded the size and SHA-256 of {result['digests_written']} file(s) "
+                       "in manifest.json", err=True)
         for difference in result.get("schema_differences", []):
             click.echo(f"note: --schema differs from the manifest's schema in {difference}",
                        err=True)

@@ -2,11 +2,16 @@
 request, event and candidate counts).
 
 The manifest is written last by :class:`gem_data.writer.DatasetWriter`, so a directory without one
-is an incomplete data set. Paths inside it are relative to the directory, so data sets can move.
+is an incomplete data set. Paths inside it are relative to the directory, so data sets can move;
+a path that leads out of the directory (``..``, an absolute path, a symlink to elsewhere) is
+refused. Each file's size and SHA-256 are recorded: the reader checks the size whenever it opens
+a file, ``gem data validate`` the whole digest. Data sets written before digests existed have
+neither; ``gem data validate --write-digests`` adds them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,12 @@ class FileEntry:
     candidates: int = 0
     """Candidates (impressions) in the file."""
 
+    size: int | None = None
+    """Bytes of the file as written; None in a data set written before digests existed."""
+
+    sha256: str | None = None
+    """Hex SHA-256 of the file as written; None in a data set written before digests existed."""
+
 
 @attrs.frozen(kw_only=True)
 class Manifest:
@@ -70,7 +81,8 @@ class Manifest:
             "splits": {
                 name: {"rows": self.rows(name), "tokens": self.tokens(name),
                        "candidates": self.candidates(name),
-                       "files": [attrs.asdict(f) for f in files]}
+                       "files": [{key: value for key, value in attrs.asdict(f).items()
+                                  if value is not None} for f in files]}
                 for name, files in self.splits.items()
             },
             "info": self.info,
@@ -118,9 +130,62 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise GemDataError(f"{path}: malformed manifest ({type(error).__name__}: {error})") from None
     for name, files in splits.items():
         for entry in files:
+            confined_path(Path(directory), entry.path, where=f"{path}: split {name!r}")
             if sum(entry.row_groups) != entry.rows:
                 raise GemDataError(f"{path}: split {name!r} file {entry.path}: row groups sum to "
                                    f"{sum(entry.row_groups)} but rows is {entry.rows}")
     if not splits.get("train"):
         raise GemDataError(f"{path}: the data set has no training files")
     return Manifest(schema=schema, splits=splits, info=data.get("info", {}))
+
+
+def confined_path(directory: Path, relative: str, *, where: str) -> Path:
+    """``directory / relative``, refused unless it stays inside ``directory``: no absolute path,
+    no ``..`` and no symlink (of the file or a folder on its way) that leads out. A manifest
+    comes with a data set from elsewhere; it must not make a run read other files."""
+    parts = Path(relative).parts
+    if Path(relative).is_absolute() or not parts or ".." in parts:
+        raise GemDataError(f"{where}: file path {relative!r} must be relative to the data set "
+                           "directory and stay inside it (no absolute path, no '..')")
+    root = directory.resolve()
+    resolved = (directory / relative).resolve()
+    if not resolved.is_relative_to(root):
+        raise GemDataError(f"{where}: file path {relative!r} leads out of the data set directory "
+                           f"{directory} (to {resolved}, through a symbolic link)")
+    return directory / relative
+
+
+def file_digest(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in chunks (data set files can be many GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def with_digests(directory: Path, manifest: Manifest) -> Manifest:
+    """``manifest`` with every file's current size and SHA-256 (what the writer records, and
+    ``gem data validate --write-digests`` adds to a data set written before digests)."""
+    splits = {
+        name: tuple(attrs.evolve(entry, size=(directory / entry.path).stat().st_size,
+                                 sha256=file_digest(directory / entry.path))
+                    for entry in files)
+        for name, files in manifest.splits.items()
+    }
+    return attrs.evolve(manifest, splits=splits)
+
+
+def missing_digests(manifest: Manifest) -> list[str]:
+    """Files of the manifest without a recorded size or digest (a data set written before
+    gem-data recorded them)."""
+    return [entry.path for files in manifest.splits.values() for entry in files
+            if entry.size is None or entry.sha256 is None]
+
+
+def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Parquet files under ``directory`` that no split of the manifest lists: data the manifest
+    does not describe would otherwise be skipped without a word."""
+    listed = {Path(entry.path) for files in manifest.splits.values() for entry in files}
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*.parquet")
+                  if p.is_file() and p.relative_to(directory) not in listed)

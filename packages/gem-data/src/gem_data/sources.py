@@ -31,7 +31,7 @@ from gem_core.data.api import Balancer, local_share
 from gem_core.errors import GemDataError
 
 from gem_data.batch_ops import slice_batch
-from gem_data.dataset import DatasetReader, Unit, split_units
+from gem_data.dataset import DatasetReader, Unit, split_units, warn_without_digests
 from gem_data.loader import ParquetStream
 from gem_data.manifest import read_manifest
 from gem_data.validation import ValidationPolicy, ValidationReport
@@ -79,6 +79,7 @@ class ParquetSource:
                                "(make one with `gem data synth --out DIR`)")
         self.directory = Path(location)
         self.manifest = read_manifest(self.directory)
+        warn_without_digests(self.directory, self.manifest)
         self.max_seq_len = min(config.max_seq_len, self.manifest.schema.max_seq_len)
         self.schema = attrs.evolve(self.manifest.schema, max_seq_len=self.max_seq_len)
         self._report = ValidationReport()

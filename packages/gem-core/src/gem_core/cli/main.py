@@ -15,6 +15,7 @@ from gem_core import __version__
 from gem_core.errors import GemError
 from gem_core.logs import configure_logging
 from gem_core.plugins import GemPlugins, build_plugins
+from gem_core.rank_exit import is_process_group_rank, run_then_exit
 
 
 class _Catalog:
@@ -104,6 +105,8 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def main() -> None:
+    if is_process_group_rank():  # a rank skips interpreter finalization: see gem_core.rank_exit
+        run_then_exit(lambda: cli(prog_name="gem"))
     cli(prog_name="gem")
 
 

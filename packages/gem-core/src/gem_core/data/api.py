@@ -34,6 +34,12 @@ class TrainStream(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def close(self) -> None:
+        """Stop and join any background work (e.g. threads reading ahead) and release files.
+        The trainer calls it when the run ends, successfully or not, before the process group
+        is destroyed; a stream without background work does nothing."""
+        ...
+
 
 class DataSource(Protocol):
     """Built by a registered factory ``(config: DataConfig, *, seed: int) -> DataSource``.
@@ -121,3 +127,6 @@ class IndexedStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_index = int(state["next_index"])
+
+    def close(self) -> None:
+        """Nothing runs in the background: batches are made on demand."""
