@@ -20,9 +20,11 @@ naming the file and what it asked for.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import io
 import json
+import pathlib
 import pickle
 from pathlib import Path
 from typing import Any
@@ -185,21 +187,24 @@ def load_full_engine_state(file: Path) -> dict[str, Any]:
 # -- DCP ---------------------------------------------------------------------------------------
 
 def _dcp_metadata_classes() -> dict[tuple[str, str], Any]:
-    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.distributed.checkpoint import metadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    names = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-             "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-             "_MEM_FORMAT_ENCODING")
+    classes = (metadata.Metadata, metadata.MetadataIndex, metadata.StorageMeta,
+               metadata.TensorProperties, metadata.TensorStorageMetadata,
+               metadata.BytesStorageMetadata, metadata.ChunkStorageMetadata,
+               metadata._MEM_FORMAT_ENCODING)
     allowed: dict[tuple[str, str], Any] = {
-        ("torch.distributed.checkpoint.metadata", name): getattr(metadata, name)
-        for name in names}
-    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+        ("torch.distributed.checkpoint.metadata", cls.__name__): cls for cls in classes}
+    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
+    allowed.update({("torch", name): dtype for name, dtype in vars(torch).items()
+                    if isinstance(dtype, torch.dtype)})
     allowed[("torch", "Size")] = torch.Size
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
-    allowed[("collections", "OrderedDict")] = __import__("collections").OrderedDict
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
     # StorageMeta.checkpoint_id: the path the checkpoint was written to (informational).
-    allowed[("pathlib", "PosixPath")] = Path
-    allowed[("pathlib", "PurePosixPath")] = __import__("pathlib").PurePosixPath
+    allowed[("pathlib", "PosixPath")] = pathlib.PosixPath
+    allowed[("pathlib", "PurePosixPath")] = pathlib.PurePosixPath
     return allowed
 
 
@@ -212,8 +217,6 @@ class _MetadataUnpickler(pickle.Unpickler):
         found = self.allowed.get((module, name))
         if found is not None:
             return found
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
         raise pickle.UnpicklingError(f"refers to {module}.{name}")
 
 
