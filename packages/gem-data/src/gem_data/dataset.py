@@ -34,6 +34,11 @@ from gem_data.manifest import (
 )
 from gem_data.validation import Location, ValidationPolicy, ValidationReport, validate_table
 
+log = logging.getLogger(__name__)
+
+_WARNED_WITHOUT_DIGESTS: set[Path] = set()
+"""Data set directories already warned about (once per process, not once per stream)."""
+
 
 @attrs.frozen
 class Unit:
@@ -56,12 +61,6 @@ def split_units(manifest: Manifest, split: str) -> list[Unit]:
             units.append(Unit(entry.path, index, rows, first))
             first += rows
     return units
-
-
-log = logging.getLogger(__name__)
-
-_WARNED_WITHOUT_DIGESTS: set[Path] = set()
-"""Data set directories already warned about (once per process, not once per stream)."""
 
 
 def check_listed_files(directory: Path, manifest: Manifest) -> None:
