@@ -107,6 +107,14 @@ def test_a_torn_last_line_is_dropped_on_resume(finished_run, tmp_path, caplog):
     assert _steps(run, "eval.jsonl") == [2, 3]
 
 
+def test_a_restart_without_a_checkpoint_logs_each_step_once(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoints")  # killed before its first save: logs but no checkpoint
+    train(_config("train.steps=2"), CATALOG.plugins, run, progress=False)
+    assert _steps(run) == [1, 2]
+    assert _steps(run, "eval.jsonl") == [2]
+
+
 def test_fresh_starts_logs_summary_and_tensorboard_anew(finished_run, tmp_path):
     run = _copy(finished_run, tmp_path)
     (run / "summary.json").write_text("{}")  # were it left, the failed fresh run below shows it

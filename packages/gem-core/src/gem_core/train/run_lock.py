@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from gem_core.distributed import ParallelContext
-from gem_core.errors import GemError, GemRunError
+from gem_core.errors import GemRunError
 from gem_core.train.environment import probe_run_directory, write_errors_named
 
 LOCK_NAME = ".gem-train.lock"
@@ -115,7 +115,7 @@ def hold_run_directory(run_dir: Path, ctx: ParallelContext) -> Iterator[None]:
         try:
             lock = RunLock.acquire(run_dir)
             probe_run_directory(Path(run_dir))
-        except GemError as error:
+        except Exception as error:  # any failure: the other ranks must hear of it, not hang
             refusal = error
     if ctx.is_distributed:
         import torch.distributed as dist
