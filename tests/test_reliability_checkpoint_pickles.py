@@ -82,7 +82,8 @@ def _plant_distcp_value(checkpoint: Path, payload: Payload) -> str:
     return "the value of 'optimizer.param_groups.0.lr' in the DCP files"
 
 
-PLANTS = {"trainer-tensors": _plant_trainer_tensors, "legacy-trainer.pt": _plant_legacy_trainer_file,
+PLANTS = {"trainer-tensors": _plant_trainer_tensors,
+          "legacy-trainer.pt": _plant_legacy_trainer_file,
           "dcp-metadata": _plant_dcp_metadata, "distcp-value": _plant_distcp_value}
 
 

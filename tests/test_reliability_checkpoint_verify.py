@@ -93,6 +93,7 @@ def test_flipped_bytes_in_a_shard_fall_back_to_the_older_checkpoint(base, run, c
 
 
 def test_retention_never_deletes_the_newest_verified_checkpoint(run):
+    written = json.loads((_step(run, 6) / "digests.json").read_text())["files"]["trainer.json"]
     (_step(run, 6) / "trainer.json").write_bytes(b"")  # 0 bytes
     (_step(run, 4) / "engine" / ".metadata").unlink()  # deleted
     # Keep one: the rotation alone would keep the damaged step 6 (the most recent) and delete
@@ -100,9 +101,7 @@ def test_retention_never_deletes_the_newest_verified_checkpoint(run):
     result = _train(run, "train.keep_checkpoints=1", "train.keep_best=false", until_step=4)
     assert result.summary["run"]["resumed_from"] == 2
     assert {d["step"]: d["problems"] for d in result.summary["checkpoints"]["damaged"]} == {
-        6: ["trainer.json: 0 bytes, written as "
-            f"{json.loads((_step(run, 6) / 'digests.json').read_text())['files']['trainer.json']['bytes']}"
-            " (truncated or overwritten)"],
+        6: [f"trainer.json: 0 bytes, written as {written['bytes']} (truncated or overwritten)"],
         4: ["engine/.metadata: missing"]}
     assert [s for s, _ in complete_checkpoints(run)] == [4, 6]
     assert verify_files(_step(run, 4)) == []

@@ -152,7 +152,7 @@ def test_trainer_state_round_trips_exactly_without_pickles(tmp_path):
         "rng": [{"python": random.getstate(), "numpy": np.random.get_state(),
                  "torch": torch.get_rng_state()}],
         "config": {"model": {"interaction_dims": (16, 8)}, "lr": 1e-3},
-        "by_int": {1: "a", (2, 3): [np.int64(7), np.float32(0.5), None, True]},
+        "by_int": {1: "a", (2, 3): [np.int64(7), np.float32(0.5), np.float64(0.25), None, True]},
         "__gem__": "a user's key", "eval": {"auc": float("nan"), "ne": float("inf")},
     }
     files = tmp_path / "trainer.json", tmp_path / "trainer-tensors.pt"
@@ -160,7 +160,7 @@ def test_trainer_state_round_trips_exactly_without_pickles(tmp_path):
     back = read_trainer_state(*files)
     assert back["config"] == state["config"] and back["__gem__"] == "a user's key"
     assert back["by_int"] == state["by_int"]
-    assert [type(v) for v in back["by_int"][(2, 3)][:2]] == [np.int64, np.float32]
+    assert [type(v) for v in back["by_int"][(2, 3)][:3]] == [np.int64, np.float32, np.float64]
     assert math.isnan(back["eval"]["auc"]) and back["eval"]["ne"] == math.inf
     random.setstate(back["rng"][0]["python"])
     np.random.set_state(back["rng"][0]["numpy"])

@@ -77,10 +77,10 @@ def read_trainer_state(json_file: Path, tensors_file: Path) -> dict[str, Any]:
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if isinstance(value, np.generic):  # first: np.float64 is also a float
+        return {_TAG: "numpy_scalar", "dtype": value.dtype.str, "value": value.item()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, np.generic):
-        return {_TAG: "numpy_scalar", "dtype": value.dtype.str, "value": value.item()}
     if torch.is_tensor(value) or isinstance(value, np.ndarray):
         key = f"t{len(tensors)}"
         if isinstance(value, np.ndarray):
