@@ -179,3 +179,33 @@ def test_two_ranks_each_run_the_teacher_on_their_share(teacher, dataset, gem, tm
     for one, two in zip(records[1], records[2]):
         for key in ("loss", "distill_loss", "distill_soft_kl_click", "distill_soft_kl_conversion"):
             assert two[key] == pytest.approx(one[key], rel=1e-5), key
+
+
+def test_bad_teacher_columns_are_named(precomputed):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gem_core.errors import GemDataError
+    from gem_data.manifest import read_manifest
+    from gem_data.validation import Location, ValidationPolicy, validate_table
+
+    schema = read_manifest(precomputed).schema
+    table = pq.read_table(precomputed / "eval-00000.parquet")
+    where = Location(file="eval-00000.parquet", row_group=0, first_row=0)
+    column = table.column("teacher_logit.click").combine_chunks()
+    values = column.values.to_numpy(zero_copy_only=False).copy()
+    values[5] = np.nan
+    offsets = column.offsets
+    broken = table.set_column(table.schema.get_field_index("teacher_logit.click"),
+                              "teacher_logit.click", pa.ListArray.from_arrays(offsets, values))
+    row = int(np.searchsorted(offsets.to_numpy(), 5, side="right")) - 1  # owner of value 5
+    with pytest.raises(GemDataError, match=f"row {row} .*'teacher_logit.click' value nan is not "
+                                           "finite"):
+        validate_table(broken.cast(table.schema), schema, ValidationPolicy(), where)
+    short = pa.ListArray.from_arrays(pa.array([0] * (len(offsets) - 1) + [0], pa.int32()),
+                                     pa.array([], pa.float32()))
+    cut = table.set_column(table.schema.get_field_index("teacher_logit.conversion"),
+                           "teacher_logit.conversion", short)
+    with pytest.raises(GemDataError, match="'teacher_logit.conversion' has 0 values where"):
+        validate_table(cut.cast(table.schema), schema, ValidationPolicy(), where)
