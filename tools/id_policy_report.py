@@ -66,6 +66,10 @@ def main() -> None:
         report = collision_report(seen, table)
         out["train_ids_sharing_a_row"] = report["colliding_ids"]
         out["train_ids_sharing_a_row_rate"] = report["collision_rate"]
+        seen_rows = map_ids(torch.from_numpy(seen), table)
+        seen_counts = torch.bincount(seen_rows, minlength=table.num_embeddings)
+        out["train_lookups_on_a_shared_row_rate"] = float(
+            (seen_counts[map_ids(torch.cat(train), table)] > 1).double().mean())
         everyone = torch.from_numpy(np.union1d(seen, evaluation.numpy()))
         rows = map_ids(everyone, table)
         counts = torch.bincount(rows, minlength=table.num_embeddings)
