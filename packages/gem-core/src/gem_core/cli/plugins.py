@@ -20,6 +20,7 @@ def plugin_table(plugins) -> dict:
                 "plugin": spec.plugin, "description": spec.description,
                 "devices": list(spec.devices), "dtypes": list(spec.dtypes),
                 "supports_backward": spec.supports_backward,
+                "capabilities": sorted(spec.capabilities),
                 "status": "ok" if not missing else f"missing: {', '.join(missing)}",
             })
         kinds[kind] = rows
