@@ -6,18 +6,20 @@ set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 OUT=${OUT:-runs/distill-drift}
 GEM=${GEM:-gem}
-DATA=(--set data.source=synthetic-ads --set data.max_seq_len=64 --set data.eval_rows=2048
+DATA=(--set data.source=synthetic-ads --set data.max_seq_len=64 --set data.eval_rows=4096
       --set data.options.num_items=2000 --set data.options.num_users=5000
       --set data.options.max_candidates=8 --set data.options.data_seed=0
       --set data.options.drift_weight=0.8 --set data.options.drift_period=1600)
 COMMON=(--no-progress --set train.batch_size=64 --set train.eval_every=0
         --set train.checkpoint_every=0 --set train.warmup_steps=10)
+# Students: a smaller tiny on chunks 600..600+STEPS-1, evaluated at the end of their window.
+STEPS=${STEPS:-300}
 STUDENT=(--preset tiny --set model.embedding_dim=16 --set model.num_layers=1
          --set model.interaction_dims=[64,32] --set data.options.train_start=600
-         --set data.options.eval_time=680 --set train.steps=80)
+         --set data.options.eval_time=$((600 + STEPS)) --set train.steps=$STEPS)
 # Teacher (skipped when it exists): the tiny preset on chunks 0..399 of the drifting world, evaluated at its own present.
 [ -f "$OUT/teacher/summary.json" ] || $GEM train --preset tiny "${DATA[@]}" "${COMMON[@]}" \
-    --set data.eval_rows=4096 --set data.options.eval_time=400 --set train.steps=400 \
+    --set data.options.eval_time=400 --set train.steps=400 \
     --out "$OUT/teacher"
 for seed in ${SEEDS:-1 2 3}; do
   [ -f "$OUT/none-$seed/summary.json" ] || $GEM train "${STUDENT[@]}" "${DATA[@]}" \

@@ -83,9 +83,13 @@ class Weights:
     """The weights of the student's loss terms, resolved against the data's tasks."""
 
     hard: float
+    """Weight of the loss on the data's labels."""
     soft: Mapping[str, float]
+    """Per task, weight of the soft-label KL term."""
     embedding_match: float
+    """Weight of the user-embedding MSE."""
     temperature: float
+    """Soft-label temperature."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"hard": self.hard, "soft": dict(self.soft),
@@ -117,7 +121,7 @@ class Distiller:
         # Opening the teacher builds a model: keep the student's initialisation untouched.
         with torch.random.fork_rng(devices=[]):
             self.teacher = open_teacher(d.teacher, data=config.data, device=ctx.device)
-        self._check_teacher(source)
+        self._check_teacher()
         if d.signals == "precomputed":
             self._check_precomputed(source)
         self.adapter: TeacherAdapter | None = None
@@ -133,7 +137,7 @@ class Distiller:
 
     # -- set-up -----------------------------------------------------------------------------
 
-    def _check_teacher(self, source: Any) -> None:
+    def _check_teacher(self) -> None:
         missing = [t for t in self.soft_tasks if t not in self.teacher.tasks]
         if missing:
             raise GemConfigError(f"the teacher {self.config.distill.teacher} has no head for "
