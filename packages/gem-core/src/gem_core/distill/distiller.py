@@ -118,9 +118,11 @@ class Distiller:
         # Imported here: teacher -> trained_run -> gem_core.train -> the trainer -> this module.
         from gem_core.distill.teacher import open_teacher
 
-        # Opening the teacher builds a model: keep the student's initialisation untouched.
+        # Opening the teacher builds a model: keep the student's initialisation untouched. It
+        # runs on the CPU, where load_run resolved its backends, on batches the stream yields
+        # (before the trainer moves them to the device).
         with torch.random.fork_rng(devices=[]):
-            self.teacher = open_teacher(d.teacher, data=config.data, device=ctx.device)
+            self.teacher = open_teacher(d.teacher, data=config.data)
         self._check_teacher()
         if d.signals == "precomputed":
             self._check_precomputed(source)
