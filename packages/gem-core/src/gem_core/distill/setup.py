@@ -32,9 +32,11 @@ def resolve_distillation(config: GemConfig) -> GemConfig:
     teacher's user-embedding width where ``[distill]`` asks for them; errors for combinations
     that cannot work. Unchanged when distillation is off."""
     d, model = config.distill, config.model
+    set_dims = {"teacher_embedding_dim": model.teacher_embedding_dim,
+                "teacher_match_dim": model.teacher_match_dim}
     if not d.enabled:
-        for name in ("teacher_embedding_dim", "teacher_match_dim"):
-            if getattr(model, name):
+        for name, value in set_dims.items():
+            if value:
                 raise GemConfigError(f"model.{name} is set but [distill] names no teacher; use "
                                      "gem distill --teacher RUN_DIR (or distill.teacher)")
         return config
@@ -56,7 +58,7 @@ def resolve_distillation(config: GemConfig) -> GemConfig:
     changes = {}
     for field, on in (("teacher_embedding_dim", d.embedding_feature),
                       ("teacher_match_dim", d.embedding_match_weight > 0)):
-        current = getattr(model, field)
+        current = set_dims[field]
         if on and current not in (0, width):
             raise GemConfigError(f"model.{field} = {current} but the teacher's user embedding "
                                  f"has {width} floats; leave it 0 (gem distill sets it)")
