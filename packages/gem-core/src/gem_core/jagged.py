@@ -21,6 +21,21 @@ def offsets_from_lengths(lengths: Tensor) -> Tensor:
     return offsets
 
 
+def max_length(lengths: Tensor) -> int:
+    """The largest of ``lengths`` (0 if empty): a Python int read back from the tensor, which
+    callers use to size padded buffers. Under ``torch.export`` it is a size symbol instead, so
+    exported programs keep dynamic lengths; there it is at least 2 (a bound, not the exact
+    maximum: callers pad to it and mask), because AOTInductor's matmul lowering must know that a
+    padded width is not 1."""
+    if not lengths.numel():
+        return 0
+    if torch.compiler.is_compiling():
+        longest = lengths.max().clamp(min=2).item()
+        torch._check(longest >= 2)
+        return longest
+    return lengths.max().item()
+
+
 def row_ids(offsets: Tensor) -> Tensor:
     """For every value, the index of its row: ``(total,)`` int64."""
     lengths = lengths_from_offsets(offsets)

@@ -89,8 +89,13 @@ class AttentionBackend(Protocol):
     ) -> Tensor: ...
 
 
+#: The capability of a backend that ``torch.export`` can capture with dynamic batch and lengths
+#: (no data-dependent Python control flow, no custom op without an export registration): what
+#: ``gem export-model`` needs of the run's attention backend.
+TORCH_EXPORT = "torch_export"
+
 #: Every optional capability an attention backend may declare.
-ATTENTION_CAPABILITIES: tuple[str, ...] = (RELATIVE_BIAS,)
+ATTENTION_CAPABILITIES: tuple[str, ...] = (RELATIVE_BIAS, TORCH_EXPORT)
 
 
 def backend_capabilities(backend: object) -> frozenset[str]:

@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from gem_core.jagged import max_length
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class ExpertMLPs(nn.Module):
 
     def _padded_bmm(self, x: Tensor, counts: Tensor) -> Tensor:
         experts = counts.numel()
-        capacity = int(counts.max()) if experts else 0
+        capacity = max_length(counts)
         expert_of_row = torch.repeat_interleave(
             torch.arange(experts, device=x.device), counts, output_size=x.shape[0])
         starts = torch.cumsum(counts, 0) - counts
@@ -179,6 +180,10 @@ class ExpertMLPs(nn.Module):
         (its rows must be 16-byte aligned)."""
         widths = (self.in_dim, self.hidden, self.out_dim)
         if any(width * dtype.itemsize % 16 for width in widths):
+            return False
+        if torch.compiler.is_compiling():
+            # A captured graph (torch.export) takes the padded bmm: torch._grouped_mm's meta
+            # kernel accepts bfloat16 only, and the probe must not run inside a capture.
             return False
         key = (device.type, dtype)
         if key not in self._grouped_mm_ok:

@@ -47,6 +47,11 @@ def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: 
     ``capacity_factor = 0`` means no limit (never drop)."""
     if capacity_factor <= 0:
         return tokens * top_k
+    if torch.compiler.is_compiling():
+        # ``tokens`` is a size symbol under torch.export, whose programs cannot serialise
+        # math.ceil: the same ceiling in integers, with the factor's exact binary fraction.
+        numerator, denominator = float(capacity_factor).as_integer_ratio()
+        return -(-numerator * tokens * top_k // (denominator * num_experts))
     return math.ceil(capacity_factor * tokens * top_k / num_experts)
 
 
@@ -75,8 +80,10 @@ class TopKRouter(nn.Module):
         top_p, top_e = probs.topk(self.top_k, dim=-1)  # (T, k)
         if self.top_k > 1:
             top_p = top_p / top_p.sum(dim=-1, keepdim=True)
-        expert = top_e.t().reshape(-1)
-        gate = top_p.t().reshape(-1)
+        # contiguous + view, not reshape: under torch.export reshape's view check would
+        # specialise the program to more than one token.
+        expert = top_e.t().contiguous().view(-1)
+        gate = top_p.t().contiguous().view(-1)
         token = torch.arange(tokens, device=x.device).repeat(self.top_k)
         routed = torch.bincount(expert, minlength=self.num_experts)
         capacity = expert_capacity(tokens, self.top_k, self.num_experts, self.capacity_factor)

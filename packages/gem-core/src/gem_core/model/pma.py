@@ -35,8 +35,9 @@ class PooledMultiheadAttention(nn.Module):
         batch, dim = offsets.numel() - 1, history.shape[1]
         k_queries, head_dim = self.num_queries, dim // self.heads
         # The queries are the same for every sample: project the K seeds once, then repeat.
-        q = self.query(self.seeds).view(1, k_queries, self.heads, head_dim)
-        q = q.expand(batch, -1, -1, -1).reshape(batch * k_queries, self.heads, head_dim)
+        # (a repeat, not expand + reshape: that copies too, and under torch.export its view
+        # check would specialise the program to batches of two or more requests)
+        q = self.query(self.seeds).view(k_queries, self.heads, head_dim).repeat(batch, 1, 1)
         k, v = self.key_value(history).view(-1, 2, self.heads, head_dim).unbind(1)
         q_offsets = torch.arange(batch + 1, device=history.device,
                                  dtype=offsets.dtype) * k_queries

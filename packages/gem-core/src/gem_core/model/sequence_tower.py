@@ -65,7 +65,10 @@ class JaggedSelfAttentionBlock(nn.Module):
         parts = self.qkv(self.attn_norm(x))
         if self.gate_norm is not None:
             parts, u = parts[:, : 3 * dim], parts[:, 3 * dim:]
-        q, k, v = parts.reshape(tokens, 3, self.heads, dim // self.heads).unbind(1)
+        # Indexing, not unbind: under torch.export unbind's split would specialise the program
+        # to more than one history event.
+        qkv = parts.reshape(tokens, 3, self.heads, dim // self.heads)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         bias = None
         if self.position_bias is not None:
             if timestamps is None:
