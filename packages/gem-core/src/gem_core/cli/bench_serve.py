@@ -47,10 +47,13 @@ def _exported(program, example: dict[str, torch.Tensor]):
 
 
 def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, max_history: int | None = None) -> dict:
     """Latency and candidates/s of the exported ranker and full model of ``preset`` over
-    ``requests`` distinct requests per K (each timed once per pass, interleaved)."""
+    ``requests`` distinct requests per K (each timed once per pass, interleaved);
+    ``max_history``: the data's history cap instead of the preset's."""
     config = load_config(preset=preset)
+    if max_history is not None:
+        config = attrs.evolve(config, data=attrs.evolve(config.data, max_seq_len=max_history))
     model_config = attrs.evolve(config.model, downstream_history="events",
                                 pma_queries=config.model.pma_queries or 2)
     plugins = build_plugins()
@@ -81,7 +84,8 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
     compiled = {RANKER: _exported(ranker, batch_inputs(example, ranker.model.schema,
                                                          ranker.groups)),
                 FULL: _exported(full, batch_inputs(example, full.model.schema, full.groups))}
-    out: dict = {"preset": preset, "attention": EXPORT_ATTENTION, "threads":
+    out: dict = {"preset": preset, "max_history": config.data.max_seq_len,
+                 "attention": EXPORT_ATTENTION, "threads":
                  torch.get_num_threads(), "requests_per_k": requests,
                  "mean_history_events": pool.num_events / pool.batch_size, "k": {}}
     for k in candidate_counts:
@@ -127,12 +131,14 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
               help="Candidates per request K (repeatable).")
 @click.option("--requests", default=20, show_default=True, type=click.IntRange(min=1),
               help="Distinct requests timed per K (p99 needs many).")
+@click.option("--max-history", default=None, type=click.IntRange(min=2),
+              help="History cap (data.max_seq_len) instead of the preset's.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_serve(preset: str, candidate_counts: tuple[int, ...], requests: int,
-                as_json: bool) -> None:
+                max_history: int | None, as_json: bool) -> None:
     """Candidates/s and latency of the exported ranker on the cached user embedding against the
     full model run once per candidate, for requests of K candidates."""
-    report = serve_report(preset, tuple(candidate_counts), requests)
+    report = serve_report(preset, tuple(candidate_counts), requests, max_history=max_history)
     if as_json:
         click.echo(json.dumps(report))
         return
