@@ -54,13 +54,13 @@ class _SignalStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # e.g. close() of a file-backed stream
+    def close(self) -> None:
+        self.inner.close()
 
 class TeacherSignalSource:
     """The student's data source with the teacher's signals attached to every training batch
     (and to eval batches when the student's model reads the teacher's embedding). Everything
-    else (``schema``, ``report()``, ``achievable_ne()``) is the wrapped source's."""
+    else (``schema``, ``fingerprint()``, ``report()``) is the wrapped source's."""
 
     def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch], *,
                  attach_eval: bool) -> None:
@@ -74,8 +74,14 @@ class TeacherSignalSource:
         for batch in self.inner.eval_batches(**kwargs):
             yield self._attach(batch) if self._attach_eval else batch
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def fingerprint(self) -> dict[str, Any]:
+        return self.inner.fingerprint()
+
+    def report(self) -> dict[str, Any]:
+        # report() is optional in the DataSource contract; gem_core.train imports this module.
+        from gem_core.train.data_log import data_report
+
+        return data_report(self.inner)
 
 
 @attrs.frozen(kw_only=True)
@@ -179,8 +185,10 @@ class Distiller:
         stream = source.train_stream(batch_size=self.config.train.batch_size, rank=0,
                                      world_size=1, balancer=contiguous_balancer,
                                      cost_fn=lambda b: [1.0] * b.batch_size)
-        batches = [self._attach(b) for b in itertools.islice(stream, a.fit_batches)]
-        del stream
+        try:
+            batches = [self._attach(b) for b in itertools.islice(stream, a.fit_batches)]
+        finally:
+            stream.close()  # join a file-backed stream's read-ahead thread
         adapter = TeacherAdapter(self.teacher.tasks,
                                  self.teacher.embedding_dim if a.use_embedding else 0)
         self.adapter_report = fit_adapter(adapter, batches, epochs=a.epochs, lr=a.lr)
