@@ -47,10 +47,13 @@ def _exported(program, example: dict[str, torch.Tensor]):
 
 
 def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
-                 seed: int = 0, max_history: int | None = None) -> dict:
+                 seed: int = 0, max_history: int | None = None,
+                 mean_history: float | None = None) -> dict:
     """Latency and candidates/s of the exported ranker and full model of ``preset`` over
     ``requests`` distinct requests per K (each timed once per pass, interleaved);
-    ``max_history``: the data's history cap instead of the preset's."""
+    ``max_history``: the data's history cap instead of the preset's; ``mean_history``: the
+    generated histories' mean length (the ``mean_length`` option of the preset's synthetic
+    source; production histories run to thousands of events)."""
     config = load_config(preset=preset)
     if max_history is not None:
         config = attrs.evolve(config, data=attrs.evolve(config.data, max_seq_len=max_history))
@@ -62,7 +65,8 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
     norm = plugins.resolve("norm", config.backends.norm, context)
     embedding = plugins.resolve("embedding", config.backends.embedding, context)
     torch.manual_seed(seed)
-    data = attrs.evolve(config.data, options={**config.data.options,
+    lengths = {} if mean_history is None else {"mean_length": mean_history}
+    data = attrs.evolve(config.data, options={**config.data.options, **lengths,
                                               "candidates_per_request": max(candidate_counts)})
     source = plugins.registry("data").load(config.data.source)(data, seed=seed)
     model = build_model(model_config, source.schema, attention=attention.impl,
@@ -133,12 +137,16 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
               help="Distinct requests timed per K (p99 needs many).")
 @click.option("--max-history", default=None, type=click.IntRange(min=2),
               help="History cap (data.max_seq_len) instead of the preset's.")
+@click.option("--mean-history", default=None, type=click.FloatRange(min=1.0),
+              help="Mean generated history length (the synthetic source's mean_length option) "
+                   "instead of the preset's.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_serve(preset: str, candidate_counts: tuple[int, ...], requests: int,
-                max_history: int | None, as_json: bool) -> None:
+                max_history: int | None, mean_history: float | None, as_json: bool) -> None:
     """Candidates/s and latency of the exported ranker on the cached user embedding against the
     full model run once per candidate, for requests of K candidates."""
-    report = serve_report(preset, tuple(candidate_counts), requests, max_history=max_history)
+    report = serve_report(preset, tuple(candidate_counts), requests, max_history=max_history,
+                          mean_history=mean_history)
     if as_json:
         click.echo(json.dumps(report))
         return
