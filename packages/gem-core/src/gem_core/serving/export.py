@@ -223,6 +223,18 @@ def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
     if run.config.model.relative_bias:
         raise GemConfigError(f"{run_dir} uses model.relative_bias, which no exportable attention "
                              "backend supports yet")
+    if run.config.model.teacher_embedding_dim:
+        raise GemConfigError(
+            f"{run_dir} is a distilled student that reads its teacher's user embedding as an "
+            f"input (model.teacher_embedding_dim = {run.config.model.teacher_embedding_dim}, "
+            "from distill.embedding_feature); the export has no input for it yet: distil "
+            "without embedding_feature for a student that serves on its own")
+    managed = [t.name for t in run.schema.tables if t.id_policy == "managed"]
+    if managed:
+        raise GemConfigError(
+            f"{run_dir} has tables with id_policy 'managed' ({', '.join(managed)}): their rows "
+            "come from TorchRec's managed-collision remapper, which the export cannot capture "
+            "yet; export a run whose tables use the 'hash' policy")
     example, held_out = example_batches(run)
     out.mkdir(parents=True, exist_ok=True)
     programs: dict[str, Any] = {}
