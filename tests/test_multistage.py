@@ -35,7 +35,8 @@ def trained(tmp_path_factory, gem):
 
 
 def test_cached_path_equals_live_path(trained, tmp_path):
-    from gem_data.export_user_embeddings import export, load_trained_model, ranker_for_cache
+    from gem_core.serving.programs import ranker_model
+    from gem_data.export_user_embeddings import export, load_trained_model
     from gem_data.sources import parquet_factory
 
     out = tmp_path / "exported"
@@ -47,7 +48,8 @@ def test_cached_path_equals_live_path(trained, tmp_path):
     cached_config = attrs.evolve(config.data, source="parquet", path=str(out), options={})
     cached = parquet_factory(cached_config, seed=0)
     assert cached.schema.user_embedding_dim == 2 * config.model.embedding_dim
-    ranker = ranker_for_cache(model, cached.schema, attention)
+    ranker = ranker_model(model, attention)
+    assert ranker.schema == cached.schema
     live_batches = list(source.eval_batches(batch_size=64))
     cached_batches = list(cached.eval_batches(batch_size=64))
     assert len(live_batches) == len(cached_batches) == 4

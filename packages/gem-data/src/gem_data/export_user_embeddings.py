@@ -36,6 +36,7 @@ from gem_core.data.api import contiguous_balancer
 from gem_core.errors import GemConfigError
 from gem_core.metrics import task_report
 from gem_core.model.gem import GEMModel
+from gem_core.serving.programs import ranker_model
 from gem_core.trained_run import load_run
 
 from gem_data.batch_ops import events_before
@@ -56,19 +57,6 @@ def load_trained_model(run_dir: Path) -> tuple[GemConfig, Any, GEMModel, Any, in
 
     run = load_run(run_dir, check_config=check)
     return run.config, run.source, run.model, run.backends.attention.impl, run.step
-
-
-def ranker_for_cache(model: GEMModel, schema_with_cache: Any, attention: Any) -> GEMModel:
-    """The downstream ranker alone (``user_embeddings = 'cached'``) with ``model``'s weights."""
-    config = attrs.evolve(model.config, user_embeddings="cached")
-    ranker = GEMModel(config, schema_with_cache, attention=attention,
-                      embeddings=model.embeddings)
-    upstream = {k for k in model.state_dict() if k.startswith(("tower.", "pma."))}
-    missing, unexpected = ranker.load_state_dict(model.state_dict(), strict=False)
-    if missing or set(unexpected) != upstream:
-        raise RuntimeError(f"ranker weights do not line up with the model's: missing {missing}, "
-                           f"unexpected {sorted(set(unexpected) - upstream)}")
-    return ranker.eval()
 
 
 def with_user_embeddings(model: GEMModel, batch: JaggedBatch, staleness_s: int) -> JaggedBatch:
@@ -101,7 +89,7 @@ def export(run_dir: Path, out: Path, *, train_rows: int, staleness_s: int,
     tasks = source.schema.tasks
     width = config.model.pma_queries * config.model.embedding_dim
     schema = attrs.evolve(source.schema, user_embedding_dim=width)
-    ranker = ranker_for_cache(model, schema, attention)
+    ranker = ranker_model(model, attention)
     writer = DatasetWriter(out, schema, info={
         "exported_from": str(run_dir), "checkpoint_step": step, "staleness_s": staleness_s})
     live: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {t: [] for t in tasks}
