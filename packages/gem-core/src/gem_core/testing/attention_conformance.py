@@ -41,8 +41,8 @@ from gem_core.attention.api import AttentionParams, backend_capabilities
 from gem_core.attention.reference import reference_attention
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import offsets_from_lengths
-from gem_core.testing.attention_oracle import (DEFAULT_TOLERANCES, BiasSpec, Tolerance, _close,
-                                              padded_biased_attention)
+from gem_core.testing.attention_oracle import (DEFAULT_TOLERANCES, AttentionCase, BiasSpec,
+                                              Tolerance, _close, padded_biased_attention)
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -50,23 +50,6 @@ if TYPE_CHECKING:
 SHAPES = ("self", "cross", "pma")
 NORMALIZATIONS = ("softmax", "silu")
 MASK_FEATURES = ("causal", "window", "prefix", "targets")
-
-
-@attrs.frozen(kw_only=True)
-class AttentionCase:
-    """One drawn batch: everything needed to rebuild the inputs and say what failed."""
-
-    shape: str
-    q_lengths: tuple[int, ...]
-    kv_lengths: tuple[int, ...]
-    params: AttentionParams
-    num_targets: tuple[int, ...] | None
-    heads: int
-    head_dim: int
-    dtype: torch.dtype
-    seed: int
-    bias: BiasSpec | None = None
-    """A relative bias (self-attention only), or None."""
 
 
 class AttentionConformance:

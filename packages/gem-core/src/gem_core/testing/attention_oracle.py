@@ -5,8 +5,6 @@ cases and runs the backends."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 import torch
 import torch.nn.functional as F
@@ -14,9 +12,6 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.masks import self_attention_masks
-
-if TYPE_CHECKING:
-    from gem_core.testing.attention_conformance import AttentionCase
 
 
 @attrs.frozen
@@ -97,6 +92,23 @@ def padded_biased_attention(
         probs = F.silu(scores) * mask / lengths.clamp(min=1).to(q.dtype)[:, None, None, None]
     out = torch.einsum("bhij,bjhd->bihd", probs, vp)
     return out[valid]
+
+
+@attrs.frozen(kw_only=True)
+class AttentionCase:
+    """One drawn batch: everything needed to rebuild the inputs and say what failed."""
+
+    shape: str
+    q_lengths: tuple[int, ...]
+    kv_lengths: tuple[int, ...]
+    params: AttentionParams
+    num_targets: tuple[int, ...] | None
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    seed: int
+    bias: BiasSpec | None = None
+    """A relative bias (self-attention only), or None."""
 
 
 def _close(name: str, got: Tensor, want: Tensor, tol: Tolerance, case: AttentionCase,
