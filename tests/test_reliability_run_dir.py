@@ -52,7 +52,12 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
     run = tmp_path / "run"
-    args = [f"--set={o}" for o in SMALL] + ["--set=train.steps=12", "--set=train.eval_every=4"]
+    # The first trainer has far more steps than the test lets it run: it must still hold the
+    # lock when the second starts, however fast the machine (12 steps once finished in the
+    # second's start-up time on an idle machine). It is stopped once the second was refused.
+    args = [f"--set={o}" for o in SMALL] + ["--set=train.steps=100000",
+                                            "--set=train.eval_every=4",
+                                            "--set=train.checkpoint_every=0"]
     first = subprocess.Popen([sys.executable, "-m", "gem_core.cli.main", "train", "--out",
                               str(run), "--no-progress", *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -64,16 +69,31 @@ def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
             time.sleep(0.05)
         time.sleep(1.0)  # the second trainer starts a second after the first took the lock
         second = CliRunner().invoke(cli, ["train", "--out", str(run), "--no-progress", *args])
-        assert first.poll() is None, "the first trainer ended before the second started"
+        assert first.poll() is None, first.communicate()[1][-3000:]
         assert second.exit_code == 1
         assert f"is in use by another trainer (pid {first.pid} on host" in second.output
         assert "Traceback" not in second.output
+        # Let the first log a few more steps after the refusal, then stop it.
+        logged = len(_complete_lines(run / "metrics.jsonl"))
+        while len(_complete_lines(run / "metrics.jsonl")) < logged + 2:
+            assert first.poll() is None, first.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
-        _, stderr = first.communicate(timeout=600)
-    assert first.returncode == 0, stderr[-3000:]
-    assert _steps(run) == list(range(1, 13))  # every step once
-    assert _steps(run, "eval.jsonl") == [4, 8, 12]
+        first.kill()
+        first.communicate(timeout=600)
+    steps = [json.loads(line)["step"] for line in _complete_lines(run / "metrics.jsonl")]
+    assert steps == list(range(1, len(steps) + 1))  # every step once
+    evals = [json.loads(line)["step"] for line in _complete_lines(run / "eval.jsonl")]
+    assert evals == list(range(4, 4 * len(evals) + 1, 4))
     assert len(list((run / "tensorboard").iterdir())) == 1
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file being appended to, without a last line still being
+    written (killed mid-write, or read between two writes)."""
+    text = _read(path)
+    return text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
 
 
 def _read(path: Path) -> str:

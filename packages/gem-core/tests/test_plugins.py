@@ -55,7 +55,7 @@ def test_registering_something_else_than_a_spec_is_an_error():
 def test_unknown_name_lists_what_is_installed():
     plugins = build_plugins(load_entry_points=False)
     with pytest.raises(GemConfigError, match=r"unknown attention implementation 'nope'; "
-                                             r"installed: bucketed, reference"):
+                                             r"installed: bucketed, padded, reference"):
         plugins.resolve("attention", "nope", AutoContext(device="cpu"))
 
 
