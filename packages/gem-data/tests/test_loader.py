@@ -120,11 +120,3 @@ def test_batches_are_valid_requests(small_dataset, schema):
         batch.validate(schema)
         assert batch.labels["click"].numel() == batch.num_candidates
 
-
-def test_sample_costs():
-    from gem_data.costs import attention_pairs
-
-    lengths = torch.tensor([0, 1, 4, 10])
-    assert attention_pairs(lengths).tolist() == [0, 1, 10, 55]
-    # Window 3: positions see min(i + 1, 3) keys: 1 + 2 + 3 + 3 + ... .
-    assert attention_pairs(lengths, window=3).tolist() == [0, 1, 9, 27]

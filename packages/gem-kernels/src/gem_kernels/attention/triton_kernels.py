@@ -17,7 +17,7 @@ pairs of each bucket, is accumulated by the dQ kernel with atomic adds into the 
 ``DW_PART`` (zeroed by the caller), so that gradient is not bitwise deterministic.
 
 Accumulation is fp32. ``DOT_DTYPE`` is the dtype of the ``tl.dot`` operands: the input dtype on a
-GPU (tensor cores) and fp32 in the interpreter, which computes bf16 on raw bits (DESIGN.md 6).
+GPU (tensor cores) and fp32 in the interpreter, which computes bf16 on raw bits (inexactly).
 """
 
 from __future__ import annotations

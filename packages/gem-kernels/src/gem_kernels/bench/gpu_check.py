@@ -3,8 +3,8 @@
 1. correctness: the ``triton`` and ``reference`` backends in bf16 against the float64 reference
    on fixed cases of every shape, mask and normalisation (the conformance suite's ``check_case``,
    without pytest or hypothesis, which the GPU image may lack);
-2. the measured bf16 matmul rate and copy bandwidth of this device (the ceilings of section 7 of
-   DESIGN.md);
+2. the measured bf16 matmul rate and copy bandwidth of this device (the ceilings MFU and
+   bandwidth figures are read against);
 3. ``run_attention_bench`` on each shape (self-attention full causal and with a local window,
    cross-attention, PMA) at Zipf(1.2) lengths;
 4. one JSON file, then a short table printed last.
