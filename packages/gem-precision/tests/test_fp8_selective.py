@@ -74,3 +74,7 @@ def test_unknown_and_contradictory_options_are_errors(make_model):
         Float8Recipe("rowwise").convert(make_model(), None, {"exlude": ["heads"]})
     with pytest.raises(GemConfigError, match="tensorwise"):
         Float8Recipe("rowwise").convert(make_model(), None, {"fsdp_float8_all_gather": True})
+    # gem-core's validators, keyed by the dotted name: the bad entry and the allowed ones
+    with pytest.raises(GemConfigError, match=r"precision.options.activation_modules must be one "
+                                             r"of linear, .*; got 'mlp'"):
+        Float8Recipe("rowwise").convert(make_model(), None, {"activation_modules": ["mlp"]})

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import attrs
 
 from gem_core.config import structure
+from gem_core.config.validators import at_least, choice, each
 from gem_core.errors import GemConfigError
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
@@ -17,26 +18,6 @@ STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention",
                "cross_attention", "interaction")
 
 
-def _one_of(*allowed: str):
-    def check(instance: Any, attribute: attrs.Attribute, value: str) -> None:
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}; got {value!r}")
-    return check
-
-
-def _each_one_of(*allowed: str):
-    def check(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
-        unknown = [v for v in value if v not in allowed]
-        if unknown:
-            raise ValueError(f"unknown entries {unknown}; allowed: {', '.join(allowed)}")
-    return check
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: float) -> None:
-    if value < 0:
-        raise ValueError(f"must be >= 0; got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class Fp8Options:
     """Options of ``fp8-tensorwise`` and ``fp8-rowwise``."""
@@ -45,10 +26,10 @@ class Fp8Options:
     """Module names (or fnmatch patterns, or prefixes such as ``tower.blocks.0``) kept in high
     precision. Task heads (``heads.*``), embeddings and norms are never converted anyway."""
 
-    min_dim: int = attrs.field(default=32, validator=_non_negative)
+    min_dim: int = attrs.field(default=32, validator=at_least(0))
     """Smallest in/out size worth converting: below it the casts cost more than FP8 saves."""
 
-    float8_matmul: str = attrs.field(default="auto", validator=_one_of(*FLOAT8_MATMULS))
+    float8_matmul: str = attrs.field(default="auto", validator=choice(*FLOAT8_MATMULS))
     """``scaled_mm`` (real FP8 matmuls), ``emulated`` (the same FP8 casts, matmul in float32) or
     ``auto``: emulated on CPU, where torch._scaled_mm is a slow reference kernel (about 100x
     float32 at tiny's shapes), scaled_mm elsewhere. The choice is logged."""
@@ -59,16 +40,16 @@ class Fp8Options:
     activation_fp8: bool = False
     """Store activations saved for backward in float8 e4m3 with a scale (the FP8 stash)."""
 
-    activation_scaling: str = attrs.field(default="row", validator=_one_of(*STASH_GRANULARITIES))
+    activation_scaling: str = attrs.field(default="row", validator=choice(*STASH_GRANULARITIES))
     """Scale of the stash: one per tensor, or one per row (last dimension)."""
 
     activation_modules: tuple[str, ...] = attrs.field(
         default=("sequence_block", "target_attention", "pma", "cross_attention", "interaction"),
         converter=tuple,
-        validator=_each_one_of(*STASH_KINDS))
+        validator=each(choice(*STASH_KINDS)))
     """Module kinds whose saved activations the stash quantizes."""
 
-    activation_min_numel: int = attrs.field(default=1024, validator=_non_negative)
+    activation_min_numel: int = attrs.field(default=1024, validator=at_least(0))
     """Saved tensors smaller than this stay as they are (scales would cost more than they save)."""
 
 
@@ -76,16 +57,16 @@ class Fp8Options:
 class Fp8AutoOptions(Fp8Options):
     """Options of ``fp8-auto``: those of the fixed FP8 recipes plus the selection rule."""
 
-    recipe: str = attrs.field(default="rowwise", validator=_one_of(*FLOAT8_RECIPES))
+    recipe: str = attrs.field(default="rowwise", validator=choice(*FLOAT8_RECIPES))
     """torchao float8 scaling measured and used for the chosen layers."""
 
-    max_output_error: float = attrs.field(default=0.08, validator=_non_negative)
+    max_output_error: float = attrs.field(default=0.08, validator=at_least(0))
     """Largest relative error of a layer's FP8 output (vs float32) that still converts it."""
 
-    max_grad_error: float = attrs.field(default=0.15, validator=_non_negative)
+    max_grad_error: float = attrs.field(default=0.15, validator=at_least(0))
     """Largest relative error of its input or weight gradient that still converts it."""
 
-    max_loss_change: float = attrs.field(default=0.002, validator=_non_negative)
+    max_loss_change: float = attrs.field(default=0.002, validator=at_least(0))
     """Largest relative change of the calibration loss when only that layer is FP8."""
 
     report_path: str = ""
@@ -95,7 +76,8 @@ class Fp8AutoOptions(Fp8Options):
 def parse_options(cls: type, options: Mapping[str, Any], recipe: str) -> Any:
     """``options`` as ``cls``; unknown keys and bad values name the dotted key."""
     parsed = structure(cls, dict(options), "precision.options")
-    if parsed.fsdp_float8_all_gather and getattr(parsed, "recipe", recipe) != "tensorwise":
+    scaling = parsed.recipe if isinstance(parsed, Fp8AutoOptions) else recipe
+    if parsed.fsdp_float8_all_gather and scaling != "tensorwise":
         raise GemConfigError(f"precision.options.fsdp_float8_all_gather needs tensorwise scaling; "
                              f"{recipe!r} uses rowwise")
     return parsed
