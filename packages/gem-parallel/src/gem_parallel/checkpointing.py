@@ -18,6 +18,7 @@ from gem_core.config import structure
 from gem_core.config.validators import choice, each
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
+from gem_core.model.interface import require_strategy_model
 from gem_core.precision import reject_options
 
 KINDS = ("attention", "mlp")
@@ -73,24 +74,36 @@ def checkpoint_module(module: nn.Module) -> None:
     module.forward = CheckpointedForward(module)
 
 
-def tower_blocks(model: nn.Module, policy: str) -> list[nn.Module]:
-    blocks = getattr(getattr(model, "tower", None), "blocks", None)
-    if blocks is None:
-        raise RuntimeError(f"activation_checkpointing {policy!r} checkpoints model.tower.blocks; "
-                           f"{type(model).__name__} has none")
-    return list(blocks)
+def checkpoint_parts(model: nn.Module, kind: str, policy: str) -> list[tuple[nn.Module, str]]:
+    """The model's parts of ``kind`` (its interface's ``checkpoint_parts``); refused when it has
+    none: the user asked for recomputation that would not happen."""
+    parts = require_strategy_model(model, f"activation_checkpointing {policy!r}",
+                                   "checkpoint_parts").checkpoint_parts(kind)
+    if not parts:
+        raise GemConfigError(f"activation_checkpointing {policy!r}: {type(model).__name__} has "
+                             f"no {kind!r} parts to recompute (checkpoint_parts({kind!r}) is "
+                             "empty); use the 'none' policy")
+    return parts
+
+
+def checkpoint_part(owner: nn.Module, attribute: str) -> None:
+    """Checkpoint ``owner.<attribute>``: a module's forward in place, a plain callable (an
+    attention backend) by a checkpointed stand-in."""
+    part = getattr(owner, attribute)
+    if isinstance(part, nn.Module):
+        checkpoint_module(part)
+    else:
+        setattr(owner, attribute, CheckpointedCall(part))
 
 
 class FullCheckpointing:
-    """``full``: every sequence-tower block, and every cross-attention layer between them, is
-    recomputed whole."""
+    """``full``: every part the model names as a ``block`` (the GEM model: each sequence-tower
+    block and each cross-attention layer between them) is recomputed whole."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, options) -> nn.Module:
         reject_options("activation_checkpointing 'full'", options)
-        for block in tower_blocks(model, "full"):
-            checkpoint_module(block)
-        for layer in getattr(model.tower, "cross", None) or []:
-            checkpoint_module(layer)
+        for owner, attribute in checkpoint_parts(model, "block", "full"):
+            checkpoint_part(owner, attribute)
         return model
 
 
@@ -102,12 +115,7 @@ class SelectiveCheckpointing:
         if not opts.modules:
             raise GemConfigError("parallel.activation_checkpointing.modules is empty; name "
                                  f"some of {', '.join(KINDS)} or use the 'none' policy")
-        for block in tower_blocks(model, "selective"):
-            if "attention" in opts.modules:
-                if isinstance(block.attention, nn.Module):
-                    checkpoint_module(block.attention)
-                else:
-                    block.attention = CheckpointedCall(block.attention)
-            if "mlp" in opts.modules:
-                checkpoint_module(block.mlp)
+        for kind in opts.modules:
+            for owner, attribute in checkpoint_parts(model, kind, "selective"):
+                checkpoint_part(owner, attribute)
         return model

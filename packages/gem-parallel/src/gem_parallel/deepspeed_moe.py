@@ -42,7 +42,8 @@ from gem_core.config import structure
 from gem_core.config.validators import at_least, choice
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.errors import GemConfigError
-from gem_core.model.moe import LastForward, MixtureOfExperts, moe_layers
+from gem_core.model.interface import require_strategy_model
+from gem_core.model.moe import LastForward, MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
 
 from gem_parallel.deepspeed_zero import (
@@ -253,7 +254,8 @@ class DeepSpeedMoeStrategy:
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> "DeepSpeedMoeEngine":
         opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
-        layers = moe_layers(model)
+        layers = require_strategy_model(model, f"dense_sharding {self.name!r}",
+                                        "moe_layers").moe_layers()
         if not layers:
             raise GemConfigError("dense_sharding 'deepspeed-moe' needs a model with MoE layers; "
                                  "set model.moe.num_experts (e.g. --preset tiny-moe)")

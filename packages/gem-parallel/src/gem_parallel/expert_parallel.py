@@ -45,7 +45,7 @@ from gem_core.config.validators import at_least
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
-from gem_core.model.moe import moe_layers
+from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe_experts import ExpertMLPs
 
 from gem_parallel.eval_replica import EvalReplica
@@ -150,6 +150,11 @@ class ExpertParallelDispatcher:
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return _AllToAll.apply(outputs[inverse], input_splits, output_splits, self.group,
                                self.traffic, self.ep_rank)
+
+
+def moe_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's MoE layers by qualified name, through its interface (``moe_layers``)."""
+    return require_strategy_model(model, "dense_sharding 'ep'", "moe_layers").moe_layers()
 
 
 class LocalDispatcher:
@@ -283,7 +288,8 @@ class ExpertParallelStrategy:
             ignored: set[nn.Parameter] = set()
         else:
             ignored = set(expert_parameters(model))
-        for block in getattr(getattr(model, "tower", None), "blocks", ()):
+        for block in require_strategy_model(model, "dense_sharding 'ep'",
+                                            "parallel_units").parallel_units():
             fully_shard(block, mesh=dp_mesh, mp_policy=policy,
                         reshard_after_forward=opts.reshard_after_forward,
                         ignored_params=ignored & set(block.parameters()))

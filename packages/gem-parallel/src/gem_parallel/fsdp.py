@@ -1,6 +1,6 @@
 """``fsdp2`` and ``hsdp``: FSDP2 (``fully_shard``) over a 1-D or 2-D DeviceMesh.
 
-Each sequence-tower block is its own FSDP unit (its parameters are gathered just before it runs
+Each of the model's ``parallel_units()`` (the GEM model: its sequence-tower blocks) is its own FSDP unit (its parameters are gathered just before it runs
 and freed after), then the root takes every remaining parameter (embeddings, heads). HSDP shards
 within a ``dp_shard`` group and replicates across ``dp_replicate`` groups; the mesh is ordered
 ``("dp_replicate", "dp_shard")`` as FSDP2 expects.
@@ -29,6 +29,7 @@ from gem_core.config import structure
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
+from gem_core.model.interface import require_strategy_model
 
 from gem_parallel.eval_replica import EvalReplica
 
@@ -102,13 +103,14 @@ class FullyShardedStrategy:
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
+        units = require_strategy_model(model, f"dense_sharding {self.name!r}",
+                                       "parallel_units").parallel_units()
         _require_process_group(self.name, ctx)
         mesh, reshard = self.mesh(ctx, options)
         replica = EvalReplica(model)
         # The recipe's policy (e.g. bf16 parameters, fp32 reductions); None: keep fp32 throughout.
         policy = precision.mixed_precision_policy() or MixedPrecisionPolicy()
-        blocks = getattr(getattr(model, "tower", None), "blocks", ())
-        for block in blocks:
+        for block in units:
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         # The root keeps its parameters gathered after the forward: the backward needs them first.
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)

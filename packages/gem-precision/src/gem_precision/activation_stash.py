@@ -15,27 +15,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from gem_core.model.cross_attention import CrossFeatureAttention
-from gem_core.model.interaction import DotInteractionMLP
-from gem_core.model.pma import PooledMultiheadAttention
-from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SwiGLU
-from gem_core.model.target_attention import TargetAwareAttention
-from gem_core.model.wukong import WukongInteraction
+from gem_core.errors import GemConfigError
+from gem_core.model.interface import require_strategy_model
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 _QUANTIZABLE = (torch.float32, torch.bfloat16, torch.float16)
-
-MODULE_KINDS: dict[str, tuple[type[nn.Module], ...]] = {
-    "linear": (nn.Linear,),  # torchao's Float8Linear is an nn.Linear too
-    "norm": (nn.RMSNorm, nn.LayerNorm),
-    "swiglu": (SwiGLU,),
-    "sequence_block": (JaggedSelfAttentionBlock,),
-    "target_attention": (TargetAwareAttention,),
-    "pma": (PooledMultiheadAttention,),
-    "cross_attention": (CrossFeatureAttention,),
-    "interaction": (DotInteractionMLP, WukongInteraction),
-}
 
 
 @attrs.frozen
@@ -110,12 +95,20 @@ class ActivationStash:
 
 def install_stash(model: nn.Module, stash: ActivationStash,
                   kinds: Sequence[str]) -> list[RemovableHandle]:
-    """Quantize what modules of ``kinds`` save for backward; returns the hook handles."""
-    classes = tuple(c for kind in kinds for c in MODULE_KINDS[kind])
+    """Quantize what the model's stash points of ``kinds`` (its interface's ``stash_points``)
+    save for backward; returns the hook handles."""
+    points = require_strategy_model(model, "the FP8 activation stash",
+                                    "stash_points").stash_points()
+    missing = [kind for kind in kinds if kind not in points]
+    if missing:
+        raise GemConfigError(
+            f"activation_modules {missing}: {type(model).__name__}.stash_points() has no such "
+            f"kinds (it has {', '.join(points) or 'none'})")
+    # A module of several chosen kinds is hooked once; nested chosen modules (a SwiGLU inside
+    # a chosen block) each get their own hooks, the innermost packing its own tensors.
+    chosen = {id(m): m for kind in kinds for m in points[kind]}
     handles: list[RemovableHandle] = []
-    for module in model.modules():
-        if not isinstance(module, classes):
-            continue
+    for module in chosen.values():
         active: list[Any] = []
 
         def enter(mod: nn.Module, args: Any, active: list[Any] = active) -> None:

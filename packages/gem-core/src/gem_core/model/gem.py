@@ -15,11 +15,13 @@ from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
 from gem_core.model.features import FeatureLookup, embedding_tables as feature_tables
+from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.heads import esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
-from gem_core.model.moe import auxiliary_losses, step_stats, summarize_step_stats
+from gem_core.model.interface import StrategyModel, check_checkpoint_kind, modules_of
+from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
-from gem_core.model.sequence_tower import SequenceTower
+from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTower, SwiGLU
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.target_match import TargetMatch, shared_attributes
 from gem_core.model.tokens import EventTokenizer
@@ -33,7 +35,20 @@ def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[Embeddi
     return feature_tables(config.embedding_dim, schema)
 
 
-class GEMModel(nn.Module):
+#: What each kind of :meth:`GEMModel.stash_points` is, by class.
+STASH_CLASSES: dict[str, tuple[type, ...]] = {
+    "linear": (nn.Linear,),  # torchao's Float8Linear is an nn.Linear too
+    "norm": (nn.RMSNorm, nn.LayerNorm),
+    "swiglu": (SwiGLU,),
+    "sequence_block": (JaggedSelfAttentionBlock,),
+    "target_attention": (TargetAwareAttention,),
+    "pma": (PooledMultiheadAttention,),
+    "cross_attention": (CrossFeatureAttention,),
+    "interaction": (DotInteractionMLP, WukongInteraction),
+}
+
+
+class GEMModel(nn.Module, StrategyModel):
     """Embeddings -> sequence tower (+ cross-attention to the user's non-sequence tokens) ->
     PMA user tokens -> target-aware attention -> interaction (dot or Wukong) -> task heads.
 
@@ -211,6 +226,31 @@ class GEMModel(nn.Module):
         if self.config.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
+
+    # -- the model interface of strategies (gem_core.model.interface) -------------------------
+
+    def parallel_units(self) -> list[nn.Module]:
+        """The sequence tower's blocks (none without an upstream tower)."""
+        return list(self.tower.blocks) if self.tower is not None else []
+
+    def checkpoint_parts(self, kind: str) -> list[tuple[nn.Module, str]]:
+        """``block``: every tower block and every cross-attention layer between them;
+        ``attention``/``mlp``: the attention call and the MLP (or MoE) of every block. The
+        cross-attention layers live in their own list so that every block keeps the
+        ``(x, offsets, max_len) -> x`` form."""
+        check_checkpoint_kind(kind)
+        if self.tower is None:
+            return []
+        blocks = [(self.tower.blocks, str(i)) for i in range(len(self.tower.blocks))]
+        if kind == "block":
+            return blocks + [(self.tower.cross, str(i)) for i in range(len(self.tower.cross))]
+        return [(block, kind) for block in self.tower.blocks]
+
+    def moe_layers(self) -> list[tuple[str, nn.Module]]:
+        return list(moe_layers(self))
+
+    def stash_points(self) -> dict[str, list[nn.Module]]:
+        return modules_of(self, STASH_CLASSES)
 
     def matched_user_embedding(self) -> Tensor:
         """``(R, teacher_match_dim)``: the projection of the last forward's user embedding that
