@@ -328,6 +328,19 @@ def test_truncated_file(make_dataset):
     record_digests(directory)  # a manifest written for the truncated file: the format check
     with pytest.raises(GemDataError, match=r"train-00000.parquet: truncated or corrupt Parquet"):
         read_all(directory)
+    # `gem data validate` on it, with the eval file emptied too (its digest no longer matches):
+    # the summary says which files could not be read, not "0 rows checked".
+    from click.testing import CliRunner
+
+    from gem_data.cli import data_group
+
+    (directory / "eval-00000.parquet").write_bytes(b"")
+    result = CliRunner().invoke(data_group, ["validate", str(directory)])
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[-1] == (
+        f"{directory}: 2 files, 0 of 3 row groups and 0 requests checked; 2 of 2 files could "
+        "not be read (train-00000.parquet, eval-00000.parquet); 1 files differ from their "
+        "recorded SHA-256 (eval-00000.parquet); 3 errors")
 
 
 def test_empty_file(make_dataset):
@@ -354,6 +367,11 @@ def test_schema_mismatch(make_dataset):
 def test_manifest_problems(make_dataset, tmp_path):
     with pytest.raises(GemDataError, match="manifest.json is missing"):
         DatasetReader(tmp_path)
+    from gem_data.check import validate_dataset, validation_summary
+
+    assert validation_summary(validate_dataset(tmp_path)) == (
+        f"{tmp_path}: the data set could not be opened (its manifest or files), so no file was "
+        "checked; 1 error")
     directory = make_dataset()
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest["splits"]["train"]["files"][0]["rows"] = 65

@@ -80,8 +80,9 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
     manifest works too). ``write_digests``: when everything passed and the manifest records no
     sizes and digests (a data set written before gem-data recorded them), record them."""
     errors: list[str] = []
-    result: dict[str, Any] = {"directory": str(directory), "rows_checked": 0, "row_groups": 0,
-                              "warnings": []}
+    result: dict[str, Any] = {"directory": str(directory), "opened": False, "files": 0,
+                              "files_unreadable": [], "files_damaged": [], "rows_checked": 0,
+                              "row_groups": 0, "row_groups_listed": 0, "warnings": []}
     try:
         if schema is not None and not (directory / MANIFEST_NAME).is_file():
             manifest = manifest_of_files(directory, schema)
@@ -96,12 +97,14 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
         return {**result, "errors": [str(error)]}
     checked = 0
     broken_files: set[str] = set()
+    damaged_files: list[str] = []
     for files in reader.manifest.splits.values():
         for entry in files:
             if entry.sha256 is None or not (directory / entry.path).is_file():
                 continue  # a missing file is reported when it is opened
             actual = file_digest(directory / entry.path)
             if actual != entry.sha256:
+                damaged_files.append(entry.path)
                 errors.append(f"{directory / entry.path}: SHA-256 {actual} differs from the "
                               f"manifest's {entry.sha256}: the file was damaged or replaced "
                               "after the data set was written")
@@ -132,8 +135,33 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
         elif missing:
             write_manifest(directory, with_digests(directory, read_manifest(directory)))
             result["digests_written"] = len(missing)
-    return {**result, "rows_checked": reader.report.rows_checked, "row_groups": checked,
+    listed = [entry.path for files in reader.manifest.splits.values() for entry in files]
+    return {**result, "opened": True, "files": len(listed),
+            "files_unreadable": [f for f in listed if f in broken_files],
+            "files_damaged": damaged_files, "rows_checked": reader.report.rows_checked,
+            "row_groups": checked,
+            "row_groups_listed": sum(len(split_units(reader.manifest, split))
+                                     for split in reader.manifest.splits),
             "errors": errors}
+
+
+def validation_summary(result: dict[str, Any]) -> str:
+    """The last line of ``gem data validate``: what was checked (files, row groups, requests),
+    which files could not be read or differ from their digests, and the number of errors."""
+    errors = len(result["errors"])
+    where = result["directory"]
+    if not result["opened"]:
+        return (f"{where}: the data set could not be opened (its manifest or files), so no file "
+                f"was checked; {errors} error{'s' if errors != 1 else ''}")
+    parts = [f"{result['files']} files, {result['row_groups']} of {result['row_groups_listed']} "
+             f"row groups and {result['rows_checked']} requests checked"]
+    if result["files_unreadable"]:
+        parts.append(f"{len(result['files_unreadable'])} of {result['files']} files could not "
+                     f"be read ({', '.join(result['files_unreadable'])})")
+    if result["files_damaged"]:
+        parts.append(f"{len(result['files_damaged'])} files differ from their recorded SHA-256 "
+                     f"({', '.join(result['files_damaged'])})")
+    return f"{where}: " + "; ".join(parts) + f"; {errors} error{'s' if errors != 1 else ''}"
 
 
 def _leaf_ids(column: Any) -> np.ndarray:

@@ -86,7 +86,7 @@ def fetch_command(name: str, cache_dir: str | None, out: str | None, max_history
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def validate_command(directory: str, schema_file: str | None, write_digests: bool,
                      as_json: bool) -> None:
-    from gem_data.check import load_schema_file, validate_dataset
+    from gem_data.check import load_schema_file, validate_dataset, validation_summary
 
     try:
         schema = load_schema_file(schema_file) if schema_file else None
@@ -106,8 +106,7 @@ def validate_command(directory: str, schema_file: str | None, write_digests: boo
                        err=True)
         for message in result["errors"]:
             click.echo(f"error: {message}", err=True)
-        click.echo(f"{directory}: {result['rows_checked']} requests checked in "
-                   f"{result['row_groups']} row groups, {len(result['errors'])} errors")
+        click.echo(validation_summary(result))
     if result["errors"]:
         raise SystemExit(1)
 
