@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import AutoContext, ImplementationSpec, lazy
+from gem_core.contracts import ActivationCheckpointing, EmbeddingSharding
+from gem_core.registry import (RELATIVE_BIAS, SILU, SOFTMAX, TORCH_EXPORT, AutoContext,
+                                ImplementationSpec, lazy)
+TORCH_COMPILE = "torch_compile"
 
 
 def _reference_attention():
@@ -29,16 +32,19 @@ def gem_register_attention_backends(register) -> None:
     register(ImplementationSpec(
         name="reference", load=_reference_attention, dtypes=("float32", "bfloat16", "float16",
                                                               "float64"),
+        capabilities=(SOFTMAX, SILU, RELATIVE_BIAS),
         description="one sample at a time with dense masks; the oracle for every backend",
     ))
     register(ImplementationSpec(
         name="bucketed", load=_bucketed_attention, dtypes=("float32", "bfloat16", "float16",
                                                             "float64"),
+        capabilities=(SOFTMAX, SILU, RELATIVE_BIAS),
         description="pure PyTorch, batched over geometric length buckets (padding <= 1.25x)",
     ))
     register(ImplementationSpec(
         name="padded", load=_padded_attention, dtypes=("float32", "bfloat16", "float16",
                                                         "float64"),
+        capabilities=(SOFTMAX, SILU, TORCH_EXPORT, TORCH_COMPILE),
         description="pure PyTorch padded to the batch maximum, no data-dependent control "
                     "flow: exports with torch.export (gem export-model's fallback)",
     ))
@@ -68,7 +74,7 @@ def _reference_embedding():
 @hookimpl
 def gem_register_embedding_backends(register) -> None:
     register(ImplementationSpec(
-        name="reference", load=_reference_embedding, dtypes=("float32",),
+        name="reference", load=_reference_embedding,
         description="torch.nn.Embedding per table; embedding_bag for pooled features",
     ))
 
@@ -87,7 +93,7 @@ def gem_register_dense_sharding(register) -> None:
     ))
 
 
-class _Replicated:
+class _Replicated(EmbeddingSharding):
     """Tables stay ordinary parameters, replicated and synchronised by the dense strategy."""
 
     def apply(self, model, *, ctx, options):
@@ -95,6 +101,23 @@ class _Replicated:
 
         reject_options("embedding_sharding 'replicated'", options)
         return model
+
+    def plan_estimate(self, facts, options):
+        """Every rank holds every table with its gradients and AdamW moments; the gradients
+        are all-reduced as dense ones."""
+        from gem_core.plan_estimate import Estimate, adam_memory
+        from gem_core.precision import reject_options
+
+        reject_options("embedding_sharding 'replicated'", options)
+        n, embedding = facts.world_size, facts.embedding_parameters
+        tables = {t.name: {"bytes_per_rank": t.parameters * 4 * 2 + t.parameters * 8,
+                           "comm_bytes_per_rank_per_step":
+                               int(2 * (n - 1) / n * t.parameters * 4) if n > 1 else 0}
+                  for t in facts.tables}
+        return Estimate(memory=adam_memory("embedding", embedding),
+                        communication={"embedding": 2 * (n - 1) / n * embedding * 4
+                                       if n > 1 else 0},
+                        tables=tables)
 
 
 @hookimpl
@@ -113,11 +136,11 @@ def _fp32():
 
 @hookimpl
 def gem_register_precision_recipes(register) -> None:
-    register(ImplementationSpec(name="fp32", load=_fp32, dtypes=("float32",),
+    register(ImplementationSpec(name="fp32", load=_fp32, activation_dtype="float32",
                                 description="float32 everywhere"))
 
 
-class _NoCheckpointing:
+class _NoCheckpointing(ActivationCheckpointing):
     """Every activation is stored for the backward."""
 
     def apply(self, model, *, ctx, options):
@@ -125,6 +148,14 @@ class _NoCheckpointing:
 
         reject_options("activation_checkpointing 'none'", options)
         return model
+
+    def plan_estimate(self, facts, options):
+        """The activations gem plan measured (nothing recomputed)."""
+        from gem_core.plan_estimate import measured_activations
+        from gem_core.precision import reject_options
+
+        reject_options("activation_checkpointing 'none'", options)
+        return measured_activations(facts)
 
 
 @hookimpl
@@ -206,6 +237,9 @@ def gem_register_cli_commands(register) -> None:
 
 @hookimpl(trylast=True)
 def gem_default_attention(context: AutoContext):
+    if context.compile:
+        return "padded", ("train.compile: no kernel plugin chose, and padded is gem-core's "
+                          "backend that torch.compile traces whole")
     return "bucketed", "gem-core's fastest pure-PyTorch backend (no kernel plugin chose)"
 
 

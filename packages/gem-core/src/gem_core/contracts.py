@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gem_core.distributed import ParallelContext
     from gem_core.embedding import EmbeddingTableConfig
     from gem_core.engine import Engine
+    from gem_core.plan_estimate import Estimate, PlanFacts
     from gem_core.schema import FeatureSchema
 
 
@@ -159,6 +160,13 @@ class EmbeddingSharding(abc.ABC):
         """Shard the module at ``model.embeddings``; return the model with the same forward
         semantics. ``options``: ``[parallel.embedding]``, validated here."""
 
+    def plan_estimate(self, facts: PlanFacts, options: Mapping[str, Any]) -> Estimate | None:
+        """Memory per rank and bytes sent per step under this strategy, for ``gem plan``, from
+        the facts it measured (:mod:`gem_core.plan_estimate`); ``options`` are this kind's
+        ``[parallel.*]`` options, validated here. None (this default): it gives no estimate,
+        and the plan says so, naming it, instead of guessing."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Written to ``summary.json`` under ``embedding_sharding`` (e.g. the plan per table)."""
         return {}
@@ -172,6 +180,20 @@ class ActivationCheckpointing(abc.ABC):
     def apply(self, model: nn.Module, *, ctx: ParallelContext,
               options: Mapping[str, Any]) -> nn.Module:
         """Wrap the chosen submodules; ``options``: ``[parallel.activation_checkpointing]``."""
+
+    def compiler_settings(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``torch._functorch.config`` settings under which the compiled step (``train.compile``)
+        compiles, e.g. ``{"activation_memory_budget": 0.5}`` (the compiler then chooses what to
+        recompute). Non-empty means the policy works only through the compiler: a run without
+        ``train.compile`` refuses it. Empty (this default): none."""
+        return {}
+
+    def plan_estimate(self, facts: PlanFacts, options: Mapping[str, Any]) -> Estimate | None:
+        """Memory per rank and bytes sent per step under this strategy, for ``gem plan``, from
+        the facts it measured (:mod:`gem_core.plan_estimate`); ``options`` are this kind's
+        ``[parallel.*]`` options, validated here. None (this default): it gives no estimate,
+        and the plan says so, naming it, instead of guessing."""
+        return None
 
 
 class DenseSharding(abc.ABC):
@@ -188,6 +210,13 @@ class DenseSharding(abc.ABC):
         :class:`gem_core.engine.Engine` (whose ``summary()`` goes to ``summary.json`` under
         ``dense_sharding``). ``precision``'s ``mixed_precision_policy()`` is for strategies that
         cast parameters; ``options`` is ``[parallel.dense]``, validated here."""
+
+    def plan_estimate(self, facts: PlanFacts, options: Mapping[str, Any]) -> Estimate | None:
+        """Memory per rank and bytes sent per step under this strategy, for ``gem plan``, from
+        the facts it measured (:mod:`gem_core.plan_estimate`); ``options`` are this kind's
+        ``[parallel.*]`` options, validated here. None (this default): it gives no estimate,
+        and the plan says so, naming it, instead of guessing."""
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,3 +402,15 @@ def check_contract(obj: Any, contract: type | None, *, kind: str, name: str, plu
         f"{contract.__module__}.{contract.__qualname__}: {detail}; subclass "
         f"{contract.__qualname__} and implement its abstract methods")
 
+
+
+
+def __getattr__(name: str) -> Any:
+    """``StrategyModel``, the model's interface to the strategies that transform it, lives with
+    the model (:mod:`gem_core.model.interface`) and is re-exported here on first use: importing
+    ``gem_core.model`` while this module loads would be circular."""
+    if name == "StrategyModel":
+        from gem_core.model.interface import StrategyModel
+
+        return StrategyModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,9 +16,11 @@ from torch.utils.checkpoint import checkpoint
 
 from gem_core.config import structure
 from gem_core.config.validators import choice, each
+from gem_core.contracts import ActivationCheckpointing
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
+from gem_core.plan_estimate import Estimate, PlanFacts, measured_activations
 from gem_core.precision import reject_options
 
 KINDS = ("attention", "mlp")
@@ -96,7 +98,7 @@ def checkpoint_part(owner: nn.Module, attribute: str) -> None:
         setattr(owner, attribute, CheckpointedCall(part))
 
 
-class FullCheckpointing:
+class FullCheckpointing(ActivationCheckpointing):
     """``full``: every part the model names as a ``block`` (the GEM model: each sequence-tower
     block and each cross-attention layer between them) is recomputed whole."""
 
@@ -106,8 +108,14 @@ class FullCheckpointing:
             checkpoint_part(owner, attribute)
         return model
 
+    def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
+        """The activations gem plan measured with this policy applied (blocks keep only their
+        inputs)."""
+        reject_options("activation_checkpointing 'full'", options)
+        return measured_activations(facts)
 
-class SelectiveCheckpointing:
+
+class SelectiveCheckpointing(ActivationCheckpointing):
     """``selective``: only the chosen parts (attention and/or MLP) of every block."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, options) -> nn.Module:
@@ -119,3 +127,8 @@ class SelectiveCheckpointing:
             for owner, attribute in checkpoint_parts(model, kind, "selective"):
                 checkpoint_part(owner, attribute)
         return model
+
+    def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
+        """The activations gem plan measured with this policy applied."""
+        structure(SelectiveOptions, dict(options), "parallel.activation_checkpointing")
+        return measured_activations(facts)

@@ -7,12 +7,14 @@ from typing import Callable
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
+from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 from gem_core.precision import reject_options
 
 
-class DistributedDataParallelStrategy:
+class DistributedDataParallelStrategy(DenseSharding):
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
         reject_options("dense_sharding 'ddp'", options)
@@ -24,6 +26,14 @@ class DistributedDataParallelStrategy:
         # forward would only add a collective.
         wrapped = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         return _DdpEngine(wrapped, make_optimizer(wrapped), unwrapped=model)
+
+    def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
+        """Every rank holds every dense parameter, gradient and moment; the gradients are
+        all-reduced."""
+        reject_options("dense_sharding 'ddp'", options)
+        n, size = facts.world_size, facts.dense_parameters * 4
+        return Estimate(memory=adam_memory("dense", facts.dense_parameters),
+                        communication={"dense": 2 * ring_fraction(n) * size if n > 1 else 0})
 
 
 class _DdpEngine(Engine):

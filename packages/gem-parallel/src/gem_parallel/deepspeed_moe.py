@@ -40,17 +40,21 @@ from torch import Tensor, nn
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least, choice
+from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe import LastForward, MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
+from gem_core.plan_estimate import (Estimate, PlanFacts, adam_memory, moe_all_to_all_bytes,
+                                    ring_fraction)
 
 from gem_parallel.deepspeed_zero import (
     DeepSpeedEngine,
     deepspeed_config,
     destroy_with_deepspeed,
     local_rank_for_deepspeed,
+    zero_estimate,
 )
 from gem_parallel.eval_replica import EvalReplica
 
@@ -248,7 +252,7 @@ class DeepSpeedMoeAdapter(nn.Module):
                     tensor.copy_(state[f"{prefix}.shared.{name}"])
 
 
-class DeepSpeedMoeStrategy:
+class DeepSpeedMoeStrategy(DenseSharding):
     name = "deepspeed-moe"
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
@@ -268,7 +272,7 @@ class DeepSpeedMoeStrategy:
                 raise GemConfigError(
                     f"dense_sharding 'deepspeed-moe': {name} has {layer.num_experts} experts, "
                     f"which {ep_size} expert-parallel ranks cannot share evenly")
-        dtype = getattr(precision, "compute_dtype", "float32")
+        dtype = precision.compute_dtype
         if dtype not in ("float32", "bfloat16"):
             raise RuntimeError(f"dense_sharding 'deepspeed-moe' supports float32 and bfloat16 "
                                f"recipes; {precision.name!r} computes in {dtype}")
@@ -312,6 +316,47 @@ class DeepSpeedMoeStrategy:
             if ep_size > 1 else None
         return DeepSpeedMoeEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica,
                                   adapters=adapters, ep_group=ep_group)
+
+    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+        """Non-expert parameters under ZeRO ``zero_stage`` over every rank; each rank keeps
+        ``1 / ep_size`` of every layer's experts, whose moments (stage >= 1) and gradients
+        (stage 2) ZeRO partitions over the ``ranks / ep_size`` copies, which all-reduce the
+        expert gradients. DeepSpeed's all-to-all sends every capacity slot, filled or not: the
+        rows are ``max(capacity_factor, 1)`` x the routed ones (no-drop mode: the busiest
+        expert's load, the mean under uniform routing)."""
+        opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
+        n = facts.world_size
+        ep = opts.ep_size or n
+        if n % ep:
+            raise ValueError(f"ep_size {ep} does not divide {n} GPUs")
+        if not facts.moe_layers:
+            raise ValueError("the deepspeed-moe layout needs a model with MoE layers "
+                             "(model.moe.num_experts)")
+        for layer in facts.moe_layers:
+            if layer.in_dim != layer.out_dim or layer.num_experts % ep:
+                raise ValueError(f"deepspeed-moe cannot take {layer.name} ({layer.num_experts} "
+                                 f"experts, {layer.in_dim} -> {layer.out_dim}) with ep_size {ep}")
+        expert_params = facts.expert_parameters
+        copies = n // ep
+        held = expert_params / ep
+        estimate = zero_estimate(opts.zero_stage, facts.dense_parameters - expert_params, n)
+        memory = dict(estimate.memory)
+        memory.update(adam_memory("expert", held,
+                                  grads_over=copies if opts.zero_stage >= 2 else 1,
+                                  optimizer_over=copies if opts.zero_stage >= 1 else 1))
+        reduce_bytes = 2 * ring_fraction(copies) * held * 4
+        all_to_all = sum(moe_all_to_all_bytes(layer.rows * max(layer.capacity_factor, 1.0),
+                                              top_k=layer.top_k, in_dim=layer.in_dim,
+                                              out_dim=layer.out_dim, ep_size=ep)
+                         for layer in facts.moe_layers)
+        return Estimate(memory=memory,
+                        communication={"dense": estimate.communication["dense"] + reduce_bytes,
+                                       "moe_all_to_all": all_to_all},
+                        details={"experts": {"expert_parameters": expert_params,
+                                             "params_held": int(held), "ep_size": ep,
+                                             "copies": copies, "zero_stage": opts.zero_stage,
+                                             "grad_reduce_bytes": int(reduce_bytes),
+                                             "all_to_all_bytes": int(all_to_all)}})
 
 
 class DeepSpeedMoeEngine(DeepSpeedEngine):

@@ -16,8 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy
+from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 from gem_core.precision import reject_options
 
 from gem_parallel.eval_replica import EvalReplica
@@ -62,7 +64,7 @@ def local_rank_for_deepspeed(ctx: ParallelContext) -> None:
         os.environ["LOCAL_RANK"] = str(ctx.local_rank)
 
 
-class DeepSpeedZeroStrategy:
+class DeepSpeedZeroStrategy(DenseSharding):
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.name = f"deepspeed-zero{stage}"
@@ -70,8 +72,8 @@ class DeepSpeedZeroStrategy:
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
         reject_options(f"dense_sharding {self.name!r}", options)
-        bf16 = getattr(precision, "compute_dtype", "float32") == "bfloat16"
-        if getattr(precision, "compute_dtype", "float32") not in ("float32", "bfloat16"):
+        bf16 = precision.compute_dtype == "bfloat16"
+        if precision.compute_dtype not in ("float32", "bfloat16"):
             raise RuntimeError(
                 f"dense_sharding {self.name!r} supports float32 and bfloat16 recipes; "
                 f"{precision.name!r} computes in {precision.compute_dtype}"
@@ -92,6 +94,24 @@ class DeepSpeedZeroStrategy:
         )
         return DeepSpeedEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica,
                                partitions_parameters=self.stage == 3)
+
+    def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
+        reject_options(f"dense_sharding 'deepspeed-zero{self.stage}'", options)
+        return zero_estimate(self.stage, facts.dense_parameters, facts.world_size)
+
+
+def zero_estimate(stage: int, parameters: float, ranks: int) -> Estimate:
+    """ZeRO ``stage`` over ``ranks``: moments partitioned from stage 1, gradients from stage 2,
+    parameters at stage 3; stage 3 all-gathers parameters in the forward and the backward and
+    reduce-scatters gradients, stages 1-2 reduce-scatter gradients and all-gather the updated
+    parameters, stage 0 all-reduces gradients (the same bytes)."""
+    size = parameters * 4
+    factor = 3 if stage == 3 else 2
+    return Estimate(
+        memory=adam_memory("dense", parameters, params_over=ranks if stage == 3 else 1,
+                           grads_over=ranks if stage >= 2 else 1,
+                           optimizer_over=ranks if stage >= 1 else 1),
+        communication={"dense": factor * ring_fraction(ranks) * size if ranks > 1 else 0})
 
 
 class DeepSpeedEngine(Engine):

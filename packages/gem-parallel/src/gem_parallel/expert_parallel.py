@@ -42,10 +42,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least
+from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
+from gem_core.plan_estimate import (Estimate, MemoryRow, PlanFacts, adam_memory,
+                                    moe_all_to_all_bytes, ring_fraction)
 from gem_core.model.moe_experts import ExpertMLPs
 
 from gem_parallel.eval_replica import EvalReplica
@@ -251,7 +254,7 @@ def gather_expert_state(model: nn.Module, ep_group) -> dict[str, Tensor]:
     return full
 
 
-class ExpertParallelStrategy:
+class ExpertParallelStrategy(DenseSharding):
     name = "ep"
 
     def mesh(self, ctx: ParallelContext, opts: EpOptions) -> tuple[DeviceMesh, DeviceMesh]:
@@ -298,6 +301,45 @@ class ExpertParallelStrategy:
         return ExpertParallelEngine(model, make_optimizer(model), replica=replica,
                                     experts_mesh=experts_mesh, world_size=ctx.world_size,
                                     traffic=traffic, expert_fsdp=opts.expert_fsdp)
+
+    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+        """Non-expert parameters FSDP2-sharded over every rank; each rank of an expert group
+        keeps ``1 / ep_size`` of every layer's experts (``expert_fsdp``: a ``1 / ranks``
+        shard), their gradients reduced over the ``ranks / ep_size`` copies; every MoE layer
+        exchanges its routed rows with all-to-all (:func:`moe_all_to_all_bytes`)."""
+        opts = structure(EpOptions, dict(options), "parallel.dense")
+        n = facts.world_size
+        ep = opts.ep_size or n
+        if n % ep:
+            raise ValueError(f"ep_size {ep} does not divide {n} GPUs")
+        expert_params = facts.expert_parameters
+        if not expert_params:
+            raise ValueError("the ep layout needs a model with MoE layers (model.moe.num_experts)")
+        copies = n // ep
+        held = expert_params / (n if opts.expert_fsdp else ep)
+        group_bytes = expert_params * 4 / ep  # one expert group's share, fp32
+        if copies == 1:
+            reduce_bytes = 0.0
+        elif opts.expert_fsdp:  # all-gather forward and backward, reduce-scatter gradients
+            reduce_bytes = 3 * (copies - 1) / copies * group_bytes
+        else:  # all-reduce of the gradients over the copies
+            reduce_bytes = 2 * (copies - 1) / copies * group_bytes
+        all_to_all = sum(moe_all_to_all_bytes(layer.rows, top_k=layer.top_k,
+                                              in_dim=layer.in_dim, out_dim=layer.out_dim,
+                                              ep_size=ep) for layer in facts.moe_layers)
+        dense = facts.dense_parameters - expert_params
+        memory: dict[str, MemoryRow] = adam_memory("dense", dense, params_over=n, grads_over=n,
+                                                   optimizer_over=n)
+        memory.update(adam_memory("expert", held))
+        dense_bytes = int(3 * ring_fraction(n) * dense * 4) if n > 1 else 0
+        experts = {"expert_parameters": expert_params, "params_held": held,
+                   "grad_reduce_bytes": reduce_bytes, "all_to_all_bytes": all_to_all,
+                   "ep_size": ep, "copies": copies}
+        return Estimate(memory=memory,
+                        communication={"dense": dense_bytes + reduce_bytes,
+                                       "moe_all_to_all": all_to_all},
+                        details={"experts": {k: (int(v) if isinstance(v, float) else v)
+                                             for k, v in experts.items()}})
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -26,10 +26,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from gem_core.config import structure
+from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
+from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 
 from gem_parallel.eval_replica import EvalReplica
 
@@ -83,7 +85,7 @@ def hsdp_mesh_shape(options: HsdpOptions, world_size: int) -> tuple[int, int]:
     return replicate, shard
 
 
-class FullyShardedStrategy:
+class FullyShardedStrategy(DenseSharding):
     """``fsdp2`` (``hybrid=False``) or ``hsdp`` (``hybrid=True``)."""
 
     def __init__(self, *, hybrid: bool) -> None:
@@ -115,6 +117,29 @@ class FullyShardedStrategy:
         # The root keeps its parameters gathered after the forward: the backward needs them first.
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         return FsdpEngine(model, make_optimizer(model), replica=replica)
+
+    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+        """Parameters, gradients and moments divided over a shard group (every rank for
+        ``fsdp2``); parameters all-gathered in the forward and again in the backward, gradients
+        reduce-scattered within the group, and under HSDP all-reduced across the groups."""
+        n, dense = facts.world_size, facts.dense_parameters
+        size = dense * 4
+        if not self.hybrid:
+            structure(FsdpOptions, dict(options), "parallel.dense")
+            return Estimate(memory=adam_memory("dense", dense, params_over=n, grads_over=n,
+                                               optimizer_over=n),
+                            communication={"dense": 3 * ring_fraction(n) * size if n > 1 else 0})
+        opts = structure(HsdpOptions, dict(options), "parallel.dense")
+        shard = opts.dp_shard or (n // opts.dp_replicate if opts.dp_replicate else n)
+        if not shard or n % shard or (opts.dp_replicate and opts.dp_replicate * shard != n):
+            raise ValueError(f"hsdp: dp_shard {shard} x dp_replicate {opts.dp_replicate or '?'} "
+                             f"does not make {n} GPUs")
+        replicas = n // shard
+        inner = 3 * (shard - 1) / shard * size
+        outer = 2 * (replicas - 1) / replicas * size / shard if replicas > 1 else 0
+        return Estimate(memory=adam_memory("dense", dense, params_over=shard, grads_over=shard,
+                                           optimizer_over=shard),
+                        communication={"dense": inner + outer if n > 1 else 0})
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

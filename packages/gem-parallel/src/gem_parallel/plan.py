@@ -19,27 +19,30 @@ reduce-scatter or all-gather, twice that per all-reduce).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import attrs
 import torch
 
 from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
-from gem_core.embedding import EmbeddingTableConfig, ReferenceEmbeddingBackend
+from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model.features import FeatureLookup
 from gem_core.model.gem import build_model
+from gem_core.model.interface import require_strategy_model
 from gem_core.model.summary import meta_model, parameter_counts
+from gem_core.plan_estimate import (MEMORY_CATEGORIES, Estimate, MoeLayerFacts, PlanFacts,
+                                    TableFacts, moe_all_to_all_bytes)
 from gem_core.plugins import GemPlugins
 from gem_core.schema import EmbeddingTable, FeatureSchema
 
 GIB = 2**30
-DENSE_STRATEGIES = ("ddp", "fsdp2", "hsdp", "deepspeed-zero1", "deepspeed-zero2",
-                    "deepspeed-zero3", "ep")
-EMBEDDING_STRATEGIES = ("replicated", "torchrec")
-ADAM_STATE_BYTES = 8  # two fp32 moments per parameter
-ROWWISE_ADAGRAD_STATE_ROWS = 4  # one fp32 accumulator per row (TorchRec's fused default)
 MEASURE_ROWS = 4096  # table rows of the activation-measuring copy
+KINDS = ("dense_sharding", "activation_checkpointing", "embedding_sharding")
+"""The strategies of a layout that give estimates, in the order the plan lists them."""
+
+__all__ = ["GIB", "Layout", "data_profile", "measure_activations", "moe_all_to_all_bytes",
+           "plan", "plan_facts"]
 
 
 @attrs.frozen(kw_only=True)
@@ -52,26 +55,34 @@ class Layout:
     gpu_memory_gib: float = attrs.field(validator=attrs.validators.gt(0))
     """Memory of one GPU."""
 
-    dense: str = attrs.field(default="fsdp2", validator=attrs.validators.in_(DENSE_STRATEGIES))
-    """Dense sharding strategy."""
+    dense: str = "fsdp2"
+    """A registered dense sharding strategy; it gives its own estimate."""
 
-    embedding: str = attrs.field(default="torchrec",
-                                 validator=attrs.validators.in_(EMBEDDING_STRATEGIES))
-    """``replicated`` (every rank holds every table, dense gradients all-reduced) or
-    ``torchrec`` (rows spread over the ranks, lookups exchanged with all-to-all, fused
-    row-wise Adagrad)."""
+    embedding: str = "torchrec"
+    """A registered embedding sharding strategy (``replicated``: every rank holds every table;
+    ``torchrec``: rows spread over the ranks, lookups exchanged with all-to-all)."""
+
+    dense_options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    """``[parallel.dense]`` options of the dense strategy."""
+
+    embedding_options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    """``[parallel.embedding]`` options of the embedding strategy."""
 
     hsdp_shard: int | None = None
-    """HSDP only: ranks per shard group (default: all ranks, i.e. plain FSDP)."""
+    """Shortcut for the dense option ``dp_shard`` (``hsdp``: ranks per shard group; default
+    all ranks, i.e. plain FSDP)."""
 
     ep_size: int | None = None
-    """``ep`` only: ranks per expert-parallel group (default: all ranks)."""
+    """Shortcut for the dense option ``ep_size`` (``ep``, ``deepspeed-moe``: ranks per
+    expert-parallel group; default all ranks)."""
 
     expert_fsdp: bool = False
-    """``ep`` only: experts FSDP-sharded over their ``gpus / ep_size`` copies."""
+    """Shortcut for the dense option ``expert_fsdp`` (``ep``: experts FSDP-sharded over their
+    ``gpus / ep_size`` copies)."""
 
     activation_checkpointing: str = "none"
-    """A registered activation-checkpointing policy (``none``, ``full``, ``selective``)."""
+    """A registered activation-checkpointing policy (``none``, ``full``, ``selective``): the
+    activations are measured with it applied, and it gives the activation estimate."""
 
     activation_bytes: int = attrs.field(default=4, validator=attrs.validators.in_((2, 4)))
     """Bytes per activation element (2 under a bf16 recipe)."""
@@ -81,95 +92,26 @@ class Layout:
     """Share of GPU memory the plan may fill (the rest: allocator fragmentation, workspaces)."""
 
 
-def _dense_shards(layout: Layout) -> dict[str, int]:
-    """Over how many ranks parameters, gradients and optimizer state are each divided."""
-    n = layout.gpus
-    shard = layout.hsdp_shard or n
-    if layout.dense == "hsdp" and n % shard:
-        raise ValueError(f"hsdp_shard {shard} does not divide {n} GPUs")
-    return {
-        "ddp": {"params": 1, "grads": 1, "optimizer": 1},
-        "fsdp2": {"params": n, "grads": n, "optimizer": n},
-        "hsdp": {"params": shard, "grads": shard, "optimizer": shard},
-        "deepspeed-zero1": {"params": 1, "grads": 1, "optimizer": n},
-        "deepspeed-zero2": {"params": 1, "grads": n, "optimizer": n},
-        "deepspeed-zero3": {"params": n, "grads": n, "optimizer": n},
-        # Non-expert parameters; the experts are planned apart (:func:`_expert_plan`).
-        "ep": {"params": n, "grads": n, "optimizer": n},
-    }[layout.dense]
-
-
-def _dense_comm_bytes(layout: Layout, dense_params: int) -> int:
-    n, size = layout.gpus, dense_params * 4
-    if n == 1:
-        return 0
-    ring = (n - 1) / n
-    if layout.dense == "ddp":
-        return int(2 * ring * size)  # all-reduce of gradients
-    if layout.dense in ("fsdp2", "deepspeed-zero3", "ep"):
-        return int(3 * ring * size)  # all-gather forward and backward, reduce-scatter grads
-    if layout.dense == "hsdp":
-        shard = layout.hsdp_shard or n
-        replicas = n // shard
-        inner = 3 * (shard - 1) / shard * size
-        outer = 2 * (replicas - 1) / replicas * size / shard if replicas > 1 else 0
-        return int(inner + outer)
-    return int(2 * ring * size)  # ZeRO-1/2: reduce-scatter grads, all-gather updated params
-
-
-def moe_all_to_all_bytes(rows: float, *, top_k: int, in_dim: int, out_dim: int, ep_size: int,
-                         bytes_per_element: int = 4) -> float:
-    """Bytes one rank sends to other ranks per MoE layer and training step under ``ep`` when
-    routing is uniform and nothing is dropped: ``rows * top_k`` assignments, ``(ep - 1) / ep``
-    of them to experts on other ranks; dispatch sends ``in_dim`` wide rows and combine
-    ``out_dim`` wide ones, forward and again (as gradients) backward."""
-    remote = rows * top_k * (ep_size - 1) / ep_size
-    return 2 * remote * (in_dim + out_dim) * bytes_per_element
-
-
-def _expert_plan(model: torch.nn.Module, layout: Layout, moe_rows: dict[str, dict[str, float]],
-                 samples: float, tokens: float) -> dict[str, Any]:
-    """Memory and communication of the routed experts under ``ep``: each rank of an expert
-    group keeps ``1 / ep_size`` of every layer's experts (``expert_fsdp``: a ``1 / gpus``
-    shard), their gradients are reduced over the ``gpus / ep_size`` copies, and every MoE layer
-    exchanges its routed rows with all-to-all."""
-    from gem_core.model.moe import moe_layers
-
-    n = layout.gpus
-    ep = layout.ep_size or n
-    if n % ep:
-        raise ValueError(f"ep_size {ep} does not divide {n} GPUs")
-    copies = n // ep
-    layers = moe_layers(model)
-    expert_params = sum(p.numel() for _, layer in layers for p in layer.experts.parameters())
-    held = expert_params / (n if layout.expert_fsdp else ep)
-    group_bytes = expert_params * 4 / ep  # one expert group's share, fp32
-    if copies == 1:
-        reduce_bytes = 0.0
-    elif layout.expert_fsdp:  # all-gather forward and backward, reduce-scatter gradients
-        reduce_bytes = 3 * (copies - 1) / copies * group_bytes
-    else:  # all-reduce of the gradients over the copies
-        reduce_bytes = 2 * (copies - 1) / copies * group_bytes
-    all_to_all = 0.0
-    for name, layer in layers:
-        fit = moe_rows[name]
-        rows = fit["per_token"] * tokens + fit["per_sample"] * samples
-        all_to_all += moe_all_to_all_bytes(rows, top_k=layer.top_k, in_dim=layer.experts.in_dim,
-                                           out_dim=layer.experts.out_dim, ep_size=ep)
-    return {"expert_parameters": expert_params, "params_held": held,
-            "grad_reduce_bytes": reduce_bytes, "all_to_all_bytes": all_to_all,
-            "ep_size": ep, "copies": copies}
+def dense_options(layout: Layout) -> dict[str, Any]:
+    """The dense strategy's options: ``dense_options`` with the shortcuts that were given."""
+    options = dict(layout.dense_options)
+    if layout.hsdp_shard is not None:
+        options["dp_shard"] = layout.hsdp_shard
+    if layout.ep_size is not None:
+        options["ep_size"] = layout.ep_size
+    if layout.expert_fsdp:
+        options["expert_fsdp"] = True
+    return options
 
 
 class _MoeRows:
     """Rows entering each MoE layer during a forward (forward pre-hooks)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from gem_core.model.moe import moe_layers
-
         self.rows: dict[str, int] = {}
         self._handles = [layer.register_forward_pre_hook(self._hook(name))
-                         for name, layer in moe_layers(model)]
+                         for name, layer in require_strategy_model(
+                             model, "gem plan", "moe_layers").moe_layers()]
 
     def _hook(self, name: str):
         def record(module: torch.nn.Module, args: tuple) -> None:
@@ -258,106 +200,115 @@ def data_profile(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> 
                                 for key, jagged in inputs.items()}}
 
 
-def table_plan(schema: FeatureSchema, tables: Sequence[EmbeddingTableConfig], layout: Layout,
-               ids_per_request: Mapping[str, float], requests: float) -> dict[str, dict[str, Any]]:
-    """Per declared table: its size (``num_embeddings x dim``), the features that index it, and
-    what one rank holds of it and sends for it per step."""
-    n = layout.gpus
-    policies = {t.name: t.id_policy for t in schema.tables}
-    out: dict[str, dict[str, Any]] = {}
-    for table in tables:
-        params = table.num_embeddings * table.dim
-        pooled = table.pooling != "none"
-        # Vectors crossing ranks per request: one per id of a sequence (unpooled) feature, one
-        # per bag of a pooled (context) feature.
-        vectors = sum(1.0 if pooled else ids_per_request.get(key, 0.0) for key in table.features)
-        entry: dict[str, Any] = {
-            "num_embeddings": table.num_embeddings, "dim": table.dim,
-            "id_policy": policies.get(table.name, "dense"),
-            "pooling": table.pooling, "features": list(table.features),
-            "parameters": params, "bytes": params * 4,
-            "lookups_per_request": vectors,
-        }
-        if layout.embedding == "replicated":
-            entry["bytes_per_rank"] = params * 4 * 2 + params * ADAM_STATE_BYTES
-            entry["comm_bytes_per_rank_per_step"] = int(2 * (n - 1) / n * params * 4) if n > 1 \
-                else 0
-        else:
-            state = table.num_embeddings * ROWWISE_ADAGRAD_STATE_ROWS
-            # Spread evenly (row- or column-wise); a table-wise table sits whole on one rank.
-            entry["bytes_per_rank"] = int((params * 4 + state) / n)
-            entry["bytes_on_one_rank_if_table_wise"] = params * 4 + state
-            entry["comm_bytes_per_rank_per_step"] = int(
-                2 * (n - 1) / n * vectors * requests * table.dim * 4)
-        out[table.name] = entry
-    return out
-
-
-def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
-    """The per-rank memory and per-step communication of ``config`` under ``layout``."""
+def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
+    """What the estimates start from: the model on ``meta`` (parameters, MoE layers, tables),
+    a batch of the data (history length, candidates, ids per table) and the activations
+    measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
     source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
     model = meta_model(config.model, source.schema)
     counts = parameter_counts(model)
-    dense, embedding = counts["dense"], counts["embedding"]
-    table_configs = list(model.embeddings.table_configs.values())
-    rows = sum(t.num_embeddings for t in table_configs)
-    shards = _dense_shards(layout)
-    scale = layout.activation_bytes / 4
     fit = measure_activations(config, plugins, layout.activation_checkpointing)
     samples = config.train.batch_size / n  # requests
     profile = data_profile(config, plugins)
-    mean_len = profile["mean_history_length"]
-    tokens = samples * mean_len
-    tables = table_plan(source.schema, table_configs, layout, profile["ids_per_request"], samples)
-    experts = None
-    if layout.dense == "ep":
-        experts = _expert_plan(model, layout, fit["moe_rows"], samples, tokens)
-        if not experts["expert_parameters"]:
-            raise ValueError("the ep layout needs a model with MoE layers (model.moe.num_experts)")
-        dense -= experts["expert_parameters"]  # the rest is FSDP2-sharded over all ranks
-    memory = {
-        "dense_params": dense * 4 / shards["params"],
-        "dense_grads": dense * 4 / shards["grads"],
-        "dense_optimizer": dense * ADAM_STATE_BYTES / shards["optimizer"],
-        "activations": scale * (fit["per_token"] * tokens + fit["per_sample"] * samples),
-    }
-    if experts is not None:
-        held = experts["params_held"]
-        memory.update(expert_params=held * 4, expert_grads=held * 4,
-                      expert_optimizer=held * ADAM_STATE_BYTES)
-    if layout.embedding == "replicated":
-        memory.update(embedding_params=embedding * 4, embedding_grads=embedding * 4,
-                      embedding_optimizer=embedding * ADAM_STATE_BYTES)
-        embedding_comm = 2 * (n - 1) / n * embedding * 4 if n > 1 else 0
-    else:
-        memory.update(embedding_params=embedding * 4 / n, embedding_grads=0,
-                      embedding_optimizer=rows * ROWWISE_ADAGRAD_STATE_ROWS / n)
-        # Lookups of this rank's requests go out to the table owners and their gradients come
-        # back: forward and backward all-to-all of one vector per id of every event and
-        # candidate feature and one per bag of every context feature (table_plan).
-        embedding_comm = sum(t["comm_bytes_per_rank_per_step"] for t in tables.values())
+    tokens = samples * profile["mean_history_length"]
+    ids = profile["ids_per_request"]
+    tables = tuple(TableFacts(
+        name=t.name, num_embeddings=t.num_embeddings, dim=t.dim, pooled=t.pooling != "none",
+        # Vectors crossing ranks per request: one per id of a sequence (unpooled) feature, one
+        # per bag of a pooled (context) feature.
+        vectors_per_request=sum(1.0 if t.pooling != "none" else ids.get(key, 0.0)
+                                for key in t.features))
+        for t in model.embeddings.table_configs.values())
+    moe = []
+    for name, layer in require_strategy_model(model, "gem plan", "moe_layers").moe_layers():
+        rows = fit["moe_rows"][name]
+        moe.append(MoeLayerFacts(
+            name=name, num_experts=layer.num_experts, top_k=layer.top_k,
+            capacity_factor=layer.router.capacity_factor, in_dim=layer.experts.in_dim,
+            out_dim=layer.experts.out_dim,
+            expert_parameters=sum(p.numel() for p in layer.experts.parameters()),
+            rows=rows["per_token"] * tokens + rows["per_sample"] * samples))
+    facts = PlanFacts(world_size=n, dense_parameters=counts["dense"], moe_layers=tuple(moe),
+                      tables=tables, requests=samples, tokens=tokens,
+                      activations_per_token=fit["per_token"],
+                      activations_per_request=fit["per_sample"],
+                      activation_element_bytes=layout.activation_bytes)
+    policies = {t.name: t.id_policy for t in source.schema.tables}
+    table_entries = {t.name: {
+        "num_embeddings": t.num_embeddings, "dim": t.dim,
+        "id_policy": policies.get(t.name, "dense"), "pooling": t.pooling,
+        "features": list(t.features), "parameters": t.num_embeddings * t.dim,
+        "bytes": t.num_embeddings * t.dim * 4,
+        "lookups_per_request": facts.tables[i].vectors_per_request,
+    } for i, t in enumerate(model.embeddings.table_configs.values())}
+    return {"facts": facts, "parameters": counts, "activation_fit": fit, "profile": profile,
+            "tables": table_entries}
+
+
+def estimates(facts: PlanFacts, layout: Layout, plugins: GemPlugins
+              ) -> dict[str, tuple[str, Estimate | None]]:
+    """``{kind: (name, estimate or None)}`` of the layout's three strategies."""
+    chosen = {"dense_sharding": (layout.dense, dense_options(layout)),
+              "activation_checkpointing": (layout.activation_checkpointing, {}),
+              "embedding_sharding": (layout.embedding, layout.embedding_options)}
+    out: dict[str, tuple[str, Estimate | None]] = {}
+    for kind in KINDS:
+        name, options = chosen[kind]
+        impl = plugins.resolve(kind, name, None).impl
+        out[kind] = (name, impl.plan_estimate(facts, options))
+    return out
+
+
+def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
+    """The per-rank memory and per-step communication of ``config`` under ``layout``: the sum
+    of its strategies' estimates. A strategy that gives none is listed under ``no_estimate``
+    and its share is missing from the totals (``complete`` is then False)."""
+    gathered = plan_facts(config, layout, plugins)
+    facts: PlanFacts = gathered["facts"]
+    memory: dict[str, float] = {}
+    by_category = dict.fromkeys(MEMORY_CATEGORIES, 0.0)
+    communication: dict[str, float] = {}
+    tables = gathered["tables"]
+    details: dict[str, Any] = {}
+    missing: list[str] = []
+    for kind, (name, estimate) in estimates(facts, layout, plugins).items():
+        if estimate is None:
+            missing.append(f"{kind} {name!r} gives no estimate: its memory and traffic are not "
+                           "in the totals")
+            continue
+        for row, value in estimate.memory.items():
+            if row in memory:
+                raise ValueError(f"{kind} {name!r} estimates memory row {row!r}, which another "
+                                 "strategy of the layout already gave")
+            memory[row] = value.bytes
+            by_category[value.category] += value.bytes
+        for traffic, value in estimate.communication.items():
+            communication[traffic] = communication.get(traffic, 0) + value
+        for table, figures in estimate.tables.items():
+            tables[table].update(figures)
+        details.update(estimate.details)
     total = sum(memory.values())
     budget = layout.gpu_memory_gib * GIB * layout.headroom
+    profile = gathered["profile"]
     return {
         "preset": config.name,
         "layout": attrs.asdict(layout),
-        "parameters": counts,
-        "per_rank": {"samples": samples, "mean_history_length": mean_len, "tokens": tokens,
-                     "candidates": samples * profile["mean_candidates"]},
+        "parameters": gathered["parameters"],
+        "per_rank": {"samples": facts.requests,
+                     "mean_history_length": profile["mean_history_length"],
+                     "tokens": facts.tokens,
+                     "candidates": facts.requests * profile["mean_candidates"]},
         "tables": tables,
         "memory_bytes_per_rank": {**{k: int(v) for k, v in memory.items()}, "total": int(total)},
+        "memory_bytes_per_rank_by_category": {k: int(v) for k, v in by_category.items()},
         "fits": total <= budget,
+        "complete": not missing,
+        "no_estimate": missing,
         "budget_bytes": int(budget),
-        "communication_bytes_per_rank_per_step": {
-            "dense": int(_dense_comm_bytes(layout, dense)
-                         + (experts["grad_reduce_bytes"] if experts else 0)),
-            "embedding": int(embedding_comm),
-            **({"moe_all_to_all": int(experts["all_to_all_bytes"])} if experts else {}),
-        },
-        **({"experts": {k: (int(v) if isinstance(v, float) else v)
-                        for k, v in experts.items()}} if experts else {}),
-        "activation_fit": fit,
+        "communication_bytes_per_rank_per_step": {k: int(v) for k, v in communication.items()},
+        **details,
+        "activation_fit": gathered["activation_fit"],
         "notes": ("activations measured on CPU with the reference attention backend (it keeps "
                   "each sample's score matrix, as a flash kernel does not) and scaled by "
                   "activation_bytes/4; parameters, gradients and Adam state in fp32"),

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from gem_parallel.plan import DENSE_STRATEGIES, EMBEDDING_STRATEGIES, GIB, Layout, plan
+from gem_parallel.plan import GIB, Layout, plan
 
 
 @click.command(name="plan")
@@ -18,18 +18,19 @@ from gem_parallel.plan import DENSE_STRATEGIES, EMBEDDING_STRATEGIES, GIB, Layou
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Data-parallel ranks.")
 @click.option("--gpu-memory", "gpu_memory", type=click.FloatRange(min=0, min_open=True),
               required=True, help="GiB per GPU.")
-@click.option("--sharding", type=click.Choice(DENSE_STRATEGIES), default="fsdp2",
-              show_default=True, help="Dense sharding strategy.")
-@click.option("--embedding-sharding", type=click.Choice(EMBEDDING_STRATEGIES),
-              default="torchrec", show_default=True)
+@click.option("--sharding", default="fsdp2", show_default=True,
+              help="Dense sharding strategy (any registered one; see gem plugins).")
+@click.option("--embedding-sharding", default="torchrec", show_default=True,
+              help="Embedding sharding strategy (any registered one).")
 @click.option("--hsdp-shard", type=click.IntRange(min=1), default=None,
-              help="HSDP: ranks per shard group.")
+              help="HSDP: ranks per shard group (the dense option dp_shard).")
 @click.option("--ep-size", type=click.IntRange(min=1), default=None,
-              help="ep: ranks per expert-parallel group (default: all).")
+              help="ep, deepspeed-moe: ranks per expert-parallel group (default: all).")
 @click.option("--expert-fsdp", is_flag=True,
               help="ep: experts FSDP-sharded over their copies.")
 @click.option("--activation-checkpointing", default="none", show_default=True,
-              help="none, full or selective.")
+              help="Activation-checkpointing policy (none, full, selective or another "
+                   "registered one).")
 @click.option("--bf16/--fp32", "bf16", default=False, show_default=True,
               help="Activations in bf16 (parameters and optimizer stay fp32).")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -44,9 +45,15 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
     from gem_core.plugins import build_plugins
 
     config = load_config(preset=preset, path=config_file, overrides=overrides)
+    # The config's own strategy options apply when the layout uses its strategy.
     layout = Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
                     embedding=embedding_sharding, hsdp_shard=hsdp_shard, ep_size=ep_size,
                     expert_fsdp=expert_fsdp,
+                    dense_options=(config.parallel.dense
+                                   if sharding == config.backends.dense_sharding else {}),
+                    embedding_options=(config.parallel.embedding
+                                       if embedding_sharding == config.backends.embedding_sharding
+                                       else {}),
                     activation_checkpointing=activation_checkpointing,
                     activation_bytes=2 if bf16 else 4)
     result = plan(config, layout, build_plugins())
@@ -68,16 +75,18 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
     for name, table in result["tables"].items():
         click.echo(f"  {name:<20} {table['num_embeddings']:>14,} x {table['dim']:<5} "
                    f"{_size(table['bytes']):>12}  {table['id_policy']:<7} "
-                   f"features {', '.join(table['features'])}; "
-                   f"per rank {_size(table['bytes_per_rank'])}")
+                   f"features {', '.join(table['features'])}; per rank "
+                   f"{_size(table['bytes_per_rank']) if 'bytes_per_rank' in table else '?'}")
+    for missing in result["no_estimate"]:
+        click.echo(f"  {missing}")
     verdict = "fits" if result["fits"] else "does NOT fit"
+    if not result["complete"]:
+        verdict = f"{'the estimated part fits' if result['fits'] else 'does NOT fit'}"
     click.echo(f"{verdict} in {result['budget_bytes'] / GIB:.1f} GiB "
                f"({layout.headroom:.0%} of each GPU)")
     comm = result["communication_bytes_per_rank_per_step"]
-    moe = (f", MoE all-to-all {_size(comm['moe_all_to_all'])}"
-           if "moe_all_to_all" in comm else "")
-    click.echo(f"sent per rank per step: dense {_size(comm['dense'])}, embedding "
-               f"{_size(comm['embedding'])}{moe}")
+    click.echo("sent per rank per step: " + ", ".join(
+        f"{name.replace('_', ' ')} {_size(value)}" for name, value in comm.items()))
 
 
 def _size(value: float) -> str:

@@ -82,10 +82,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gem_core.contracts import EmbeddingSharding, LearningRateFollower, ShardedModule
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
+from gem_core.plan_estimate import (GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Estimate, MemoryRow,
+                                    PlanFacts)
 from gem_parallel import torchrec_state
 from gem_parallel.torchrec_managed import ManagedEmbeddingCollection, remap_features
 from gem_parallel.torchrec_plan import (
@@ -160,7 +163,7 @@ def _lookup(weight: Tensor, config: EmbeddingTableConfig, jagged: Jagged) -> Ten
     return F.embedding_bag(jagged.values, weight, jagged.offsets[:-1], mode=config.pooling)
 
 
-class ShardedEmbeddingCollection(nn.Module):
+class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
     """``model.embeddings`` after the ``torchrec`` strategy: same forward as the reference.
 
     The TorchRec modules live outside the module tree (see the module docstring); ``plan``
@@ -388,7 +391,7 @@ class ShardedEmbeddingCollection(nn.Module):
                                f"shards to be {what}; its source does")
 
 
-class TorchRecSharding:
+class TorchRecSharding(EmbeddingSharding):
     """The ``torchrec`` embedding sharding strategy. After ``apply``, ``summary()`` holds the
     plan (the trainer writes it to ``summary.json``)."""
 
@@ -434,6 +437,34 @@ class TorchRecSharding:
                          info["sharding_type"], info["ranks"],
                          [tuple(s["sizes"]) for s in info["shards"]])
         return model
+
+    def plan_estimate(self, facts: PlanFacts, options: Mapping[str, Any]) -> Estimate:
+        """Rows spread evenly over the ranks (row- or column-wise; a table-wise table sits whole
+        on one rank: ``bytes_on_one_rank_if_table_wise``) with the fused optimizer's state (one
+        float32 accumulator per row for row-wise Adagrad, none for SGD) and no gradient
+        buffers (the optimizer runs in the backward). Lookups of this rank's requests go out to
+        the table owners and their gradients come back: a forward and a backward all-to-all of
+        one vector per id of every sequence feature and one per bag of a pooled feature."""
+        opts = parse_options(options)
+        n = facts.world_size
+        state_per_row = 4 if opts.optimizer == "rowwise_adagrad" else 0
+        rows = sum(t.num_embeddings for t in facts.tables)
+        tables: dict[str, dict[str, Any]] = {}
+        for table in facts.tables:
+            state = table.num_embeddings * state_per_row
+            tables[table.name] = {
+                "bytes_per_rank": int((table.parameters * 4 + state) / n),
+                "bytes_on_one_rank_if_table_wise": table.parameters * 4 + state,
+                "comm_bytes_per_rank_per_step": int(2 * (n - 1) / n * table.vectors_per_request
+                                                    * facts.requests * table.dim * 4)}
+        embedding = facts.embedding_parameters
+        return Estimate(
+            memory={"embedding_params": MemoryRow(PARAMETERS, embedding * 4 / n),
+                    "embedding_grads": MemoryRow(GRADIENTS, 0),
+                    "embedding_optimizer": MemoryRow(OPTIMIZER_STATE, rows * state_per_row / n)},
+            communication={"embedding": sum(t["comm_bytes_per_rank_per_step"]
+                                            for t in tables.values())},
+            tables=tables)
 
     def summary(self) -> dict[str, Any]:
         """The plan per table and the sparse optimizer, for ``summary.json``."""
