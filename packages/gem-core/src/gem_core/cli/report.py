@@ -36,26 +36,41 @@ def runs() -> None:
               help="Write the overlaid loss/NE plot to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def compare(run_dirs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
-    """Final metrics and efficiency of runs side by side."""
+    """Final metrics and efficiency of runs side by side, the config keys that differ between
+    them, and a warning when they were trained on different data."""
     from gem_core.report.html import summary_rows
     from gem_core.report.plots import compare_plot
-    from gem_core.report.runs import read_run
+    from gem_core.report.runs import config_differences, data_differences, read_run
 
     records = [read_run(d) for d in run_dirs]
     table = {r.label: dict(summary_rows(r)) for r in records}
+    differences = config_differences(records)
+    data_warnings = data_differences(records)
     if plot:
         compare_plot(records, Path(plot))
     if as_json:
-        click.echo(json.dumps({"runs": table, "plot": plot}))
+        click.echo(json.dumps({"runs": table, "config_differences": {
+            key: dict(zip(table, values)) for key, values in differences.items()},
+            "data_warnings": data_warnings, "plot": plot}))
         return
+    for warning in data_warnings:
+        click.echo(f"warning: {warning}", err=True)
     labels = [r.label for r in records]
-    keys = list(dict.fromkeys(k for r in table.values() for k in r))
-    width = max(len(k) for k in keys) + 2
+    rows = [(key, [table[label].get(key) for label in labels])
+            for key in dict.fromkeys(k for r in table.values() for k in r)]
+    _print_table(labels, rows)
+    click.echo("")
+    if differences:
+        click.echo("config differences:")
+        _print_table(labels, list(differences.items()))
+    else:
+        click.echo("config differences: none (the runs have the same config)")
+
+
+def _print_table(labels: list[str], rows: list[tuple[str, list]]) -> None:
+    from gem_core.report.html import display
+
+    width = max(len(key) for key, _ in rows) + 2
     click.echo("".ljust(width) + "".join(label[:18].rjust(20) for label in labels))
-    for key in keys:
-        cells = []
-        for label in labels:
-            value = table[label].get(key)
-            cells.append((f"{value:.4g}" if isinstance(value, float) else str(value))[:18]
-                         .rjust(20))
-        click.echo(key.ljust(width) + "".join(cells))
+    for key, values in rows:
+        click.echo(key.ljust(width) + "".join(display(v)[:18].rjust(20) for v in values))

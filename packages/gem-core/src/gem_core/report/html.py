@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from pathlib import Path
 from typing import Any
 
+from gem_core.report.plots import PLOT_CAPTIONS
 from gem_core.report.runs import RunRecord
 
 _STYLE = """
@@ -18,10 +20,27 @@ figure { display: inline-block; margin: 0.5em; } img { max-width: 640px; }
 """
 
 
-def _fmt(value: Any) -> str:
+#: How a figure the run did not produce (MFU of an untimed run, the scaling ratio of a
+#: multi-rank run) is shown.
+NOT_AVAILABLE = "n/a"
+
+
+def display(value: Any) -> str:
+    """A figure or setting as a reader sees it: floats to 4 digits, lists and tables as JSON,
+    a missing figure as :data:`NOT_AVAILABLE` (never Python's ``None``)."""
+    if value is None:
+        return NOT_AVAILABLE
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float):
         return f"{value:.4g}"
-    return html.escape(str(value))
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _fmt(value: Any) -> str:
+    return html.escape(display(value))
 
 
 def _rows(pairs: list[tuple[str, Any]]) -> str:
@@ -41,25 +60,41 @@ def summary_rows(run: RunRecord) -> list[tuple[str, Any]]:
              ("requests/s", s["throughput"].get("requests_per_s")),
              ("tokens/s", s["throughput"]["tokens_per_s"]),
              ("FLOPs per step", s["flops"]["per_step"]),
+             ("padding saved (all FLOPs)", s["padding_saved"]["total"]),
              ("padding saved (attention)", s["padding_saved"]["attention"]),
              ("local MFU", s["mfu"]["local"]), ("scaling ratio", s["mfu"]["scaling_ratio"])]
     return rows
+
+
+def history_text(run: RunRecord) -> str:
+    """One sentence on how the run got to its last step (in one go, or resumed)."""
+    steps = run.summary["run"]["steps"]
+    if run.resumed_from:
+        return (f"Resumed from the checkpoint of step {run.resumed_from} and trained to step "
+                f"{steps} (marked on the loss plot); throughput and MFU below are measured over "
+                "that last part, the plots cover the whole run.")
+    return f"Trained from step 0 to step {steps} in one go."
 
 
 def write_report(run: RunRecord, plots: dict[str, Path], path: Path) -> Path:
     figures = []
     for name, png in plots.items():
         data = base64.b64encode(png.read_bytes()).decode()
-        figures.append(f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
-                       f"<figcaption>{name}</figcaption></figure>")
+        caption = html.escape(PLOT_CAPTIONS[name])
+        figures.append(f'<figure><img alt="{name}" title="{caption}" '
+                       f'src="data:image/png;base64,{data}"><figcaption>{caption}</figcaption>'
+                       "</figure>")
     backends = [(kind, f"{b['name']} ({b['package']} {b['version']}): {b['reason']}")
                 for kind, b in run.summary.get("backends", {}).items()]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>GEM run "
             f"{html.escape(run.label)}</title><style>{_STYLE}</style></head><body>"
             f"<h1>GEM run {html.escape(run.label)}</h1>"
+            f"<p class='history'>{html.escape(history_text(run))}</p>"
             f"<h2>Summary</h2><table>{_rows(summary_rows(run))}</table>"
             f"<h2>Plots</h2>{''.join(figures)}"
             f"<h2>Backends</h2><table>{_rows(backends)}</table>"
+            f"<h2>Configuration</h2><table class='config'>{_rows(list(run.config.items()))}"
+            "</table>"
             # Lets a headless browser test read how many plots actually decoded and rendered.
             "<script>window.addEventListener('load', () => { document.body.dataset."
             "plotsRendered = [...document.images].filter(i => i.naturalWidth > 0).length; });"

@@ -29,15 +29,35 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+#: The caption of each plot of :func:`run_plots`, by its file name.
+PLOT_CAPTIONS = {
+    "loss": "Training loss per step, all tasks and each task",
+    "ne": "Normalized entropy on the held-out split (below 1 beats the base rate)",
+    "throughput": "Throughput: impressions and history tokens per second",
+    "mfu": "Local model FLOPs utilisation per step",
+    "padding": "Share of padded-to-max FLOPs that jagged batches did not spend",
+    "balance": "Per-rank balance: the busiest rank's tokens over the mean",
+}
+
+
+def _mark_resume(ax, run: RunRecord) -> None:
+    if run.resumed_from:
+        ax.axvline(run.resumed_from, color="tab:red", linestyle=":", linewidth=1.5,
+                   label=f"resumed from step {run.resumed_from}")
+
+
 def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
-    """Loss, NE per task, throughput, MFU, padding saved and per-rank balance of one run."""
+    """Loss, NE per task, throughput, MFU, padding saved and (with several ranks) per-rank
+    balance of one run, as ``{name: png}`` (names are the keys of :data:`PLOT_CAPTIONS`)."""
     plt = _pyplot()
     out.mkdir(parents=True, exist_ok=True)
     plots: dict[str, Path] = {}
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ["loss", *[f"loss_{t}" for t in run.tasks]]:
-        ax.plot(*_series(run.metrics, key), label=key, linewidth=1)
+    ax.plot(*_series(run.metrics, "loss"), label="all tasks", linewidth=1)
+    for task in run.tasks:
+        ax.plot(*_series(run.metrics, f"loss_{task}"), label=task, linewidth=1)
+    _mark_resume(ax, run)
     ax.set(xlabel="step", ylabel="training loss", title="Loss", yscale="log")
     ax.legend()
     plots["loss"] = _save(fig, out / "loss.png")
@@ -66,20 +86,33 @@ def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
     plots["mfu"] = _save(fig, out / "mfu.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps, jagged = _series(run.metrics, "flops")
-    _, padded = _series(run.metrics, "padded_flops")
-    if padded:
-        ax.plot(steps, [1 - j / p for j, p in zip(jagged, padded)], linewidth=1)
+    # The same two shares as the summary table (which gives them over the whole run).
+    for spent, padded, label in (("flops", "padded_flops", "all FLOPs"),
+                                 ("attention_flops", "padded_attention_flops", "attention")):
+        steps, saved = padding_saved_per_step(run.metrics, spent, padded)
+        if steps:
+            ax.plot(steps, saved, linewidth=1, label=label)
     ax.set(xlabel="step", ylabel="share of padded FLOPs not spent", title="Padding saved",
            ylim=(0, 1))
+    ax.legend()
     plots["padding"] = _save(fig, out / "padding.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(run.metrics, "rank_tokens_max_over_mean"), linewidth=1)
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set(xlabel="step", ylabel="max / mean tokens per rank", title="Per-rank balance")
-    plots["balance"] = _save(fig, out / "balance.png")
+    if run.summary["run"]["world_size"] > 1:  # one rank is always balanced with itself
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(*_series(run.metrics, "rank_tokens_max_over_mean"), linewidth=1)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set(xlabel="step", ylabel="max / mean tokens per rank", title="Per-rank balance")
+        plots["balance"] = _save(fig, out / "balance.png")
     return plots
+
+
+def padding_saved_per_step(metrics: Sequence[dict], spent: str,
+                           padded: str) -> tuple[list[int], list[float]]:
+    """``1 - spent / padded`` at each step that logged both (records before the per-step
+    attention counts were logged have none)."""
+    points = [(r["step"], 1 - r[spent] / r[padded]) for r in metrics
+              if isinstance(r.get(spent), (int, float)) and r.get(padded)]
+    return [p[0] for p in points], [p[1] for p in points]
 
 
 def compare_plot(runs: Sequence[RunRecord], path: Path) -> Path:

@@ -52,6 +52,15 @@ def _compared(fingerprint: dict[str, Any]) -> list[str]:
     return [*_ALWAYS_COMPARED, *content] + ([] if content else ["path"])
 
 
+def fingerprint_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """``"field: before -> after"`` for each compared field of two fingerprints that differs
+    (empty: the same data). Used by resume and by ``gem runs compare``."""
+    keys = sorted(set(_compared(before)) | set(_compared(after)),
+                  key=lambda k: (k not in _ALWAYS_COMPARED, k))
+    return [f"{key}: {before.get(key, 'absent')!r} -> {after.get(key, 'absent')!r}"
+            for key in keys if before.get(key) != after.get(key)]
+
+
 def check_same_data(saved: dict[str, Any] | None, current: dict[str, Any], checkpoint: Path, *,
                     allow_change: bool) -> None:
     """Refuse (:class:`GemConfigError` naming each difference and ``--allow-data-change``) to
@@ -61,10 +70,7 @@ def check_same_data(saved: dict[str, Any] | None, current: dict[str, Any], check
         log.warning("%s holds no data fingerprint (written before they were recorded): "
                     "cannot check that this run resumes on the same data", checkpoint)
         return
-    keys = sorted(set(_compared(saved)) | set(_compared(current)),
-                  key=lambda k: (k not in _ALWAYS_COMPARED, k))
-    changed = [f"{key}: {saved.get(key, 'absent')!r} -> {current.get(key, 'absent')!r}"
-               for key in keys if saved.get(key) != current.get(key)]
+    changed = fingerprint_differences(saved, current)
     if not changed:
         return
     what = "; ".join(changed)

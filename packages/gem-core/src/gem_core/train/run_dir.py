@@ -19,6 +19,18 @@ log = logging.getLogger(__name__)
 #: What a run writes besides its checkpoints; ``--fresh`` deletes them all.
 RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "summary.json", "summary.json.tmp", "config.toml")
 TENSORBOARD_DIR = "tensorboard"
+#: A training step that ends with an evaluation carries its figures in metrics.jsonl as
+#: ``eval_<figure>_<task>`` columns; TensorBoard has them once, as ``eval/<task>/<figure>``.
+EVALUATION_COLUMN_PREFIX = "eval_"
+EVALUATION_COLUMN_FIGURES = ("ne", "auc", "calibration")
+
+
+def evaluation_columns(entry: dict[str, Any]) -> dict[str, float]:
+    """The ``eval_<figure>_<task>`` columns of an evaluation entry (``{"step", task: report}``)
+    that the step's metrics record carries."""
+    return {f"{EVALUATION_COLUMN_PREFIX}{figure}_{task}": value
+            for task, report in entry.items() if task != "step"
+            for figure, value in report.items() if figure in EVALUATION_COLUMN_FIGURES}
 
 
 def _clean(value: Any) -> Any:
@@ -97,7 +109,9 @@ class RunDirectory:
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         self._append("metrics.jsonl", record)
-        self._scalars("train", record, record["step"])
+        # The evaluation columns are written by append_eval, under eval/: not twice.
+        self._scalars("train", {key: value for key, value in record.items()
+                                if not key.startswith(EVALUATION_COLUMN_PREFIX)}, record["step"])
 
     def append_eval(self, record: dict[str, Any]) -> None:
         self._append("eval.jsonl", record)

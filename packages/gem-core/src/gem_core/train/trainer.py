@@ -49,7 +49,7 @@ from gem_core.train.resume import (
     check_steps_cover,
     load_data_position,
 )
-from gem_core.train.run_dir import RunDirectory
+from gem_core.train.run_dir import RunDirectory, evaluation_columns
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.teardown import stop_background_work
 from gem_core.train.data_log import data_report, log_data_counts
@@ -297,11 +297,7 @@ class _Trainer:
             evaluated = last or bool(self.tc.eval_every and self.step % self.tc.eval_every == 0)
             if evaluated:
                 self._evaluate()
-                # The step's record carries the evaluation too: eval_<figure>_<task>.
-                record.update({f"eval_{figure}_{task}": value
-                               for task, report in self.eval_history[-1].items() if task != "step"
-                               for figure, value in report.items()
-                               if figure in ("ne", "auc", "calibration")})
+                record.update(evaluation_columns(self.eval_history[-1]))
             if self.step % self.tc.log_every == 0 or self.step == self.tc.steps or evaluated:
                 self.run_dir.append_metrics(record)
             bar.update(record)
@@ -405,6 +401,8 @@ class _Trainer:
             "grad_norm": float(grad_norm),
             "flops": total,
             "padded_flops": padded,
+            "attention_flops": attention,
+            "padded_attention_flops": padded_attention,
             "mfu": total / (ctx.world_size * step_time * peak),
             # A straggler shows as a rank with more tokens than the mean.
             "rank_tokens_max_over_mean": busiest / (tokens / ctx.world_size) if tokens else 1.0,
