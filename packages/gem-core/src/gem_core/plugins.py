@@ -113,7 +113,8 @@ class GemPlugins:
                 raise GemConfigError(f"'auto' for {kind} needs a run context")
             chosen, why = self.default_for(kind, context)
             reason = f"auto: {why}"
-            log.info("%s: auto chose %r (%s)", kind, chosen, why)
+            # DEBUG: a run logs every choice once, with its reason, in its start-up block.
+            log.debug("%s: auto chose %r (%s)", kind, chosen, why)
         else:
             chosen, reason = name, "named in the configuration"
         spec = registry.get(chosen)

@@ -1,15 +1,18 @@
-"""``gem config``: presets and resolved configurations."""
+"""``gem config``: presets, resolved configurations and what each key means."""
 
 from __future__ import annotations
 
+import json
+import textwrap
+
 import click
 
-from gem_core.config import load_config, preset_names, to_toml, unstructure
+from gem_core.config import load_config, to_toml, unstructure
 
 
 @click.group("config")
 def config() -> None:
-    """Show presets and resolved configurations."""
+    """Show presets, resolved configurations and what each key means."""
 
 
 @config.command("show")
@@ -22,7 +25,8 @@ def config() -> None:
               help="Append parameter count and FLOPs per sample as TOML comments.")
 def show(preset: str | None, config_file: str | None, overrides: tuple[str, ...],
          sizes: bool) -> None:
-    """Print the resolved configuration as TOML."""
+    """Print the resolved configuration as TOML (`gem config explain KEY` says what a key
+    means)."""
     resolved = load_config(preset=preset, path=config_file, overrides=overrides)
     click.echo(to_toml(unstructure(resolved)), nl=False)
     if sizes:
@@ -51,7 +55,91 @@ def _size_comments(resolved) -> str:
 
 
 @config.command("presets")
-def presets() -> None:
-    """List the presets shipped with gem-core."""
-    for name in preset_names():
-        click.echo(name)
+@click.option("--sizes", is_flag=True,
+              help="Also print each preset's parameter count (builds each model on the meta "
+                   "device: a few seconds).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON list instead of text.")
+def presets(sizes: bool, as_json: bool) -> None:
+    """List the presets shipped with gem-core, each with what it is for."""
+    from gem_core.config.docs import preset_descriptions
+
+    rows = [{"name": name, "description": text} for name, text in preset_descriptions().items()]
+    if sizes:
+        for row in rows:
+            row["parameters"] = _parameter_count(load_config(preset=row["name"]))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        size = f" [{row['parameters']:,} parameters]" if row.get("parameters") else ""
+        click.echo(f"{row['name']:<{width}}  {row['description']}{size}")
+
+
+def _parameter_count(resolved) -> int | None:
+    """The model's parameter count, or None when the data schema is unavailable."""
+    from gem_core.errors import GemError
+    from gem_core.model.summary import model_summary
+    from gem_core.plugins import build_plugins
+
+    try:
+        factory = build_plugins().registry("data").load(resolved.data.source)
+        schema = factory(resolved.data, seed=resolved.train.seed).schema
+    except GemError:
+        return None
+    return model_summary(resolved.model, schema)["parameters"]["total"]
+
+
+@config.command("explain")
+@click.argument("keys", nargs=-1, metavar="[KEY]...")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON list of sections and keys instead of text.")
+def explain(keys: tuple[str, ...], as_json: bool) -> None:
+    """What each configuration key means: type, default, allowed values and description.
+
+    KEY is a section (train, model.moe) or a dotted key (train.steps); none: every key.
+    Backend keys list the names registered by the installed plugins.
+    """
+    from gem_core.config.docs import KeyDoc, explain as explain_keys
+
+    entries = explain_keys(keys)
+    registered = _registered_names()
+    if as_json:
+        rows = []
+        for entry in entries:
+            if isinstance(entry, KeyDoc):
+                row = {"kind": "key", **entry.to_dict()}
+                if entry.key in registered:
+                    row["registered"] = registered[entry.key]
+            else:
+                row = {"kind": "section", "key": entry.key, "doc": entry.doc}
+            rows.append(row)
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for entry in entries:
+        if not isinstance(entry, KeyDoc):
+            click.echo(f"\n[{entry.key}]")
+            click.echo(textwrap.indent(entry.doc, "  # ", lambda line: True))
+            continue
+        facts = [entry.type] + ([entry.rule] if entry.rule else [])
+        if entry.key in registered:
+            facts.append("auto or one of " if entry.key.startswith("backends.") else "one of ")
+            facts[-1] += ", ".join(registered[entry.key]) + " (registered)"
+        click.echo(f"\n{entry.key} = {entry.default_toml}    ({'; '.join(facts)})")
+        if entry.doc:
+            click.echo(textwrap.indent(entry.doc, "    "))
+
+
+def _registered_names() -> dict[str, list[str]]:
+    """The implementations the installed plugins register for each key that names one
+    (``backends.attention``, ``data.source``)."""
+    import attrs
+
+    from gem_core.config import BackendsConfig
+    from gem_core.plugins import build_plugins
+
+    # Each [backends] key is named after the kind it chooses; the data source is data.source.
+    keys = {f"backends.{field.name}": field.name for field in attrs.fields(BackendsConfig)}
+    keys["data.source"] = "data"
+    plugins = build_plugins()
+    return {key: plugins.registry(kind).names() for key, kind in keys.items()}

@@ -13,7 +13,7 @@ import click
 
 from gem_core import __version__
 from gem_core.errors import GemError
-from gem_core.logs import configure_logging
+from gem_core.logs import FORMATS, LEVELS, configure_logging, current_logging
 from gem_core.plugins import GemPlugins, build_plugins
 from gem_core.rank_exit import is_process_group_rank, run_then_exit
 
@@ -48,14 +48,50 @@ class _Catalog:
             if not isinstance(command, click.Command):
                 raise GemError(f"cli command {full_name!r} from {registry.get(full_name).plugin} "
                                f"loaded a {type(command).__name__}, not a click.Command")
-            return command
+            return with_logging_options(command)
         if any(name.startswith(full_name + ".") for name in registry.names()):
-            return PluginGroup(name=full_name.split(".")[-1], prefix=full_name + ".",
-                               help=f"{full_name} commands contributed by plugins.")
+            return with_logging_options(PluginGroup(
+                name=full_name.split(".")[-1], prefix=full_name + ".",
+                help=f"{full_name} commands contributed by plugins."))
         return None
 
 
 CATALOG = _Catalog()
+
+
+def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        configure_logging(value, current_logging()[1])
+
+
+def _set_log_format(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        configure_logging(current_logging()[0], value)
+
+
+def logging_options() -> list[click.Option]:
+    """``--log-level`` and ``--log-format`` for a sub-command: the same as ``gem``'s own, so
+    that ``gem train --log-level WARNING`` works as well as ``gem --log-level WARNING train``
+    (given after the sub-command, they win)."""
+    return [
+        click.Option(["--log-level"], type=click.Choice(LEVELS), default=None,
+                     expose_value=False, callback=_set_log_level,
+                     help="Logging level of messages on stderr (as gem --log-level)."),
+        click.Option(["--log-format"], type=click.Choice(FORMATS), default=None,
+                     expose_value=False, callback=_set_log_format,
+                     help="text or json log lines (as gem --log-format)."),
+    ]
+
+
+def with_logging_options(command: click.Command) -> click.Command:
+    """Add :func:`logging_options` to ``command`` and, for a group, to every command in it
+    (once; an option of the same name the command already has is kept)."""
+    names = {param.name for param in command.params}
+    command.params += [option for option in logging_options() if option.name not in names]
+    if isinstance(command, click.Group) and not isinstance(command, PluginGroup):
+        for sub in command.commands.values():
+            with_logging_options(sub)
+    return command
 
 
 class PluginGroup(click.Group):
@@ -93,11 +129,10 @@ class PluginGroup(click.Group):
 
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gem")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
-              help="Logging level of messages on stderr.")
-@click.option("--log-format", default="text", show_default=True,
-              type=click.Choice(["text", "json"]),
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(LEVELS),
+              help="Logging level of messages on stderr (every sub-command also takes it). In "
+                   "a process group, ranks other than 0 print only warnings and errors.")
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS),
               help="One line per event: readable text, or one JSON object for machines.")
 def cli(log_level: str, log_format: str) -> None:
     """GEM trainer: train generative ads recommendation models from plugins."""

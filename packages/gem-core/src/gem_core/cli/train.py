@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from gem_core.config import DEFAULT_PRESET, load_config
+from gem_core.logs import current_logging
 
 # Command-line shortcuts for the most used keys; each is the same as --set KEY=VALUE.
 SHORTCUTS = {
@@ -91,11 +92,10 @@ def train(preset, config_file, overrides, attention, norm, sharding, embedding_s
 def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, overrides,
             fresh: bool, until_step: int | None, allow_data_change: bool) -> None:
     """Re-run this command under torchrun; every rank then joins the group from its environment."""
-    root = click.get_current_context().find_root().params
+    log_level, log_format = current_logging()  # from gem's options or train's
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "gem_core.cli.main", "--log-level", root["log_level"],
-            "--log-format", root["log_format"],
+            "-m", "gem_core.cli.main", "--log-level", log_level, "--log-format", log_format,
             "train", "--out", str(run_dir), "--no-progress"]
     if preset:
         args += ["--preset", preset]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import math
 import tomllib
 import types
@@ -17,6 +18,8 @@ from gem_core.config.schema import GemConfig
 from gem_core.errors import GemConfigError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "tiny"
 
@@ -91,14 +94,23 @@ def load_config(
 
 def _drop_options_of_another_source(data: dict[str, Any], overrides: list[str]) -> None:
     """``[data.options]`` belong to the source they were written for: when an override picks
-    another source, the base file's options are dropped (options set by overrides stay)."""
+    another source (``gem train --data NAME``), the base file's options are dropped, with one
+    log line naming them (options set by overrides stay). Kept, they would fail the new
+    source's validation or, worse, mean something else there (``num_items`` of ``synthetic``
+    and of ``synthetic-ads`` have different defaults and effects)."""
     section = data.get("data")
     if not isinstance(section, dict):
         return
     for override in overrides:
         path, value = parse_override(override)
-        if path == ["data", "source"] and value != section.get("source", "synthetic"):
-            section.pop("options", None)
+        base_source = section.get("source", "synthetic")
+        if path == ["data", "source"] and value != base_source:
+            dropped = section.pop("options", None)
+            if dropped:
+                log.info("data.source %s replaces %s of %s: its [data.options] (%s) are "
+                         "dropped; set the new source's with --set data.options.KEY=VALUE",
+                         value, base_source, data.get("name", "the configuration"),
+                         ", ".join(f"{k} = {toml_literal(v)}" for k, v in dropped.items()))
 
 
 def structure(cls: type[T], data: Any, path: str = "") -> T:
@@ -205,12 +217,13 @@ def _write_table(table: dict[str, Any], path: list[str], lines: list[str]) -> No
     if path and (scalars or not tables):
         lines.append(f"\n[{'.'.join(path)}]")
     for key, value in scalars.items():
-        lines.append(f"{key} = {_literal(value)}")
+        lines.append(f"{key} = {toml_literal(value)}")
     for key, value in tables.items():
         _write_table(value, [*path, key], lines)
 
 
-def _literal(value: Any) -> str:
+def toml_literal(value: Any) -> str:
+    """``value`` as a TOML literal (a dict as an inline table)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -218,7 +231,9 @@ def _literal(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_literal(v)}" for k, v in value.items()) + "}"
     if value is None:
         raise GemConfigError("TOML has no null; leave the key out instead")
     raise GemConfigError(f"cannot write {value!r} as TOML")

@@ -282,6 +282,11 @@ class TrainConfig:
     log_every: int = attrs.field(default=1, validator=greater_than(0))
     """Write a ``metrics.jsonl`` line every N steps."""
 
+    log_every_s: float = attrs.field(default=10.0, validator=at_least(0))
+    """When stderr is not a terminal (a file, a pipe, a scheduler), or with ``--no-progress``:
+    log a line with step, loss, samples/s, MFU and ETA every this many seconds of wall time,
+    in place of the progress bar; 0: no such lines."""
+
     eval_batch_size: int = attrs.field(default=1024, validator=greater_than(0))
     """Batch size of evaluation passes."""
 

@@ -1,11 +1,14 @@
 """Field validators whose messages read as one sentence once the key is put in front.
 
 Each raises ValueError with a message that starts after the key, e.g. ``must be > 0, got -1``;
-:func:`gem_core.config.loading.structure` prefixes the dotted key.
+:func:`gem_core.config.loading.structure` prefixes the dotted key. Each validator is a small
+frozen class whose ``rule`` states what it allows, so ``gem config explain`` prints the same
+rule the validator enforces (one definition of each rule).
 """
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Iterable
 
 import attrs
@@ -15,38 +18,115 @@ def _name(attribute: attrs.Attribute) -> str:
     return attribute.name
 
 
-def choice(*allowed: str) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in allowed:
-            raise ValueError(f"{_name(attribute)} must be one of {', '.join(map(str, allowed))}; "
+class Rule(abc.ABC):
+    """A validator that can say what it allows."""
+
+    @abc.abstractmethod
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        """Raise ValueError naming ``attribute`` when ``value`` breaks the rule."""
+
+    @property
+    @abc.abstractmethod
+    def rule(self) -> str:
+        """What the validator allows, e.g. ``> 0`` or ``one of softmax, silu``."""
+
+    @property
+    def allowed(self) -> tuple[Any, ...] | None:
+        """The values allowed, where the rule is a list of them; None otherwise."""
+        return None
+
+
+@attrs.frozen
+class Choice(Rule):
+    options: tuple[Any, ...]
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in self.options:
+            raise ValueError(f"{_name(attribute)} must be one of "
+                             f"{', '.join(map(str, self.options))}; got {value!r}")
+
+    @property
+    def rule(self) -> str:
+        return "one of " + ", ".join(map(str, self.options))
+
+    @property
+    def allowed(self) -> tuple[Any, ...]:
+        return self.options
+
+
+@attrs.frozen
+class GreaterThan(Rule):
+    bound: float
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not value > self.bound:
+            raise ValueError(f"{_name(attribute)} must be > {self.bound}; got {value!r}")
+
+    @property
+    def rule(self) -> str:
+        return f"> {self.bound}"
+
+
+@attrs.frozen
+class AtLeast(Rule):
+    bound: float
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not value >= self.bound:
+            raise ValueError(f"{_name(attribute)} must be >= {self.bound}; got {value!r}")
+
+    @property
+    def rule(self) -> str:
+        return f">= {self.bound}"
+
+
+@attrs.frozen
+class Between(Rule):
+    low: float
+    high: float
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{_name(attribute)} must be between {self.low} and {self.high}; "
                              f"got {value!r}")
-    check.allowed = allowed  # type: ignore[attr-defined]
-    return check
+
+    @property
+    def rule(self) -> str:
+        return f"between {self.low} and {self.high}"
 
 
-def greater_than(bound: float) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if not value > bound:
-            raise ValueError(f"{_name(attribute)} must be > {bound}; got {value!r}")
-    return check
+@attrs.frozen
+class Each(Rule):
+    item: Rule
 
-
-def at_least(bound: float) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if not value >= bound:
-            raise ValueError(f"{_name(attribute)} must be >= {bound}; got {value!r}")
-    return check
-
-
-def between(low: float, high: float) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if not low <= value <= high:
-            raise ValueError(f"{_name(attribute)} must be between {low} and {high}; got {value!r}")
-    return check
-
-
-def each(validator: Any) -> Any:
-    def check(instance: Any, attribute: attrs.Attribute, value: Iterable[Any]) -> None:
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Iterable[Any]) -> None:
         for item in value:
-            validator(instance, attribute, item)
-    return check
+            self.item(instance, attribute, item)
+
+    @property
+    def rule(self) -> str:
+        return f"each {self.item.rule}"
+
+    @property
+    def allowed(self) -> tuple[Any, ...] | None:
+        return self.item.allowed
+
+
+def choice(*allowed: Any) -> Choice:
+    return Choice(tuple(allowed))
+
+
+def greater_than(bound: float) -> GreaterThan:
+    return GreaterThan(bound)
+
+
+def at_least(bound: float) -> AtLeast:
+    return AtLeast(bound)
+
+
+def between(low: float, high: float) -> Between:
+    return Between(low, high)
+
+
+def each(validator: Rule) -> Each:
+    return Each(validator)

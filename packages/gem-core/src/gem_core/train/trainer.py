@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -40,7 +39,7 @@ from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
-from gem_core.train.progress import Progress
+from gem_core.train.progress import Progress, log_start
 from gem_core.ids import check_managed_ids
 from gem_core.schema import schema_to_dict
 from gem_core.train.resume import (
@@ -277,13 +276,13 @@ class _Trainer:
         with torch.random.fork_rng(devices=[]):  # random matrices; the training RNG stays exact
             peak = measure_matmul_peak(self.ctx.device)
         start_step, started = self.step, time.perf_counter()
-        bar = Progress(total=self.tc.steps, initial=self.step,
-                       enabled=self.show_progress and self.ctx.is_main)
+        bar = Progress(total=self.tc.steps, initial=self.step, stop=stop,
+                       enabled=self.ctx.is_main, bar=self.show_progress,
+                       log_every_s=self.tc.log_every_s)
         if self.ctx.is_main:
-            log.info("configuration: %s", json.dumps(unstructure(self.config)))
-            for kind, info in self.backends.describe().items():
-                log.info("%s: %s from %s (%s)", kind, info["name"], info["package"],
-                         info["reason"])
+            log_start(self.config, self.backends.describe(), device=self.ctx.device.type,
+                      world_size=self.ctx.world_size, start_step=self.step, stop=stop,
+                      run_dir=self.run_dir.path)
         self.engine.train()
         while self.step < stop:
             record = self._train_step(next(self.stream), peak)
