@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +23,7 @@ def restore_logging():
     handlers, level, settings = root.handlers[:], root.level, current_logging()
     yield
     configure_logging(*settings)
+    logging.captureWarnings(False)
     root.handlers[:] = handlers
     root.setLevel(level)
 
@@ -91,9 +93,11 @@ def test_ranks_other_than_zero_print_only_warnings_prefixed(restore_logging, cap
     logger = logging.getLogger("gem_core.test_rank")
     logger.info("start-up block")
     logger.warning("a rank's own problem")
+    warnings.warn_explicit("a library's deprecation", FutureWarning, "lib.py", 7)
     err = capsys.readouterr().err
     assert "start-up block" not in err
     assert re.search(r"WARNING \[rank 1\] gem_core.test_rank: a rank's own problem", err)
+    assert re.search(r"WARNING \[rank 1\] py.warnings: lib.py:7: FutureWarning: a library", err)
 
 
 def test_log_level_after_the_sub_command_and_the_dropped_data_options_note(restore_logging):

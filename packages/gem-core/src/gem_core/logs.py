@@ -2,7 +2,7 @@
 
 In a process group only rank 0 logs everything: the other ranks log warnings and errors (every
 level with ``DEBUG``, for debugging one rank), their text lines prefixed ``[rank N]``, so a
-start-up or a progress line appears once, not once per rank.
+start-up or a progress line appears once, not once per rank. Python warnings are logged too.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def configure_logging(level: str, log_format: str, rank: int | None = None) -> N
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(rank_threshold(level, rank))
+    # Python warnings (a library's FutureWarning) become WARNING records: prefixed with their
+    # rank like every other line, and silenced by --log-level ERROR.
+    logging.captureWarnings(True)
     _current.update(level=level, format=log_format)
 
 
