@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gem_core.capabilities import FUSED_OPTIMIZER
+from gem_core.config.schema import EmbeddingOptimizerConfig, ModelConfig
 from gem_core.config.validators import choice, greater_than
+from gem_core.contracts import EmbeddingBackend
+from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
 from gem_core.schema import EmbeddingTable
+
+if TYPE_CHECKING:
+    from gem_core.registry import ImplementationSpec
+
+SINGLE_PROCESS_EMBEDDING_SHARDING = "replicated"
+"""The embedding sharding that leaves ``model.embeddings`` as its backend built it (one rank)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +48,40 @@ class EmbeddingTableConfig:
     as raw 64-bit ids, which the backend's managed-collision remapper turns into rows (with the
     table's eviction settings). Only backends that declare the ``managed_ids`` capability
     (:data:`gem_core.ids.MANAGED_IDS`) accept such a table."""
+
+    optimizer: EmbeddingOptimizerConfig = attrs.field(factory=EmbeddingOptimizerConfig)
+    """How a backend with the :data:`FUSED_OPTIMIZER` capability trains this table
+    (``[model.embedding_optimizer]``); other backends leave the table to the dense optimizer."""
+
+
+def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
+                          embedding_sharding: ImplementationSpec, world_size: int) -> None:
+    """At start-up: refuse a ``[model.embedding_optimizer]`` that the embedding backend would not
+    use, and a backend with the :data:`FUSED_OPTIMIZER` capability where its in-backward updates
+    would go wrong: on several ranks each replica would apply only its own rank's gradients (the
+    copies drift apart), and another embedding sharding would replace the module with its own
+    tables and optimizer."""
+    fused = FUSED_OPTIMIZER in embedding.capabilities
+    if not fused and config.embedding_optimizer != EmbeddingOptimizerConfig():
+        raise GemConfigError(
+            f"model.embedding_optimizer is set, but the embedding backend {embedding.name!r} "
+            f"trains its tables with the dense optimizer (AdamW at train.lr); use an embedding "
+            f"backend with the {FUSED_OPTIMIZER} capability (--set backends.embedding="
+            "fbgemm-tbe) or leave [model.embedding_optimizer] at its defaults")
+    if not fused:
+        return
+    if world_size > 1:
+        raise GemConfigError(
+            f"the embedding backend {embedding.name!r} updates its tables inside the backward "
+            f"with each rank's own gradients: on {world_size} ranks the replicas would drift "
+            "apart; for several ranks use --embedding-sharding torchrec (TorchRec's sharded "
+            "FBGEMM tables with their own fused optimizer, [parallel.embedding]) with "
+            "backends.embedding=reference")
+    if embedding_sharding.name != SINGLE_PROCESS_EMBEDDING_SHARDING:
+        raise GemConfigError(
+            f"the embedding backend {embedding.name!r} keeps its tables and fused optimizer in "
+            f"one process; embedding sharding {embedding_sharding.name!r} would replace them; "
+            f"use --embedding-sharding {SINGLE_PROCESS_EMBEDDING_SHARDING} (or auto)")
 
 
 def check_ids(ids: Tensor, table: EmbeddingTableConfig, feature: str) -> None:
@@ -94,7 +138,7 @@ class ReferenceEmbeddingCollection(nn.Module):
         return out
 
 
-class ReferenceEmbeddingBackend:
+class ReferenceEmbeddingBackend(EmbeddingBackend):
     """The ``reference`` embedding backend."""
 
     def build(self, tables: Sequence[EmbeddingTableConfig]) -> nn.Module:

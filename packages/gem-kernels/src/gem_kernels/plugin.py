@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib.util
 
 from gem_core import hookimpl
-from gem_core.registry import AutoContext, ImplementationSpec
+from gem_core.capabilities import FUSED_OPTIMIZER
+from gem_core.registry import RELATIVE_BIAS, SILU, SOFTMAX, AutoContext, ImplementationSpec
+# torch_compile: under torch.compile the kernels are one custom op with a fake implementation.
+TORCH_COMPILE = "torch_compile"
 
 
 def _load_triton():
@@ -42,6 +45,12 @@ def _load_triton_norm():
     return TritonNorm()
 
 
+def _load_fbgemm_tbe():
+    from gem_kernels.embedding_tbe import FbgemmTbeEmbeddingBackend
+
+    return FbgemmTbeEmbeddingBackend()
+
+
 def _load_bench_attention():
     from gem_kernels.bench.cli import bench_attention
 
@@ -58,6 +67,7 @@ def gem_register_attention_backends(register) -> None:
         devices=("cuda",),
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
+        capabilities=(SOFTMAX, SILU, RELATIVE_BIAS, TORCH_COMPILE),
         description="Triton jagged attention kernels (fwd+bwd, block-skipping windows/causality)",
     ))
     register(ImplementationSpec(
@@ -67,6 +77,7 @@ def gem_register_attention_backends(register) -> None:
         devices=("cpu", "cuda"),
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
+        capabilities=(SOFTMAX, SILU),
         description="FBGEMM compiled jagged operators (jagged_dense_bmm, jagged_to_padded_dense)",
     ))
     register(ImplementationSpec(
@@ -75,6 +86,7 @@ def gem_register_attention_backends(register) -> None:
         devices=("cpu", "cuda"),
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
+        capabilities=(SOFTMAX,),
         description="PyTorch fused SDPA per sample, unpadded (softmax only)",
     ))
     register(ImplementationSpec(
@@ -83,6 +95,7 @@ def gem_register_attention_backends(register) -> None:
         devices=("cpu", "cuda"),
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
+        capabilities=(SOFTMAX, SILU, RELATIVE_BIAS),
         description="block-sparse tiles over the packed stream, batched GEMMs (fast path on CPU)",
     ))
 
@@ -96,6 +109,20 @@ def gem_register_norm_backends(register) -> None:
         devices=("cuda",),  # CPU tensors only under TRITON_INTERPRET=1 (tests)
         dtypes=("float32", "bfloat16", "float16"),
         description="fused gated LayerNorm/RMSNorm (one Triton kernel forward, one backward)",
+    ))
+
+
+@hookimpl
+def gem_register_embedding_backends(register) -> None:
+    register(ImplementationSpec(
+        name="fbgemm-tbe",
+        load=_load_fbgemm_tbe,
+        requires=("fbgemm_gpu",),
+        devices=("cpu", "cuda"),
+        dtypes=("float32", "bfloat16", "float16"),  # tables float32; lookups under autocast
+        capabilities=(FUSED_OPTIMIZER,),
+        description="FBGEMM table-batched embeddings (pooled and sequence) with a fused "
+                    "row-wise Adagrad / SGD step in the backward ([model.embedding_optimizer])",
     ))
 
 
@@ -119,7 +146,7 @@ def gem_register_cli_commands(register) -> None:
 def gem_default_attention(context: AutoContext):
     if context.device == "cuda" and importlib.util.find_spec("triton") is not None:
         return "triton", "CUDA device and triton is installed"
-    if context.device == "cpu":
+    if context.device == "cpu" and not context.compile:  # blocked's tile loop breaks graphs
         # tiny's forward+backward (256 samples) took 11.1 s against 20.8 s for gem-core's
         # bucketed backend, interleaved on the same loaded 2-core machine (docs/perf.md).
         return "blocked", "CPU: batched tiles through the fused SDPA kernel, fastest measured"

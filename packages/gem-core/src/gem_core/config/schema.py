@@ -14,6 +14,41 @@ from gem_core.config.validators import at_least, between, choice, each, greater_
 
 
 @attrs.frozen(kw_only=True)
+class EmbeddingOptimizerConfig:
+    """``[model.embedding_optimizer]``: the optimizer of embedding tables that their backend
+    trains itself, inside the backward (backends declaring the ``fused_optimizer`` capability,
+    :data:`gem_core.embedding.FUSED_OPTIMIZER`: ``fbgemm-tbe``). Those tables are not parameters
+    of the dense AdamW optimizer. With any other embedding backend the tables train with AdamW at
+    ``train.lr``, and a run that changes this section is refused at start-up."""
+
+    name: str = attrs.field(default="rowwise_adagrad", validator=choice("rowwise_adagrad", "sgd"))
+    """``rowwise_adagrad`` (one sum of squared gradients per row, the usual choice for sparse
+    tables) or ``sgd``; FBGEMM's CPU kernels have no Adam."""
+
+    lr: float = attrs.field(default=0.02, validator=greater_than(0))
+    """Learning rate (the peak, with ``lr_schedule = "dense"``)."""
+
+    lr_schedule: str = attrs.field(default="constant", validator=choice("constant", "dense"))
+    """``constant``: ``lr`` at every step; ``dense``: ``lr`` times the run's warm-up and decay
+    factor (the dense learning rate at the step divided by ``train.lr``)."""
+
+    eps: float = attrs.field(default=1e-8, validator=greater_than(0))
+    """Row-wise Adagrad's epsilon: ``w -= lr * g / (sqrt(sum of mean squared g) + eps)``."""
+
+    weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
+    """Weight decay of the rows a step looks up (row-wise Adagrad only; SGD has none)."""
+
+    weight_decay_mode: str = attrs.field(default="l2", validator=choice("l2", "decoupled"))
+    """``l2``: ``weight_decay * w`` is added to the gradient before the Adagrad sums;
+    ``decoupled``: ``w -= lr * weight_decay * w`` beside the Adagrad step."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.name == "sgd" and self.weight_decay:
+            raise ValueError("model.embedding_optimizer: weight_decay needs name = "
+                             "'rowwise_adagrad' (FBGEMM's fused SGD has no weight decay)")
+
+
+@attrs.frozen(kw_only=True)
 class MoeConfig:
     """Mixture of experts in place of the dense model's MLPs (``[model.moe]``); off while
     ``num_experts`` is 0."""
@@ -181,6 +216,11 @@ class ModelConfig:
     moe: MoeConfig = attrs.field(factory=MoeConfig)
     """Mixture of experts in place of the sequence and/or Wukong MLPs (off by default)."""
 
+    embedding_optimizer: EmbeddingOptimizerConfig = attrs.field(
+        factory=EmbeddingOptimizerConfig)
+    """The fused optimizer of embedding backends that train their tables themselves
+    (``fbgemm-tbe``); must stay at its defaults with the others."""
+
     teacher_embedding_dim: int = attrs.field(default=0, validator=at_least(0))
     """Width of a distillation teacher's user embedding (``JaggedBatch.teacher_embedding``)
     that a learned projection turns into one extra interaction token; the model keeps its own
@@ -315,10 +355,33 @@ class TrainConfig:
     of each. A persistent fault (a learning rate that always diverges, data that is NaN from
     some step on) would otherwise roll back forever. 0: stop instead of rolling back."""
 
+    compile: bool = False
+    """Compile the model with ``torch.compile`` (inductor; C++ on CPU, Triton on CUDA): each
+    parallel unit (the sequence-tower blocks) whole, with no graph break, forward and backward
+    (AOTAutograd), token and batch dimensions dynamic so jagged batches do not recompile. Needs
+    an attention backend that declares ``torch_compile`` (``padded``, ``triton``; ``auto``
+    picks one). The first step pays the compilation (``compile_s`` in metrics.jsonl, ``compile``
+    in summary.json); inductor's cache (``compile_cache``) makes later runs' compiles faster."""
+
+    compile_mode: str = attrs.field(default="default",
+                                    validator=choice("default", "reduce-overhead",
+                                                     "max-autotune"))
+    """``torch.compile`` mode with ``compile``: ``default``; ``reduce-overhead`` (CUDA graphs
+    over the compiled units: CUDA only, refused on CPU); ``max-autotune`` (inductor benchmarks
+    GEMM and kernel choices while compiling: a much slower first step)."""
+
+    compile_cache: str = ""
+    """Directory of inductor's persistent cache (``TORCHINDUCTOR_CACHE_DIR``) with ``compile``;
+    empty: ``$TORCHINDUCTOR_CACHE_DIR`` when set (a cache shared by runs), else
+    ``<run dir>/inductor-cache``."""
+
 
 @attrs.frozen(kw_only=True)
 class BackendsConfig:
     """Implementation chosen for each pluggable part, by registered name or ``auto``."""
+
+    model: str = "gem"
+    """The model (``--model``): a registered name (gem-core's is ``gem``); no ``auto``."""
 
     attention: str = "auto"
     """Jagged attention backend (``--attention``)."""

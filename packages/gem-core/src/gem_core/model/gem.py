@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import attrs
 import torch
 from torch import Tensor, nn
 
-from gem_core.attention import (RELATIVE_BIAS, AttentionBackend, AttentionParams,
-                                 require_capabilities)
+from gem_core.attention import AttentionBackend, AttentionParams
 from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
+from gem_core.contracts import RankingModel
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
@@ -31,8 +32,10 @@ from gem_core.schema import FeatureSchema
 
 def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[EmbeddingTableConfig]:
     """The sparse tables of the model: one per table the data set declares (see
-    :mod:`gem_core.model.features`)."""
-    return feature_tables(config.embedding_dim, schema)
+    :mod:`gem_core.model.features`), each with ``[model.embedding_optimizer]`` for backends
+    that train their tables themselves."""
+    return [attrs.evolve(table, optimizer=config.embedding_optimizer)
+            for table in feature_tables(config.embedding_dim, schema)]
 
 
 #: What each kind of :meth:`GEMModel.stash_points` is, by class.
@@ -48,7 +51,7 @@ STASH_CLASSES: dict[str, tuple[type, ...]] = {
 }
 
 
-class GEMModel(nn.Module, StrategyModel):
+class GEMModel(nn.Module, StrategyModel, RankingModel):
     """Embeddings -> sequence tower (+ cross-attention to the user's non-sequence tokens) ->
     PMA user tokens -> target-aware attention -> interaction (dot or Wukong) -> task heads.
 
@@ -86,9 +89,6 @@ class GEMModel(nn.Module, StrategyModel):
                                     gate_norm=norm if config.attention_gate else None,
                                     relative_bias=config.relative_bias)
                       if live else None)
-        if config.relative_bias and live and config.num_layers:
-            # At start-up, not at the first forward: the backend must declare the capability.
-            require_capabilities(attention, [RELATIVE_BIAS])
         self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
                     if config.pma_queries and live else None)
         if not live and schema.user_embedding_dim != config.pma_queries * dim:

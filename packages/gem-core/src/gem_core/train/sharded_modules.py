@@ -2,7 +2,8 @@
 (TorchRec-sharded embedding tables and their fused optimizer,
 :mod:`gem_parallel.torchrec_sharding`), and how the checkpointer stores them.
 
-Such a module offers its state through four methods (every rank calls them together):
+Such a module subclasses :class:`gem_core.contracts.ShardedModule` and offers its state through
+its four methods (every rank calls them together):
 
 - ``sharded_checkpoint_state()``: ``{"model": {name: tensor}, "optimizer": {name: {state:
   tensor}}}``, live ``ShardedTensor``s that DCP writes shard by shard and loads into in place,
@@ -26,9 +27,11 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from gem_core.checkpoint_io import read_dcp_metadata
+from gem_core.contracts import ShardedModule
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
 
@@ -36,7 +39,7 @@ from gem_core.errors import GemConfigError
 def find(engine: Engine) -> dict[str, Any]:
     """The model's sharded modules (see the module docstring) by their names in the model."""
     return {name: module for name, module in engine.unwrapped.named_modules()
-            if hasattr(module, "sharded_checkpoint_state")}
+            if isinstance(module, ShardedModule)}
 
 
 def collect(modules: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -102,11 +105,15 @@ class Stager(DefaultStager):
 
 
 def _cpu_copy(tensor: Any) -> Any:
-    """A ``ShardedTensor`` with CPU copies of ``tensor``'s local shards, same global layout."""
+    """A ``ShardedTensor`` with CPU copies of ``tensor``'s local shards, same global layout; a
+    CPU copy of a plain tensor (one process's whole state, e.g. fbgemm-tbe's optimizer)."""
+    import torch
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardMetadata
 
     if not isinstance(tensor, ShardedTensor):
-        raise RuntimeError(f"background checkpoints stage sharded modules' ShardedTensors only, "
+        if isinstance(tensor, torch.Tensor):
+            return tensor.detach().to("cpu", copy=True)
+        raise RuntimeError(f"background checkpoints stage sharded modules' tensors only, "
                            f"not {type(tensor).__name__}")
 
     def on_cpu(meta: ShardMetadata) -> ShardMetadata:
@@ -144,7 +151,7 @@ def check_saved_shapes(directory: Path, state: dict[str, Any], flat: dict[str, A
             raise GemConfigError(
                 f"{path} has no {key} (written with embedding sharding "
                 f"{state.get('embedding_sharding')!r}); resume with that or use --fresh")
-        shape = tuple(getattr(saved, "size", ()))
+        shape = tuple(saved.size) if isinstance(saved, TensorStorageMetadata) else ()
         if shape != tuple(tensor.size()):
             raise GemConfigError(f"{path}: {key} has shape {list(shape)} there and "
                                  f"{list(tensor.size())} in this run; use --fresh")
@@ -157,6 +164,12 @@ def check_layouts(path: Path, state: dict[str, Any], modules: dict[str, Any]) ->
     embedding = state.get("embedding_sharding")
     for name in sorted(set(saved) - set(modules)):
         kind = saved[name].get("kind")
+        if "selected_by" in saved[name]:  # a backend's own tables, not an embedding sharding
+            raise GemConfigError(
+                f"{path} holds {name!r} as {kind!r} tables with their own fused optimizer "
+                f"state ({saved[name].get('optimizer')}), and this run keeps {name!r} in the "
+                f"dense engine, whose optimizer cannot continue from that state; resume with "
+                f"--set {saved[name]['selected_by']} or use --fresh")
         raise GemConfigError(
             f"{path} holds {name!r} as {kind!r} shards with their own sparse optimizer "
             f"state ({saved[name].get('optimizer')}), and this run keeps {name!r} in the "
@@ -164,7 +177,15 @@ def check_layouts(path: Path, state: dict[str, Any], modules: dict[str, Any]) ->
             f"--embedding-sharding {kind} (any number of ranks, one process included) or "
             "use --fresh")
     for name in sorted(set(modules) - set(saved)):
-        kind = modules[name].checkpoint_layout().get("kind")
+        layout = modules[name].checkpoint_layout()
+        kind = layout.get("kind")
+        if "selected_by" in layout:
+            backend = state.get("config", {}).get("backends", {}).get("embedding")
+            raise GemConfigError(
+                f"{path} holds {name!r} in the dense engine, with its optimizer's state, and "
+                f"this run's {name!r} ({layout['selected_by']}) trains with a fused optimizer "
+                f"that cannot continue from it; resume with backends.embedding={backend} or "
+                "use --fresh")
         if embedding == kind:  # written before the tables were saved as shards
             raise GemConfigError(
                 f"{path} holds {name!r} in an older format ({name}._extra_state: full tables "

@@ -16,6 +16,7 @@ import torch
 
 from gem_core.batch import JaggedBatch
 from gem_core.checkpoint import remove_torn
+from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig, unstructure
 from gem_core.distill.distiller import build_distiller
 from gem_core.distill.setup import resolve_distillation
@@ -27,10 +28,11 @@ from gem_core.distributed import (
     shutdown,
 )
 from gem_core.flops import causal_window_pairs
-from gem_core.model import build_model
+from gem_core.model.building import build_run_model
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
-from gem_core.train.backends import RunBackends, resolve_backends
+from gem_core.contracts import LearningRateFollower
+from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
 from gem_core.train.checkpointer import Checkpointer
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
@@ -40,6 +42,7 @@ from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress, log_start
+from gem_core.embedding import check_fused_optimizer
 from gem_core.ids import check_managed_ids
 from gem_core.schema import schema_to_dict
 from gem_core.train.resume import (
@@ -131,9 +134,11 @@ class _Trainer:
         if fresh:
             self.run_dir.start_fresh()
         self.backends: RunBackends = resolve_backends(config, plugins, ctx)
+        self.compiled = start_compiled_run(config, self.backends.attention.spec,
+                                           plugins.registry("attention").specs(), run_dir)
         self.show_progress = progress
         seed_everything(self.tc.seed)
-        self.source = self.backends.data.impl(config.data, seed=self.tc.seed)
+        self.source = build_data_source(self.backends.data, config.data, seed=self.tc.seed)
         # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
         self.distiller = build_distiller(config, self.source, ctx)
         if self.distiller is not None:
@@ -142,10 +147,10 @@ class _Trainer:
         check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
                           embedding_sharding=self.backends.embedding_sharding.spec,
                           world_size=ctx.world_size, plugins=plugins)
-        self.model = build_model(config.model, self.schema,
-                                 attention=self.backends.attention.impl,
-                                 embedding_backend=self.backends.embedding.impl,
-                                 norm=self.backends.norm.impl)
+        check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
+                              embedding_sharding=self.backends.embedding_sharding.spec,
+                              world_size=ctx.world_size)
+        self.model = build_run_model(self.backends, config.model, self.schema)
         window = config.model.window or None
         self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
@@ -161,7 +166,7 @@ class _Trainer:
             make_optimizer=make_adamw(self.tc), config=config,
         )
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
-                              if hasattr(m, "follow_learning_rate")]
+                              if isinstance(m, LearningRateFollower)]
         self.stream = self.source.train_stream(**self.stream_args)
         self.step = 0
         self.guard = StepGuard(self.tc)
@@ -175,11 +180,10 @@ class _Trainer:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
         batches from a separate stream, so the training stream starts untouched."""
         recipe = self.backends.precision.impl
-        if not hasattr(recipe, "calibrate"):
-            return
         options = self.config.precision.options
-        count = (recipe.calibration_batches_for(options)
-                 if hasattr(recipe, "calibration_batches_for") else recipe.calibration_batches)
+        count = recipe.calibration_batches_for(options)
+        if count == 0:
+            return
         stream = self.source.train_stream(**self.stream_args)
         batches = [next(stream).to(self.ctx.device) for _ in range(count)]
         self.model.to(self.ctx.device)
@@ -310,6 +314,8 @@ class _Trainer:
         summary = self._summary(peak, start_step, time.perf_counter() - started)
         self.run_dir.write_summary(summary)
         self.run_dir.close()
+        if self.compiled is not None:
+            self.compiled.close()
         if self.ctx.is_main:
             log_data_counts(self.source, "at the end of the run")
         return TrainResult(run_dir=self.run_dir.path, summary=summary)
@@ -341,7 +347,7 @@ class _Trainer:
                                                        self.engine.unwrapped)
         # The model's auxiliary losses (MoE load balancing), each a mean over this rank's rows:
         # gradient averaging across ranks then trains their mean.
-        aux_losses = getattr(self.engine.unwrapped, "auxiliary_losses", dict)()
+        aux_losses = self.engine.unwrapped.auxiliary_losses()
         if aux_losses:
             loss = loss + sum(aux_losses.values())
         self.engine.backward(loss)
@@ -365,9 +371,8 @@ class _Trainer:
         self.guard.record(sum(task_loss), skipped)
         if skipped is None:
             self.engine.step()
-            after_step = getattr(self.backends.precision.impl, "after_optimizer_step", None)
-            if after_step is not None:  # e.g. FP8 scales for FSDP2's FP8 all-gather
-                after_step(self.engine.model)
+            # e.g. FP8 scales for FSDP2's FP8 all-gather
+            self.backends.precision.impl.after_optimizer_step(self.engine.model)
         else:
             self.engine.zero_grad()
             log.warning("step %d skipped: %s", self.step + 1, skipped)
@@ -398,6 +403,7 @@ class _Trainer:
             "lr": lr,
             **({"sparse_lr": sparse_lr[0]} if sparse_lr else {}),
             "grad_norm": float(grad_norm),
+            **(self.compiled.step_record() if self.compiled is not None else {}),
             "flops": total,
             "padded_flops": padded,
             "attention_flops": attention,
@@ -416,7 +422,7 @@ class _Trainer:
         """The model's own figures of this step (MoE tokens per expert, load balance, dropped
         tokens, auxiliary loss), summed over ranks; empty when the model reports none."""
         model = self.engine.unwrapped
-        stats = dict(getattr(model, "step_stats", dict)())
+        stats = dict(model.step_stats())
         if aux_losses:
             stats["aux_loss"] = float(sum(loss.detach() for loss in aux_losses.values()))
         if not stats:
@@ -496,13 +502,14 @@ class _Trainer:
             **({"moe": {"dropped_tokens": t["moe_dropped_tokens"]}}
                if "moe_dropped_tokens" in t else {}),
             "checkpoints": self.checkpointer.report(),
-            "precision": getattr(self.backends.precision.impl, "summary", lambda: {})(),
+            "precision": self.backends.precision.impl.summary(),
             # e.g. the TorchRec plan: sharding type and ranks per table
-            "embedding_sharding": getattr(self.backends.embedding_sharding.impl, "summary",
-                                          lambda: {})(),
+            "embedding_sharding": self.backends.embedding_sharding.impl.summary(),
             # e.g. expert parallelism's all-to-all bytes per step (this rank's)
-            "dense_sharding": getattr(self.engine, "summary", lambda: {})(),
+            "dense_sharding": self.engine.summary(),
             "backends": self.backends.describe(),
+            **({"compile": self.compiled.summary(self.engine.unwrapped)}
+               if self.compiled is not None else {}),
             "data": data_report(self.source),
             **({"distill": self.distiller.summary()} if self.distiller is not None else {}),
             "config": unstructure(self.config),

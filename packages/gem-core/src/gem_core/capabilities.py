@@ -1,0 +1,33 @@
+"""The names of the capabilities an implementation may declare in its registration
+(``ImplementationSpec.capabilities``), checked at start-up against what a run asks for. Plain
+strings in a module without imports, so that the registry, the plugins and the attention package
+can all read them. Plugins import them from :mod:`gem_core.registry`."""
+
+MANAGED_IDS = "managed_ids"
+"""Capability of an embedding backend that remaps the raw ids of ``id_policy = "managed"`` tables
+itself, and of an embedding sharding that keeps that remapping the same on every rank (checked at
+start-up by :func:`gem_core.ids.check_managed_ids`)."""
+
+# Capabilities of attention backends (checked at start-up by
+# :func:`gem_core.attention.choice.check_attention_backend`, and by ``gem export-model``).
+SOFTMAX = "softmax"
+"""The backend computes softmax attention (``AttentionParams.normalization``)."""
+
+SILU = "silu"
+"""The backend computes HSTU's pointwise SiLU attention, ``silu(scale * q.k) / n``."""
+
+RELATIVE_BIAS = "relative_bias"
+"""The backend adds HSTU's relative attention bias (``bias=RelativeBias(...)``), with gradients
+for its weights."""
+
+TORCH_EXPORT = "torch_export"
+"""``torch.export`` can capture the backend with dynamic batch and lengths (no data-dependent
+Python control flow, no custom op without an export registration): what ``gem export-model``
+needs of the run's attention backend."""
+
+FUSED_OPTIMIZER = "fused_optimizer"
+"""Capability of an embedding backend whose module trains its tables itself, inside the backward,
+with ``[model.embedding_optimizer]``: the tables are not parameters of the module (the dense
+optimizer never sees them, no dense strategy reduces their gradients) and the module checkpoints
+its optimizer state as a :class:`gem_core.contracts.ShardedModule` (checked at start-up by
+:func:`gem_core.embedding.check_fused_optimizer`)."""
