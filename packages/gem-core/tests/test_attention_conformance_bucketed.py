@@ -7,6 +7,7 @@ from gem_core.testing import AttentionConformance
 
 
 class TestBucketedConformance(AttentionConformance):
+    registered_as = "bucketed"
     dtypes = (torch.float32, torch.bfloat16)
     max_examples = 25
 
@@ -16,6 +17,8 @@ class TestBucketedConformance(AttentionConformance):
 
 class TestBucketedFineBucketsConformance(AttentionConformance):
     """A growth close to 1 makes nearly one bucket per length: many small batched calls."""
+
+    registered_as = "bucketed"
 
     dtypes = (torch.float32,)
     max_examples = 10

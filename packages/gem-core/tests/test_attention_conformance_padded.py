@@ -7,6 +7,7 @@ from gem_core.testing import AttentionConformance
 
 
 class TestPaddedConformance(AttentionConformance):
+    registered_as = "padded"
     dtypes = (torch.float32,)
     max_examples = 15
 

@@ -13,6 +13,7 @@ from gem_core.testing.attention_conformance import BiasSpec
 
 
 class TestReferenceConformance(AttentionConformance):
+    registered_as = "reference"
     dtypes = (torch.float32, torch.bfloat16)
     max_examples = 15
 
@@ -150,18 +151,20 @@ def test_relative_bias_validates_its_fields():
         ReferenceAttention()(x, x, x, offsets, offsets, params=AttentionParams(), bias=bias)
 
 
-def test_require_capabilities_names_what_is_missing():
-    from gem_core.attention import RELATIVE_BIAS, backend_capabilities, require_capabilities
+def test_relative_bias_is_checked_against_the_declared_capabilities():
+    """A model with relative bias needs a backend whose registration declares it: refused at
+    start-up, naming the backend, the setting and the installed backends that declare it."""
+    from gem_core.attention.choice import check_attention_backend
+    from gem_core.config import ModelConfig
+    from gem_core.errors import GemConfigError
+    from gem_core.registry import RELATIVE_BIAS, SOFTMAX, ImplementationSpec
 
-    assert RELATIVE_BIAS in backend_capabilities(ReferenceAttention())
-    require_capabilities(ReferenceAttention(), [RELATIVE_BIAS])
+    def spec(name, *capabilities):
+        return ImplementationSpec(name=name, load=ReferenceAttention, capabilities=capabilities)
 
-    class Plain:
-        name = "plain"
-
-        def __call__(self, *args, **kwargs):
-            raise AssertionError("not called")
-
-    assert backend_capabilities(Plain()) == frozenset()
-    with pytest.raises(ValueError, match="'plain' does not support relative_bias"):
-        require_capabilities(Plain(), [RELATIVE_BIAS])
+    biased, plain = spec("biased", SOFTMAX, RELATIVE_BIAS), spec("plain", SOFTMAX)
+    model = ModelConfig(relative_bias=True)
+    check_attention_backend(model, biased, [biased, plain])
+    with pytest.raises(GemConfigError, match=r"'plain' does not support relative_bias \(needed by "
+                                        r"model.relative_bias = true\); backends that do: biased"):
+        check_attention_backend(model, plain, [biased, plain])

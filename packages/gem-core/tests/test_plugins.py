@@ -66,7 +66,9 @@ def test_spec_names_are_checked():
 
 
 def test_a_plugin_answer_for_auto_wins_over_gem_core_and_gives_its_reason():
-    marker = object()
+    from gem_core.attention.reference import ReferenceAttention
+
+    marker = ReferenceAttention()
 
     def register(register):
         register(_spec("mine", marker))

@@ -10,6 +10,7 @@ from gem_kernels.attention.blocked_backend import BlockedAttention, auto_block
 
 
 class TestBlockedConformance(AttentionConformance):
+    registered_as = "blocked"
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     max_examples = 20
 
@@ -18,6 +19,7 @@ class TestBlockedConformance(AttentionConformance):
 
 
 class TestBlockedSmallTilesConformance(AttentionConformance):
+    registered_as = "blocked"
     dtypes = (torch.float32,)
     max_examples = 20
 

@@ -11,6 +11,7 @@ from gem_kernels.attention.fbgemm_backend import FbgemmAttention  # noqa: E402
 
 
 class TestFbgemmConformance(AttentionConformance):
+    registered_as = "fbgemm"
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     max_examples = 15
 

@@ -7,6 +7,7 @@ from gem_kernels.attention.sdpa_backend import TorchSdpaAttention
 
 
 class TestTorchSdpaConformance(AttentionConformance):
+    registered_as = "torch-sdpa"
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     normalizations = ("softmax",)
     max_examples = 15

@@ -15,6 +15,7 @@ BLOCK = 32
 
 
 class TestTritonConformance(AttentionConformance):
+    registered_as = "triton"
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     block_size = BLOCK
     max_tokens = 140
@@ -28,6 +29,8 @@ class TestTritonConformance(AttentionConformance):
 
 class TestTritonConformanceUnevenBlocks(AttentionConformance):
     """Query and key tiles of different sizes exercise the range arithmetic independently."""
+
+    registered_as = "triton"
 
     dtypes = (torch.float32,)
     block_size = 16

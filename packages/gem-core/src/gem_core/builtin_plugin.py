@@ -72,6 +72,15 @@ def _reference_embedding():
 
 
 @hookimpl
+def gem_register_models(register) -> None:
+    register(ImplementationSpec(
+        name="gem", load=lazy("gem_core.model", "build_model"),
+        description="GEM: sequence tower, PMA, target-aware attention, Wukong or dot "
+                    "interaction, multi-task heads",
+    ))
+
+
+@hookimpl
 def gem_register_embedding_backends(register) -> None:
     register(ImplementationSpec(
         name="reference", load=_reference_embedding,

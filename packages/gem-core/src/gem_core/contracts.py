@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from gem_core.attention.api import AttentionParams
     from gem_core.attention.relative_bias import RelativeBias
     from gem_core.batch import JaggedBatch
-    from gem_core.config import DataConfig
     from gem_core.distributed import ParallelContext
     from gem_core.embedding import EmbeddingTableConfig
     from gem_core.engine import Engine
@@ -374,9 +373,10 @@ class ShardedModule(abc.ABC):
 def missing_methods(obj: Any, contract: type) -> list[str]:
     """The abstract methods of ``contract`` that ``obj`` (or its class) does not define: what to
     name when ``obj`` does not subclass ``contract``."""
-    names = sorted(getattr(contract, "__abstractmethods__", ()))
     owner = obj if isinstance(obj, type) else type(obj)
-    return [name for name in names if not callable(getattr(owner, name, None))]
+    defined = {name for klass in owner.__mro__ for name, value in vars(klass).items()
+               if callable(value)}
+    return sorted(set(contract.__abstractmethods__) - defined)
 
 
 def check_contract(obj: Any, contract: type | None, *, kind: str, name: str, plugin: str = "",

@@ -11,10 +11,22 @@ Two families of hooks:
   all plugins; a duplicate is an error at start-up that names both plugins. ``load`` must be lazy:
   registering must not import heavy libraries (triton, deepspeed, torchrec, torchao), because
   ``gem --help`` and ``gem plugins`` call every registration hook.
-* ``gem_default_*(context)``: ``firstresult`` hooks that answer what ``auto`` means for one kind in
-  a given :class:`~gem_core.registry.AutoContext`. Return the registered name of an implementation
-  and a one-line reason, as ``(name, reason)``, or ``None`` to let the next plugin answer. gem-core
-  answers last (``trylast=True``) with its reference choice, so ``auto`` always resolves.
+* ``gem_default_*(context)``: hooks that answer what ``auto`` means for one kind in a given
+  :class:`~gem_core.registry.AutoContext`. Return the registered name of an implementation and a
+  one-line reason, as ``(name, reason)``, or ``None`` to let the next plugin answer.
+
+What ``load()`` returns must be an instance of its kind's abstract base class in
+:mod:`gem_core.contracts` (function-like kinds: a callable); the registry checks it when a run
+loads it, and ``resolve`` enforces the spec's declared ``devices``, ``dtypes`` and
+``supports_backward`` against the run (:func:`gem_core.plugins.check_declared`). The table of
+kinds (hooks, config keys, ``gem train`` flags, contracts) is :data:`gem_core.kinds.KIND_TABLE`.
+
+**Order of ``auto`` answers.** The first non-None answer wins, asked in this explicit order (not
+pluggy's registration order): implementations marked ``@hookimpl(tryfirst=True)`` first, then
+unmarked ones by plugin (entry-point) name, alphabetically, then ``trylast=True`` ones. gem-core
+answers ``trylast`` with its reference choice, so ``auto`` always resolves. A plugin that must
+override another's answer marks its implementation ``tryfirst``;
+:meth:`gem_core.plugins.GemPlugins.default_answerers` lists the order for a kind.
 """
 
 from __future__ import annotations
@@ -43,15 +55,16 @@ DefaultChoice = tuple[str, str] | None
 def gem_register_attention_backends(register: Register) -> None:
     """Register jagged attention backends (kind ``attention``).
 
-    ``load()`` returns an object satisfying :class:`gem_core.attention.AttentionBackend`: a callable
+    ``load()`` returns a :class:`gem_core.contracts.AttentionBackend`: a callable
     ``(q, k, v, q_offsets, kv_offsets, *, params, num_targets=None, max_q_len=None,
     max_kv_len=None, bias=None) -> Tensor`` that computes the same function as the reference
     backend (``gem_core.attention.reference``) for every mask, normalisation and shape it
-    declares, with gradients for q, k and v when ``supports_backward`` is true. Optional
-    capabilities are declared as data in the backend's ``capabilities`` set (today
-    ``relative_bias``: HSTU's relative attention bias, ``bias=RelativeBias(...)``, with gradients
-    for its weights); a backend given a capability it does not declare raises an error naming
-    it. It must pass :class:`gem_core.testing.AttentionConformance`.
+    declares, with gradients for q, k and v when ``supports_backward`` is true. What it supports
+    is declared as data in the spec's ``capabilities``: the normalisations (``softmax``,
+    ``silu``) and the optional features (``relative_bias``: HSTU's relative attention bias,
+    ``bias=RelativeBias(...)``, with gradients for its weights; ``torch_export``). A run checks
+    them at start-up against its model; a backend given a bias it does not declare raises an
+    error naming it. It must pass :class:`gem_core.testing.AttentionConformance`.
     """
 
 
@@ -59,7 +72,7 @@ def gem_register_attention_backends(register: Register) -> None:
 def gem_register_norm_backends(register: Register) -> None:
     """Register gated-norm backends (kind ``norm``).
 
-    ``load()`` returns an object satisfying :class:`gem_core.norm.NormBackend`: ``gated_norm(x,
+    ``load()`` returns a :class:`gem_core.contracts.NormBackend`: ``gated_norm(x,
     gate, weight, bias=None, *, kind="layer"|"rms", eps=1e-5) -> Tensor`` computing ``(norm(x) *
     weight + bias) * gate`` over the last dimension, in ``x.dtype``, with gradients for x, gate,
     weight and bias, as :func:`gem_core.norm.gated_norm_reference` does. It must pass
@@ -71,7 +84,8 @@ def gem_register_norm_backends(register: Register) -> None:
 def gem_register_embedding_backends(register: Register) -> None:
     """Register embedding backends (kind ``embedding``).
 
-    ``load()`` returns an object with ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module``.
+    ``load()`` returns a :class:`gem_core.contracts.EmbeddingBackend`, whose
+    ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module``
     The module's ``forward(features: Mapping[str, Jagged]) -> dict[str, Tensor]`` looks up every
     table's feature: pooled tables give ``(batch, dim)``, unpooled tables give ``(total_ids, dim)``.
     Ids outside ``[0, num_embeddings)`` raise an error naming the table and the id.
@@ -79,11 +93,36 @@ def gem_register_embedding_backends(register: Register) -> None:
 
 
 @hookspec
+def gem_register_models(register: Register) -> None:
+    """Register models (kind ``model``; the config's ``backends.model``, default ``gem``).
+
+    ``load()`` returns a factory ``(model_config: ModelConfig, schema: FeatureSchema, *,
+    attention, embedding_backend, norm) -> nn.Module``, called once per run (and by ``gem plan``
+    on the ``meta`` device) with the run's ``[model]`` section, the data's feature schema and the
+    run's resolved attention backend, embedding backend and gated-norm backend. The module:
+
+    * has ``forward(batch: JaggedBatch) -> dict[str, Tensor]``: one ``(N,)`` logit per candidate
+      for every task of ``schema.tasks``, as the GEM model does;
+    * keeps its sparse tables in ``model.embeddings``, built by
+      ``embedding_backend.build(tables)`` and read only through that attribute (embedding
+      shardings replace it);
+    * subclasses :class:`gem_core.contracts.RankingModel` (``flops`` and the optional losses and
+      step statistics the training loop asks for) and
+      :class:`gem_core.model.interface.StrategyModel` (``parallel_units``,
+      ``checkpoint_parts``, ``moe_layers``, ``stash_points``: what parallelism strategies and
+      precision recipes use; they never walk its attributes).
+
+    The trainer and ``load_run`` refuse a product that is not such a module, naming the plugin.
+    gem-core registers ``gem`` (:func:`gem_core.model.build_model`).
+    """
+
+
+@hookspec
 def gem_register_dense_sharding(register: Register) -> None:
     """Register dense-parameter parallelism strategies (kind ``dense_sharding``).
 
-    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext,
-    make_optimizer, precision, options) -> Engine``. The strategy wraps or shards the model's dense parameters for the
+    ``load()`` returns a :class:`gem_core.contracts.DenseSharding`: ``apply(model, *,
+    ctx: ParallelContext, make_optimizer, precision, options) -> Engine``. The strategy wraps or shards the model's dense parameters for the
     process group in ``ctx``, builds the optimizer with ``make_optimizer(module)`` (or owns the
     optimizer itself, as DeepSpeed does) and returns an :class:`gem_core.engine.Engine` whose
     ``backward``/``step``/``state_dict`` the trainer drives. Gradients must equal, within float
@@ -97,10 +136,10 @@ def gem_register_dense_sharding(register: Register) -> None:
 def gem_register_embedding_sharding(register: Register) -> None:
     """Register embedding-table sharding strategies (kind ``embedding_sharding``).
 
-    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext, options) ->
-    nn.Module`` (``options``: ``[parallel.embedding]``) that places the model's embedding tables (the module at ``model.embeddings``) across the process
+    ``load()`` returns a :class:`gem_core.contracts.EmbeddingSharding`: ``apply(model, *,
+    ctx: ParallelContext, options) -> nn.Module`` (``options``: ``[parallel.embedding]``) that places the model's embedding tables (the module at ``model.embeddings``) across the process
     group, returning the model with the same forward semantics. It runs before dense sharding.
-    Optional: ``summary() -> dict`` (e.g. the plan per table), written to ``summary.json`` under
+    ``summary() -> dict`` (default ``{}``; e.g. the plan per table), written to ``summary.json`` under
     ``embedding_sharding``.
     """
 
@@ -109,16 +148,18 @@ def gem_register_embedding_sharding(register: Register) -> None:
 def gem_register_precision_recipes(register: Register) -> None:
     """Register precision recipes (kind ``precision``).
 
-    ``load()`` returns an object satisfying :class:`gem_core.precision.PrecisionRecipe`:
+    ``load()`` returns a :class:`gem_core.contracts.PrecisionRecipe`:
     ``convert(model, ctx, options) -> model`` (module swaps such as FP8 linears; runs first in
     ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
     ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
-    weights, loss and metrics stay in float32. Optional parts the trainer uses when present:
-    ``calibration_batches: int`` (or ``calibration_batches_for(options) -> int``) with
-    ``calibrate(model, batches, loss_fn, options)``, called once before ``convert`` with that many
-    training batches from a separate stream (the training stream itself is not advanced), for
-    recipes that choose by measuring; ``after_optimizer_step(model)`` after every step taken;
-    ``summary() -> dict``, written to ``summary.json`` under ``precision``.
+    weights, loss and metrics stay in float32. Parts with defaults in the contract:
+    ``calibration_batches_for(options) -> int`` (0) with ``calibrate(model, batches, loss_fn,
+    options)``, called once before ``convert`` with that many training batches from a separate
+    stream (the training stream itself is not advanced), for recipes that choose by measuring;
+    ``after_optimizer_step(model)`` after every step taken; ``summary() -> dict``, written to
+    ``summary.json`` under ``precision``. The spec declares ``activation_dtype``: the dtype the
+    rest of the model computes in under the recipe, which every other choice of the run must
+    list in its ``dtypes``.
     """
 
 
@@ -126,8 +167,9 @@ def gem_register_precision_recipes(register: Register) -> None:
 def gem_register_activation_checkpointing(register: Register) -> None:
     """Register activation-checkpointing policies (kind ``activation_checkpointing``).
 
-    ``load()`` returns an object with ``apply(model, *, ctx: ParallelContext, options) ->
-    nn.Module`` (``options``: ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations are recomputed in the backward instead of
+    ``load()`` returns a :class:`gem_core.contracts.ActivationCheckpointing`: ``apply(model, *,
+    ctx: ParallelContext, options) -> nn.Module`` (``options``:
+    ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations are recomputed in the backward instead of
     stored. It runs in ``parallelize()`` after embedding sharding and before dense sharding, and
     must leave the model's outputs and gradients unchanged (only memory and time change).
     """
@@ -138,7 +180,7 @@ def gem_register_data_sources(register: Register) -> None:
     """Register data sources (kind ``data``).
 
     ``load()`` returns a factory ``(config: DataConfig, *, seed: int) -> DataSource`` (see
-    :class:`gem_core.data.DataSource`): a feature schema, a deterministic stream of global training
+    :class:`gem_core.contracts.DataSource`; the trainer refuses a product that is not one): a feature schema, a deterministic stream of global training
     batches with a resumable position, and a fixed held-out evaluation split.
     """
 
@@ -163,7 +205,7 @@ def gem_register_cli_commands(register: Register) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# `auto` resolution hooks (first non-None answer wins; gem-core answers last).
+# `auto` resolution hooks (first non-None answer in the order above wins; gem-core answers last).
 # ---------------------------------------------------------------------------------------------
 
 

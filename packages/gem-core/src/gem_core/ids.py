@@ -17,7 +17,7 @@ from torch import Tensor
 from typing import TYPE_CHECKING
 
 from gem_core.errors import GemConfigError
-from gem_core.registry import MANAGED_IDS
+from gem_core.capabilities import MANAGED_IDS
 from gem_core.schema import EmbeddingTable, FeatureSchema
 
 if TYPE_CHECKING:

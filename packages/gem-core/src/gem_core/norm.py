@@ -8,20 +8,19 @@ the definition they are tested against and the ``reference`` backend the model u
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gem_core import contracts
+
 NormKind = Literal["layer", "rms"]
 
 
-class NormBackend(Protocol):
-    """A gated-norm implementation (kind ``norm``)."""
-
-    def gated_norm(self, x: Tensor, gate: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                   kind: NormKind = "layer", eps: float = 1e-5) -> Tensor: ...
+NormBackend = contracts.NormBackend
+"""The contract of kind ``norm`` (:class:`gem_core.contracts.NormBackend`)."""
 
 
 def gated_norm_reference(
@@ -46,7 +45,7 @@ def gated_norm_reference(
     return (y * gate.to(compute)).to(x.dtype)
 
 
-class ReferenceNorm:
+class ReferenceNorm(NormBackend):
     """The ``reference`` norm backend: :func:`gated_norm_reference`, autograd for gradients."""
 
     name = "reference"

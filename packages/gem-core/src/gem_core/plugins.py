@@ -14,6 +14,7 @@ import pluggy
 
 from gem_core import hookspecs
 from gem_core.errors import GemConfigError, GemPluginError
+from gem_core.kinds import kind_named
 from gem_core.registry import KINDS, AutoContext, ImplementationSpec, PluginFailure, Registry
 
 log = logging.getLogger(__name__)
@@ -90,22 +91,40 @@ class GemPlugins:
         except KeyError:
             raise GemPluginError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}") from None
 
-    def default_for(self, kind: str, context: AutoContext) -> tuple[str, str]:
-        """What ``auto`` means for ``kind`` in ``context``: ``(name, reason)``."""
-        default_hook = KINDS[kind][1]
+    def default_answerers(self, kind: str) -> list[str]:
+        """The plugins that answer ``auto`` for ``kind``, in the order they are asked (see
+        :mod:`gem_core.hookspecs`): ``tryfirst`` implementations, then the others by plugin
+        (entry-point) name, then ``trylast`` ones (gem-core's reference answers)."""
+        return [impl.plugin_name for impl in self._ordered_default_impls(kind)]
+
+    def _ordered_default_impls(self, kind: str) -> list[Any]:
+        default_hook = kind_named(kind).default_hook
         if default_hook is None:
             raise GemConfigError(f"{kind} has no 'auto' choice; name one of "
                                  f"{', '.join(self.registry(kind).names())}")
-        answer = getattr(self.manager.hook, default_hook)(context=context)
-        if answer is None:
-            raise GemPluginError(f"no plugin answered {default_hook}; is gem-core's plugin disabled?")
-        name, reason = answer
-        return name, reason
+        impls = getattr(self.manager.hook, default_hook).get_hookimpls()
+        return sorted(impls, key=lambda impl: (0 if impl.tryfirst else 2 if impl.trylast else 1,
+                                               impl.plugin_name))
+
+    def default_for(self, kind: str, context: AutoContext) -> tuple[str, str]:
+        """What ``auto`` means for ``kind`` in ``context``: ``(name, reason)``, the first answer
+        in :meth:`default_answerers` order that is not None."""
+        for impl in self._ordered_default_impls(kind):
+            answer = impl.function(context=context)
+            if answer is not None:
+                name, reason = answer
+                log.debug("%s: plugin %s answered auto with %r", kind, impl.plugin_name, name)
+                return name, reason
+        raise GemPluginError(f"no plugin answered {kind_named(kind).default_hook}; is "
+                             "gem-core's plugin disabled?")
 
     def resolve(self, kind: str, name: str, context: AutoContext | None = None) -> Resolved:
         """Load the implementation named ``name`` (or chosen for ``auto``) of ``kind``.
 
         An explicitly named implementation is loaded or the run fails: there is no fallback.
+        With a ``context``, what the spec declares is enforced first: the run's device must be
+        in its ``devices``, the run's activation dtype in its ``dtypes`` (precision recipes
+        excepted: they set it) and a training run needs ``supports_backward``.
         """
         registry = self.registry(kind)
         if name == "auto":
@@ -118,12 +137,27 @@ class GemPlugins:
         else:
             chosen, reason = name, "named in the configuration"
         spec = registry.get(chosen)
-        if context is not None and context.device not in spec.devices:
-            raise GemConfigError(
-                f"{kind} {chosen!r} does not run on {context.device}; it supports "
-                f"{', '.join(spec.devices)}"
-            )
+        if context is not None:
+            check_declared(spec, context, chosen_by=reason)
         return Resolved(spec=spec, impl=registry.load(chosen), reason=reason)
+
+
+def check_declared(spec: ImplementationSpec, context: AutoContext, *, chosen_by: str) -> None:
+    """Refuse ``spec`` for a run in ``context`` when what it declares (devices, dtypes,
+    backward) excludes it; the message names the implementation, its plugin and why."""
+    what = f"{spec.kind} {spec.name!r}"
+    origin = f" (from {spec.distribution or spec.plugin}; {chosen_by})"
+    if context.device not in spec.devices:
+        raise GemConfigError(f"{what} does not run on {context.device}; it supports "
+                             f"{', '.join(spec.devices)}{origin}")
+    if spec.kind != "precision" and context.dtype not in spec.dtypes:
+        raise GemConfigError(
+            f"{what} does not run under the precision recipe's activation dtype "
+            f"{context.dtype}; it declares {', '.join(spec.dtypes)}{origin}; choose another "
+            f"{spec.kind} or another precision recipe")
+    if context.training and not spec.supports_backward:
+        raise GemConfigError(f"{what} has no backward (supports_backward is false){origin}, "
+                             "and this run trains; choose another for training")
 
 
 def _version_of(distribution: str) -> str:

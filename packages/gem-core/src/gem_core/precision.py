@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Mapping, Protocol
+from typing import Any, ContextManager, Mapping
 
+from gem_core import contracts
 from gem_core.errors import GemConfigError
 
 from torch import nn
 
 
-class PrecisionRecipe(Protocol):
-    """How a run computes. Master weights, loss and metrics stay in float32 in every recipe."""
-
-    name: str
-    compute_dtype: str
-    """The dtype matmuls run in (``float32``, ``bfloat16``, ``float8``...)."""
-
-    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
-        """Swap modules (e.g. FP8 linears); runs first in ``parallelize()``. ``options`` is
-        ``[precision.options]`` of the config; the recipe validates it (unknown keys are an
-        error)."""
-        ...
-
-    def autocast(self, device_type: str) -> ContextManager[None]:
-        """Context around forward and loss."""
-        ...
-
-    def mixed_precision_policy(self) -> Any:
-        """For sharding strategies that cast parameters themselves (FSDP2); None for none."""
-        ...
+PrecisionRecipe = contracts.PrecisionRecipe
+"""The contract of kind ``precision`` (:class:`gem_core.contracts.PrecisionRecipe`)."""
 
 
 def reject_options(owner: str, options: Mapping[str, Any]) -> None:
@@ -38,7 +21,7 @@ def reject_options(owner: str, options: Mapping[str, Any]) -> None:
         raise GemConfigError(f"{owner} takes no options; got {', '.join(sorted(options))}")
 
 
-class Float32Recipe:
+class Float32Recipe(PrecisionRecipe):
     """``fp32``: everything in float32."""
 
     name = "fp32"

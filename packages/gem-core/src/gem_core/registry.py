@@ -8,22 +8,15 @@ from typing import Any, Callable
 
 import attrs
 
+from gem_core.capabilities import MANAGED_IDS, RELATIVE_BIAS, SILU, SOFTMAX, TORCH_EXPORT
+from gem_core.contracts import check_contract
 from gem_core.errors import GemConfigError, GemPluginError
+from gem_core.kinds import KIND_TABLE, kind_named
 
 #: Every kind of implementation, with the registration hook that fills it and, where ``auto`` is
-#: allowed, the default hook that resolves it.
+#: allowed, the default hook that resolves it (derived from :data:`gem_core.kinds.KIND_TABLE`).
 KINDS: dict[str, tuple[str, str | None]] = {
-    "attention": ("gem_register_attention_backends", "gem_default_attention"),
-    "embedding": ("gem_register_embedding_backends", "gem_default_embedding"),
-    "norm": ("gem_register_norm_backends", "gem_default_norm"),
-    "dense_sharding": ("gem_register_dense_sharding", "gem_default_dense_sharding"),
-    "embedding_sharding": ("gem_register_embedding_sharding", "gem_default_embedding_sharding"),
-    "precision": ("gem_register_precision_recipes", "gem_default_precision"),
-    "activation_checkpointing": ("gem_register_activation_checkpointing",
-                                 "gem_default_activation_checkpointing"),
-    "data": ("gem_register_data_sources", None),
-    "balancer": ("gem_register_batch_balancers", "gem_default_balancer"),
-    "cli": ("gem_register_cli_commands", None),
+    kind.name: (kind.register_hook, kind.default_hook) for kind in KIND_TABLE
 }
 
 
@@ -35,10 +28,9 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
-MANAGED_IDS = "managed_ids"
-"""Capability of an embedding backend that remaps the raw ids of ``id_policy = "managed"`` tables
-itself, and of an embedding sharding that keeps that remapping the same on every rank (checked at
-start-up by :func:`gem_core.ids.check_managed_ids`)."""
+DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, SOFTMAX, SILU, RELATIVE_BIAS, TORCH_EXPORT)
+"""The capability names gem-core checks (:mod:`gem_core.capabilities`), re-exported here where
+plugins import them from."""
 
 
 @attrs.frozen(kw_only=True)
@@ -55,17 +47,28 @@ class ImplementationSpec:
     """One line shown by ``gem plugins``."""
 
     devices: tuple[str, ...] = ("cpu", "cuda")
-    """Device types it runs on."""
+    """Device types it runs on; a run on another device refuses it at start-up."""
 
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    """Floating-point dtypes it accepts."""
+    """The activation dtypes (a precision recipe's :attr:`activation_dtype`) it runs under; a
+    run whose recipe computes in another refuses it at start-up. Not used by precision recipes
+    themselves."""
 
     supports_backward: bool = True
-    """Whether gradients flow through it."""
+    """Whether gradients flow through it; a training run refuses one without."""
+
+    activation_dtype: str = "float32"
+    """Precision recipes only: the dtype the rest of the model computes in under this recipe
+    (``bfloat16`` for bf16 autocast; ``float32`` for fp32 and for the FP8 recipes, whose FP8 is
+    inside the converted linears). Every other implementation of the run must list it in its
+    :attr:`dtypes`."""
 
     capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    """Optional features it handles, declared as data so a run checks its choices at start-up
-    (embedding backends and embedding shardings: :data:`MANAGED_IDS`)."""
+    """What it supports, declared as data so a run checks its choices at start-up before
+    building anything: attention backends their normalisations (``softmax``, ``silu``) and
+    optional features (``relative_bias``, ``torch_export``:
+    :data:`gem_core.attention.ATTENTION_CAPABILITIES`); embedding backends and embedding
+    shardings :data:`MANAGED_IDS`."""
 
     requires: tuple[str, ...] = ()
     """Importable module names it needs; ``gem plugins`` checks them without importing them."""
@@ -108,7 +111,16 @@ class AutoContext:
     """Number of ranks in the run."""
 
     dtype: str = "float32"
-    """Compute dtype the precision recipe asks for."""
+    """The activation dtype of the run's precision recipe (its spec's ``activation_dtype``;
+    resolved first). A default hook answers an implementation whose ``dtypes`` include it:
+    ``resolve`` refuses any other, ``auto`` answers included."""
+
+    training: bool = True
+    """Whether the run trains (and so needs implementations that ``supports_backward``)."""
+
+    compile: bool = False
+    """Whether the run compiles its model (``train.compile``): its attention backend must then
+    declare ``torch_compile``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -124,8 +136,7 @@ class Registry:
     """Named implementations of one kind. A duplicate name is an error; so is an unknown one."""
 
     def __init__(self, kind: str) -> None:
-        if kind not in KINDS:
-            raise GemPluginError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        self.contract = kind_named(kind).contract
         self.kind = kind
         self._specs: dict[str, ImplementationSpec] = {}
         self.failures: list[PluginFailure] = []
@@ -171,7 +182,8 @@ class Registry:
         return message
 
     def load(self, name: str) -> Any:
-        """Load the named implementation; a missing requirement or import error is fatal here."""
+        """Load the named implementation; a missing requirement, an import error or an object
+        that does not satisfy the kind's contract (:mod:`gem_core.contracts`) is fatal here."""
         spec = self.get(name)
         missing = spec.missing_requirements()
         if missing:
@@ -180,9 +192,12 @@ class Registry:
                 f"{', '.join(missing)}, which is not installed"
             )
         try:
-            return spec.load()
+            impl = spec.load()
         except ImportError as error:
             raise GemPluginError(
                 f"{self.kind} {name!r} from {spec.distribution or spec.plugin} failed to load: "
                 f"{error}"
             ) from error
+        check_contract(impl, self.contract, kind=self.kind, name=name, plugin=spec.plugin,
+                       distribution=spec.distribution)
+        return impl

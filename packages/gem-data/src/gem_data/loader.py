@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from gem_core.batch import JaggedBatch
+from gem_core.contracts import TrainStream
 from gem_core.errors import GemDataError
 
 from gem_data.arrow_io import table_to_batch
@@ -54,7 +55,7 @@ class _Window:
         return self.gather.take(self.order[start:stop])
 
 
-class ParquetStream:
+class ParquetStream(TrainStream):
     """An iterator of JaggedBatch over one split, with ``state_dict``/``load_state_dict``."""
 
     def __init__(self, reader: DatasetReader, units: list[Unit], *, batch_size: int,

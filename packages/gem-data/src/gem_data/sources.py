@@ -27,7 +27,7 @@ import attrs
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, choice, greater_than
-from gem_core.data.api import Balancer, local_share
+from gem_core.data.api import Balancer, DataSource, local_share
 from gem_core.errors import GemDataError
 
 from gem_data.batch_ops import slice_batch
@@ -64,7 +64,7 @@ class ParquetOptions:
     :class:`gem_data.validation.ValidationPolicy`)."""
 
 
-class ParquetSource:
+class ParquetSource(DataSource):
     """A data set directory as a :class:`gem_core.data.DataSource`."""
 
     name = "parquet"

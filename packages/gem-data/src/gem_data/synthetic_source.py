@@ -17,12 +17,12 @@ import torch
 
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
-from gem_core.data.api import Balancer, IndexedStream
+from gem_core.data.api import Balancer, DataSource, IndexedStream
 
 from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
 
 
-class SyntheticAdsSource:
+class SyntheticAdsSource(DataSource):
     """Generated ads requests; ``[data.options]`` are :class:`SynthOptions` fields
     (``max_length`` defaults to ``data.max_seq_len``)."""
 

@@ -125,7 +125,8 @@ def _torchrec():
 @hookimpl
 def gem_register_embedding_sharding(register) -> None:
     register(ImplementationSpec(
-        name="torchrec", load=_torchrec, requires=("torchrec", "fbgemm_gpu"), dtypes=("float32",),
+        # Tables stay float32 under every recipe; lookups come out in the dense parameters' dtype.
+        name="torchrec", load=_torchrec, requires=("torchrec", "fbgemm_gpu"),
         capabilities=(MANAGED_IDS,),
         description="TorchRec planner + sharded EmbeddingBagCollection/EmbeddingCollection, fused "
                     "sparse optimizer (options: plan, optimizer, lr); managed ids remapped "
@@ -143,7 +144,7 @@ def _torchrec_managed():
 def gem_register_embedding_backends(register) -> None:
     register(ImplementationSpec(
         name="torchrec-managed", load=_torchrec_managed, requires=("torchrec", "fbgemm_gpu"),
-        dtypes=("float32",), capabilities=(MANAGED_IDS,),
+        capabilities=(MANAGED_IDS,),
         description="reference tables + TorchRec MCHManagedCollisionModule per id_policy "
                     "'managed' table (zero-collision ids, LRU/LFU eviction)",
     ))

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gem_core.contracts import EmbeddingBackend
 from gem_core.embedding import EmbeddingTableConfig, ReferenceEmbeddingCollection
 from gem_core.jagged import Jagged
 from gem_core.schema import EmbeddingTable
@@ -188,7 +189,7 @@ class ManagedEmbeddingCollection(ReferenceEmbeddingCollection):
         return super().forward(remap_features(self.remappers, self.table_configs, features))
 
 
-class ManagedEmbeddingBackend:
+class ManagedEmbeddingBackend(EmbeddingBackend):
     """The ``torchrec-managed`` embedding backend."""
 
     def build(self, tables: Sequence[EmbeddingTableConfig]) -> nn.Module:

@@ -8,6 +8,7 @@ from typing import Any, ContextManager, Mapping, Sequence
 
 from torch import nn
 
+from gem_core.contracts import PrecisionRecipe
 from gem_core.errors import GemConfigError
 from gem_precision.activation_stash import ActivationStash
 from gem_precision.calibration import LossFn, LayerMeasure, measure_layers
@@ -64,7 +65,7 @@ def build_table(model: nn.Module, options: Fp8AutoOptions,
     return LayerTable(recipe=options.recipe, thresholds=thresholds, rows=sort_rows(rows))
 
 
-class Float8AutoRecipe:
+class Float8AutoRecipe(PrecisionRecipe):
     """Calibrates, then converts the layers the per-layer table chose (see ``LayerTable``)."""
 
     name = "fp8-auto"

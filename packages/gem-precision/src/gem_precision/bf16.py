@@ -7,10 +7,11 @@ from typing import Any, ContextManager, Mapping
 import torch
 from torch import nn
 
+from gem_core.contracts import PrecisionRecipe
 from gem_core.precision import reject_options
 
 
-class BFloat16Recipe:
+class BFloat16Recipe(PrecisionRecipe):
     name = "bf16"
     compute_dtype = "bfloat16"
 

@@ -8,6 +8,7 @@ from typing import Any, ContextManager, Mapping
 
 from torch import nn
 
+from gem_core.contracts import PrecisionRecipe
 from gem_precision.activation_stash import ActivationStash, install_stash
 from gem_precision.float8 import check_float8_runs, convert_layers, emulate_on, float8_config
 from gem_precision.options import Fp8Options, parse_options
@@ -45,7 +46,7 @@ def finish_conversion(model: nn.Module, names: list[str], options: Fp8Options, r
     return model
 
 
-class Float8Recipe:
+class Float8Recipe(PrecisionRecipe):
     """Linear layers whose shapes suit FP8 run through torchao's Float8Linear; embeddings,
     norms, task heads and excluded modules stay float32. Master weights stay float32."""
 

@@ -36,17 +36,18 @@ def _compare():
 @hookimpl
 def gem_register_precision_recipes(register) -> None:
     register(ImplementationSpec(
-        name="bf16", load=_bf16, dtypes=("bfloat16",),
+        name="bf16", load=_bf16, activation_dtype="bfloat16",
         description="bfloat16 autocast (FSDP2: bf16 params, fp32 reductions); fp32 master weights",
     ))
     for recipe in ("tensorwise", "rowwise"):
         register(ImplementationSpec(
-            name=f"fp8-{recipe}", load=_fp8(recipe), dtypes=("float8",), requires=("torchao",),
+            name=f"fp8-{recipe}", load=_fp8(recipe), activation_dtype="float32",
+            requires=("torchao",),
             description=f"selective FP8 linears (torchao, {recipe} scaling); heads, embeddings, "
                         "norms and excluded modules stay fp32",
         ))
     register(ImplementationSpec(
-        name="fp8-auto", load=_fp8_auto, dtypes=("float8",), requires=("torchao",),
+        name="fp8-auto", load=_fp8_auto, activation_dtype="float32", requires=("torchao",),
         description="FP8 (torchao) only for the linears whose measured error on calibration "
                     "batches is under thresholds; prints the per-layer table",
     ))

@@ -12,9 +12,8 @@ from gem_core.attention.api import (
     ATTENTION_CAPABILITIES,
     AttentionBackend,
     AttentionParams,
+    TORCH_COMPILE,
     TORCH_EXPORT,
-    backend_capabilities,
-    require_capabilities,
     validate_attention_inputs,
 )
 from gem_core.attention.reference import reference_attention
@@ -26,9 +25,8 @@ __all__ = [
     "AttentionParams",
     "RELATIVE_BIAS",
     "RelativeBias",
+    "TORCH_COMPILE",
     "TORCH_EXPORT",
-    "backend_capabilities",
     "reference_attention",
-    "require_capabilities",
     "validate_attention_inputs",
 ]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, Protocol
+from typing import Literal
 
 import attrs
 import torch
 from torch import Tensor
 
+from gem_core import contracts
+from gem_core.attention.choice import NORMALIZATIONS
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import check_offsets
+from gem_core.capabilities import TORCH_EXPORT
 
 Normalization = Literal["softmax", "silu"]
 
@@ -52,70 +55,20 @@ class AttentionParams:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-class AttentionBackend(Protocol):
-    """A jagged attention implementation.
-
-    ``q``: ``(total_q, heads, head_dim)`` with ``q_offsets`` ``(batch + 1,)``; ``k``, ``v``:
-    ``(total_kv, heads, head_dim)`` with ``kv_offsets``. Returns ``(total_q, heads, head_dim)`` in
-    ``q.dtype``. ``num_targets`` ``(batch,)`` counts target tokens at the tail of each sequence
-    (self-attention only). ``max_q_len``/``max_kv_len`` are upper bounds a kernel may use to size
-    its grid without a device sync. A sample with no keys outputs zeros.
-
-    ``bias`` (self-attention only, like ``causal``): a
-    :class:`~gem_core.attention.relative_bias.RelativeBias` whose value for each (query, key, head)
-    is added to ``scale * q.k`` before the softmax or SiLU normalisation; its position and time
-    buckets are defined in :mod:`gem_core.attention.relative_bias`. A backend that accepts it
-    declares the capability ``"relative_bias"`` (:data:`RELATIVE_BIAS`) in its ``capabilities``
-    attribute (a frozenset of names; see :func:`backend_capabilities`) and returns gradients for
-    ``bias.position_weights`` and ``bias.time_weights``. A backend that does not declare it must
-    raise (NotImplementedError) when given a bias, with a message naming ``relative_bias``
-    (:func:`reject_unsupported_bias`); never ignore it. ``capabilities`` is optional: a backend
-    without it declares no optional capability.
-    """
-
-    def __call__(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        q_offsets: Tensor,
-        kv_offsets: Tensor,
-        *,
-        params: AttentionParams,
-        num_targets: Tensor | None = None,
-        max_q_len: int | None = None,
-        max_kv_len: int | None = None,
-        bias: RelativeBias | None = None,
-    ) -> Tensor: ...
+AttentionBackend = contracts.AttentionBackend
+"""The contract of kind ``attention`` (:class:`gem_core.contracts.AttentionBackend`)."""
 
 
-#: The capability of a backend that ``torch.export`` can capture with dynamic batch and lengths
-#: (no data-dependent Python control flow, no custom op without an export registration): what
-#: ``gem export-model`` needs of the run's attention backend.
-TORCH_EXPORT = "torch_export"
 
-#: Every optional capability an attention backend may declare.
-ATTENTION_CAPABILITIES: tuple[str, ...] = (RELATIVE_BIAS, TORCH_EXPORT)
+#: The capability of a backend that ``torch.compile`` traces whole (``fullgraph``: no graph
+#: break, no data-dependent Python control flow; custom ops with fake implementations are fine)
+#: with dynamic token and batch dimensions: what ``train.compile`` needs of the run's attention.
+TORCH_COMPILE = "torch_compile"
 
-
-def backend_capabilities(backend: object) -> frozenset[str]:
-    """The optional capabilities ``backend`` declares (its ``capabilities`` attribute; none if it
-    has no such attribute). Plain data, so a run can check its choice at start-up."""
-    return frozenset(getattr(backend, "capabilities", frozenset()))
-
-
-def require_capabilities(backend: object, required: tuple[str, ...] | list[str] | frozenset[str],
-                         name: str | None = None) -> None:
-    """Raise ValueError naming each capability in ``required`` that ``backend`` does not declare:
-    what a run calls once at start-up, before the first step, for what its model will ask."""
-    missing = sorted(set(required) - backend_capabilities(backend))
-    if missing:
-        label = name or getattr(backend, "name", type(backend).__name__)
-        raise ValueError(
-            f"attention backend {label!r} does not support {', '.join(missing)} (it declares "
-            f"{', '.join(sorted(backend_capabilities(backend))) or 'no optional capability'}); "
-            "choose a backend that declares it or turn the feature off"
-        )
+#: Every capability an attention backend may declare in its registration's ``capabilities``:
+#: the normalisations it computes and its optional features.
+ATTENTION_CAPABILITIES: tuple[str, ...] = (*NORMALIZATIONS, RELATIVE_BIAS, TORCH_EXPORT,
+                                            TORCH_COMPILE)
 
 
 def reject_unsupported_bias(backend: str, bias: RelativeBias | None) -> None:

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
 from gem_core.attention.masks import self_attention_masks
-from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+from gem_core.contracts import AttentionBackend
+from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
                                               relative_bias_values)
 from gem_core.jagged import lengths_from_offsets
 
@@ -122,11 +123,10 @@ def _bucketed_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
     return out.to(q.dtype)
 
 
-class BucketedAttention:
+class BucketedAttention(AttentionBackend):
     """The ``bucketed`` backend object handed to the model."""
 
     name = "bucketed"
-    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, growth: float = 1.25) -> None:
         if growth <= 1.0:

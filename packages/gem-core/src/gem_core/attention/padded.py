@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import (TORCH_EXPORT, AttentionParams, needs_self_attention,
+from gem_core.attention.api import (AttentionParams, needs_self_attention,
                                     reject_unsupported_bias, validate_attention_inputs)
 from gem_core.attention.masks import visible
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.relative_bias import RelativeBias
 from gem_core.jagged import max_length
 
@@ -95,11 +96,10 @@ def padded_attention(
         return attended[sample, position].to(q.dtype)
 
 
-class PaddedAttention:
+class PaddedAttention(AttentionBackend):
     """The ``padded`` backend object handed to the model."""
 
     name = "padded"
-    capabilities = frozenset({TORCH_EXPORT})
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
                  max_q_len=None, max_kv_len=None, bias=None):

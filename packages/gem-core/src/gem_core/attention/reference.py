@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.masks import self_attention_mask
-from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
                                               relative_bias_values)
 
 
@@ -95,11 +96,10 @@ def _reference_attention_fp(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor,
     return torch.cat(outputs, dim=0)
 
 
-class ReferenceAttention:
+class ReferenceAttention(AttentionBackend):
     """The ``reference`` backend object handed to the model."""
 
     name = "reference"
-    capabilities = frozenset({RELATIVE_BIAS})
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
                  max_q_len=None, max_kv_len=None, bias=None):

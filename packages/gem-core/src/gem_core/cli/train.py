@@ -8,23 +8,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 
 from gem_core.config import DEFAULT_PRESET, load_config
+from gem_core.kinds import KIND_TABLE
 from gem_core.logs import current_logging
 
-# Command-line shortcuts for the most used keys; each is the same as --set KEY=VALUE.
-SHORTCUTS = {
-    "attention": "backends.attention",
-    "norm": "backends.norm",
-    "sharding": "backends.dense_sharding",
-    "embedding_sharding": "backends.embedding_sharding",
-    "precision": "backends.precision",
-    "activation_checkpointing": "backends.activation_checkpointing",
-    "balancer": "backends.balancer",
-    "data": "data.source",
-}
+# Command-line shortcuts for the kinds' config keys (from the table of kinds); each is the same as
+# --set KEY=VALUE.
+SHORTCUTS = {kind.cli_parameter: kind.config_key for kind in KIND_TABLE if kind.cli_flag}
+
+
+def backend_options(command: Callable) -> Callable:
+    """One ``--<kind>`` option per kind of the table that has a CLI flag, in the table's order."""
+    for kind in reversed(KIND_TABLE):
+        if kind.cli_flag:
+            command = click.option(kind.cli_flag, kind.cli_parameter, default=None,
+                                   help=kind.cli_help)(command)
+    return command
 
 
 @click.command("train")
@@ -33,15 +36,7 @@ SHORTCUTS = {
               help="A TOML config file instead of a preset.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a key, e.g. --set train.steps=20 (repeatable).")
-@click.option("--attention", default=None, help="Attention backend (gem plugins lists them).")
-@click.option("--norm", default=None, help="Gated-norm backend (model.attention_gate).")
-@click.option("--sharding", default=None, help="Dense sharding strategy.")
-@click.option("--embedding-sharding", default=None, help="Embedding sharding strategy.")
-@click.option("--precision", default=None, help="Precision recipe.")
-@click.option("--activation-checkpointing", default=None,
-              help="Activation-checkpointing policy.")
-@click.option("--balancer", default=None, help="Batch balancer across ranks.")
-@click.option("--data", default=None, help="Data source.")
+@backend_options
 @click.option("--nproc-per-node", default=1, show_default=True, type=click.IntRange(min=1),
               help="Ranks to launch on this node through torchrun (gloo on CPU, nccl on GPU).")
 @click.option("--max-restarts", default=0, show_default=True, type=click.IntRange(min=0),
@@ -60,15 +55,11 @@ SHORTCUTS = {
                    "train.seed, [data] section or a data set rewritten in place); refused "
                    "otherwise.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train(preset, config_file, overrides, attention, norm, sharding, embedding_sharding, precision,
-          activation_checkpointing, balancer, data, nproc_per_node, max_restarts, out, until_step,
-          fresh, allow_data_change, no_progress) -> None:
+def train(preset, config_file, overrides, nproc_per_node, max_restarts, out, until_step,
+          fresh, allow_data_change, no_progress, **backend_choices) -> None:
     """Train a GEM model. With no options: the default preset on generated data on CPU."""
-    shortcuts = {"attention": attention, "norm": norm, "sharding": sharding,
-                 "embedding_sharding": embedding_sharding, "precision": precision,
-                 "activation_checkpointing": activation_checkpointing,
-                 "balancer": balancer, "data": data}
-    all_overrides = list(overrides) + [f"{SHORTCUTS[k]}={v}" for k, v in shortcuts.items() if v]
+    all_overrides = list(overrides) + [f"{SHORTCUTS[k]}={v}" for k, v in backend_choices.items()
+                                       if v]
     config = load_config(preset=preset, path=config_file, overrides=all_overrides)
     if out is None:
         out = str(Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -2,73 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from gem_core import contracts
 from gem_core.batch import JaggedBatch
-from gem_core.schema import FeatureSchema
 
-Balancer = Callable[[Sequence[float], int], list[list[int]]]
-"""``(per-sample costs, number of ranks) -> sample indices per rank``; see the balancer hook."""
-
-
-class TrainStream(Protocol):
-    """This rank's share of each global training batch, in a deterministic order.
-
-    ``state_dict()`` is the position after the last batch returned; loading it into a stream
-    built with the same arguments continues with the exact next batch (resume).
-
-    Resuming with another number of ranks: a position that is the same on every rank is taken to
-    be global (e.g. the index of the next global batch) and is loaded on every new rank, so the
-    run continues at the same global batch; a stream whose position is per rank must save
-    something that differs between ranks (e.g. its rank) or refuse in ``load_state_dict`` with
-    a ``GemDataError``, and the trainer then stops with an error naming the source.
-    """
-
-    def __iter__(self) -> Iterator[JaggedBatch]: ...
-
-    def __next__(self) -> JaggedBatch: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self) -> None:
-        """Stop and join any background work (e.g. threads reading ahead) and release files.
-        The trainer calls it when the run ends, successfully or not, before the process group
-        is destroyed; a stream without background work does nothing."""
-        ...
-
-
-class DataSource(Protocol):
-    """Built by a registered factory ``(config: DataConfig, *, seed: int) -> DataSource``.
-
-    ``schema`` declares the data's tables, event, candidate and context features and tasks
-    (:class:`~gem_core.schema.FeatureSchema`); every batch it yields is a request-level
-    :class:`~gem_core.batch.JaggedBatch` that passes ``batch.validate(schema)``."""
-
-    schema: FeatureSchema
-
-    def train_stream(
-        self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
-        cost_fn: Callable[[JaggedBatch], Sequence[float]],
-    ) -> TrainStream:
-        """Global batches of ``batch_size`` requests (each with its ``K >= 1`` candidates),
-        split across ranks by ``balancer`` applied to ``cost_fn(global_batch)`` (one cost per
-        request); yields this rank's share."""
-        ...
-
-    def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        """The whole held-out split, the same on every rank, in a fixed order."""
-        ...
-
-    def fingerprint(self) -> dict[str, str]:
-        """What identifies the data beyond ``[data]`` and the seed (e.g. a digest of a data
-        set's manifest, which changes when the data set is regenerated in place). Every
-        checkpoint stores it and a resume on data with another fingerprint is refused. Data
-        that is a pure function of the config and the seed (generated data) returns ``{}``."""
-        ...
+Balancer = contracts.Balancer
+TrainStream = contracts.TrainStream
+DataSource = contracts.DataSource
+"""The contracts of kind ``data`` (:mod:`gem_core.contracts`)."""
 
 
 def contiguous_balancer(costs: Sequence[float], num_ranks: int) -> list[list[int]]:
@@ -101,7 +45,7 @@ def local_share(
     return batch.select(torch.tensor(shares[rank], dtype=torch.int64))
 
 
-class IndexedStream:
+class IndexedStream(TrainStream):
     """A training stream over batches that are a pure function of their index (generated data):
     the position is the next index, so resuming is exact and costs nothing."""
 

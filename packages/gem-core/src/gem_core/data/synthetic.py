@@ -22,7 +22,7 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, between, greater_than
-from gem_core.data.api import Balancer, IndexedStream
+from gem_core.data.api import Balancer, DataSource, IndexedStream
 from gem_core.jagged import Jagged
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
@@ -89,7 +89,7 @@ class SyntheticOptions:
     it out."""
 
 
-class SyntheticSource:
+class SyntheticSource(DataSource):
     """The ``synthetic`` data source. Build with ``SyntheticSource(config, seed=...)``."""
 
     def __init__(self, config: DataConfig, *, seed: int) -> None:

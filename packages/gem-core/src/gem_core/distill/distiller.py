@@ -26,7 +26,7 @@ from torch import Tensor
 
 from gem_core.batch import JaggedBatch
 from gem_core.config import GemConfig
-from gem_core.data.api import contiguous_balancer
+from gem_core.data.api import DataSource, TrainStream, contiguous_balancer
 from gem_core.distill.adapter import TeacherAdapter, fit_adapter
 from gem_core.distributed import ParallelContext, all_reduce_sum
 from gem_core.errors import GemConfigError
@@ -35,7 +35,7 @@ from gem_core.metrics import task_report
 log = logging.getLogger(__name__)
 
 
-class _SignalStream:
+class _SignalStream(TrainStream):
     """A training stream whose batches get the teacher's signals; the position is the inner
     stream's (the signals are a pure function of the batch)."""
 
@@ -57,7 +57,8 @@ class _SignalStream:
     def close(self) -> None:
         self.inner.close()
 
-class TeacherSignalSource:
+
+class TeacherSignalSource(DataSource):
     """The student's data source with the teacher's signals attached to every training batch
     (and to eval batches when the student's model reads the teacher's embedding). Everything
     else (``schema``, ``fingerprint()``, ``report()``) is the wrapped source's."""
@@ -78,10 +79,7 @@ class TeacherSignalSource:
         return self.inner.fingerprint()
 
     def report(self) -> dict[str, Any]:
-        # report() is optional in the DataSource contract; gem_core.train imports this module.
-        from gem_core.train.data_log import data_report
-
-        return data_report(self.inner)
+        return self.inner.report()
 
 
 @attrs.frozen(kw_only=True)

@@ -29,7 +29,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core.attention import TORCH_EXPORT, backend_capabilities
+from gem_core.attention import TORCH_EXPORT
 from gem_core.batch import JaggedBatch, select_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import offsets_from_lengths
@@ -183,14 +183,14 @@ def resolve_export_attention(run_dir: Path, attention: str | None,
     run_backend = reference.backends.attention.spec.name
     if attention is not None:
         chosen = load_run(run_dir, step=step, backends={"attention": attention})
-        if TORCH_EXPORT not in backend_capabilities(chosen.backends.attention.impl):
+        if TORCH_EXPORT not in chosen.backends.attention.spec.capabilities:
             raise GemConfigError(
                 f"attention backend {attention!r} has no export path (it does not declare the "
                 f"{TORCH_EXPORT!r} capability); choose one that does, such as "
                 f"{EXPORT_ATTENTION!r}, or leave --attention out to use the run's")
         return reference, chosen, {"run": run_backend, "exported": attention,
                                    "swapped": attention != run_backend, "chosen_by": "user"}
-    if TORCH_EXPORT in backend_capabilities(reference.backends.attention.impl):
+    if TORCH_EXPORT in reference.backends.attention.spec.capabilities:
         return reference, reference, {"run": run_backend, "exported": run_backend,
                                       "swapped": False, "chosen_by": "run"}
     log.warning("attention backend %r of %s has no export path; exporting with %r (pure PyTorch, "

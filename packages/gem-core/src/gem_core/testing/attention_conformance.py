@@ -20,7 +20,8 @@ Capabilities a backend does not declare are not drawn; instead the suite checks 
 them raises an error whose message names the missing capability (no silent fallback).
 
 The relative attention bias (:mod:`gem_core.attention.relative_bias`) is an optional capability
-the backend declares itself (``"relative_bias"`` in its ``capabilities``): a backend that declares
+the backend's registration declares (``"relative_bias"`` in its spec's ``capabilities``; set
+:attr:`AttentionConformance.registered_as` to the registered name): a backend that declares
 it is compared, forward and gradients of q, k, v and both bias weight tables, with a float64
 padded oracle written independently here (:func:`padded_biased_attention`); one that does not
 must refuse a bias with an error naming ``relative_bias``.
@@ -31,13 +32,14 @@ also serves scripts on machines without them (``python -m gem_kernels.bench.gpu_
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams, backend_capabilities
+from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import reference_attention
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import offsets_from_lengths
@@ -61,6 +63,14 @@ class AttentionConformance:
 
     dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
     """Input dtypes the backend accepts; each drawn case picks one."""
+
+    registered_as: ClassVar[str | None] = None
+    """The backend's registered name: its registration's declared ``capabilities`` decide
+    whether the relative-bias tests run, and its declared normalisations must be exactly
+    :attr:`normalizations`. None (a backend not registered): :attr:`capabilities` instead."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    """What an unregistered backend declares (with :attr:`registered_as` None)."""
 
     device: ClassVar[str] = "cpu"
     shapes: ClassVar[tuple[str, ...]] = SHAPES
@@ -260,8 +270,26 @@ class AttentionConformance:
     bias_weight_dtype: ClassVar[torch.dtype] = torch.float32
     """The dtype of the bias weight tables handed to the backend (parameters stay fp32)."""
 
+    def declared_capabilities(self) -> frozenset[str]:
+        """The registration's ``capabilities`` (or :attr:`capabilities` when unregistered)."""
+        if self.registered_as is None:
+            return self.capabilities
+        return _registered_attention_capabilities(self.registered_as)
+
     def declares_relative_bias(self) -> bool:
-        return RELATIVE_BIAS in backend_capabilities(self.make_backend())
+        return RELATIVE_BIAS in self.declared_capabilities()
+
+    def test_registration_declares_the_tested_normalizations(self) -> None:
+        """The normalisations the registration declares (what a run checks at start-up) are
+        the ones this suite proves; the others are refused (see the undeclared test)."""
+        import pytest
+
+        if self.registered_as is None:
+            pytest.skip("not a registered backend (registered_as is None)")
+        declared = self.declared_capabilities() & set(NORMALIZATIONS)
+        assert declared == set(self.normalizations), (
+            f"attention backend {self.registered_as!r} declares normalisations "
+            f"{sorted(declared)} but its conformance suite tests {sorted(self.normalizations)}")
 
     def _bias_tensors(self, case: AttentionCase) -> dict[str, Tensor | None]:
         """Weights (std 0.5, rounded once to :attr:`bias_weight_dtype`) and timestamps."""
@@ -579,3 +607,10 @@ class AttentionConformance:
             assert name in str(caught.value), (
                 f"unsupported {name!r} raised {caught.value!r}, which does not name it"
             )
+
+
+@functools.lru_cache(maxsize=None)
+def _registered_attention_capabilities(name: str) -> frozenset[str]:
+    from gem_core.plugins import build_plugins
+
+    return build_plugins().registry("attention").get(name).capabilities

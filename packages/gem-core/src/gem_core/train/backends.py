@@ -1,4 +1,8 @@
-"""Resolving every pluggable part of a run once, before anything is built."""
+"""Resolving every pluggable part of a run once, before anything is built.
+
+The kinds a run resolves, and the config key naming each choice, come from the table of kinds
+(:data:`gem_core.kinds.RUN_KINDS`); :class:`RunBackends` has one field per such kind.
+"""
 
 from __future__ import annotations
 
@@ -6,54 +10,65 @@ from typing import Any
 
 import attrs
 
-from gem_core.config import GemConfig
+from gem_core.attention.choice import check_attention_backend
+from gem_core.config import DataConfig, GemConfig
+from gem_core.contracts import DataSource, check_contract
 from gem_core.distributed import ParallelContext
+from gem_core.kinds import RUN_KINDS
 from gem_core.plugins import GemPlugins, Resolved
 from gem_core.registry import AutoContext
 
 
-@attrs.frozen(kw_only=True)
-class RunBackends:
-    """The loaded implementation of each kind for one run, and why each was chosen."""
-
-    attention: Resolved
-    norm: Resolved
-    embedding: Resolved
-    dense_sharding: Resolved
-    embedding_sharding: Resolved
-    precision: Resolved
-    activation_checkpointing: Resolved
-    balancer: Resolved
-    data: Resolved
-
-    def describe(self) -> dict[str, dict[str, Any]]:
-        return {
-            kind: {
-                "name": resolved.spec.name,
-                "reason": resolved.reason,
-                "package": resolved.spec.distribution,
-                "version": resolved.spec.version,
-            }
-            for kind, resolved in attrs.asdict(self, recurse=False).items()
+def _describe(self: Any) -> dict[str, dict[str, Any]]:
+    """Per kind: the chosen name, why, and the package (and version) it came from."""
+    return {
+        kind: {
+            "name": resolved.spec.name,
+            "reason": resolved.reason,
+            "package": resolved.spec.distribution,
+            "version": resolved.spec.version,
         }
+        for kind, resolved in attrs.asdict(self, recurse=False).items()
+    }
 
 
-def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContext) -> RunBackends:
-    """Load what the config names (or what ``auto`` means here); the first failure is fatal."""
-    b = config.backends
-    # The precision recipe decides the compute dtype that other `auto` choices may depend on.
-    base = AutoContext(device=ctx.device.type, world_size=ctx.world_size)
-    precision = plugins.resolve("precision", b.precision, base)
-    context = attrs.evolve(base, dtype=getattr(precision.impl, "compute_dtype", "float32"))
-    return RunBackends(
-        attention=plugins.resolve("attention", b.attention, context),
-        norm=plugins.resolve("norm", b.norm, context),
-        embedding=plugins.resolve("embedding", b.embedding, context),
-        dense_sharding=plugins.resolve("dense_sharding", b.dense_sharding, context),
-        embedding_sharding=plugins.resolve("embedding_sharding", b.embedding_sharding, context),
-        precision=precision,
-        activation_checkpointing=plugins.resolve("activation_checkpointing",
-                                                 b.activation_checkpointing, context),
-        balancer=plugins.resolve("balancer", b.balancer, context),
-        data=plugins.resolve("data", config.data.source, context),
-    )
+RunBackends = attrs.make_class(
+    "RunBackends",
+    {kind.name: attrs.field(type=Resolved) for kind in RUN_KINDS},
+    bases=(object,),
+    frozen=True,
+    kw_only=True,
+)
+RunBackends.__doc__ = ("The loaded implementation of each kind for one run (one field per row of "
+                       "gem_core.kinds.RUN_KINDS: attention, norm, ...), and why each was chosen.")
+RunBackends.__module__ = __name__
+RunBackends.describe = _describe
+
+
+def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContext, *,
+                     training: bool = True) -> RunBackends:
+    """Load what the config names (or what ``auto`` means here) for every kind a run chooses;
+    the first failure is fatal. The precision recipe is resolved first: its declared
+    ``activation_dtype`` is the dtype every other choice must accept (and ``auto`` hooks see).
+    What the model asks of the attention backend (normalisations, relative bias) is checked
+    against the backend's declared capabilities before anything is built."""
+    base = AutoContext(device=ctx.device.type, world_size=ctx.world_size, training=training,
+                       compile=config.train.compile)
+    precision = plugins.resolve("precision", config.backends.precision, base)
+    context = attrs.evolve(base, dtype=precision.spec.activation_dtype)
+    resolved = {kind.name: (precision if kind.name == "precision" else
+                            plugins.resolve(kind.name, kind.chosen_in(config), context))
+                for kind in RUN_KINDS}
+    backends = RunBackends(**resolved)
+    check_attention_backend(config.model, backends.attention.spec,
+                            plugins.registry("attention").specs())
+    return backends
+
+
+def build_data_source(data: Resolved, config: DataConfig, *, seed: int) -> DataSource:
+    """Call the run's data factory and check that it built a
+    :class:`~gem_core.contracts.DataSource` (naming the plugin when not)."""
+    source = data.impl(config, seed=seed)
+    check_contract(source, DataSource, kind="data source", name=data.spec.name,
+                   plugin=data.spec.plugin, distribution=data.spec.distribution)
+    return source

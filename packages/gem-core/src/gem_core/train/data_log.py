@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gem_core.contracts import DataSource
+
 log = logging.getLogger(__name__)
 
 
-def data_report(source: Any) -> dict[str, Any]:
-    """``source.report()``: a DataSource may offer one (counts for the summary) or not."""
-    report = getattr(source, "report", None)  # optional in the DataSource contract
-    return report() if report is not None else {}
+def data_report(source: DataSource) -> dict[str, Any]:
+    """``source.report()``: the counts for the summary (``{}`` by the contract's default)."""
+    return source.report()
 
 
 def data_counts_line(report: dict[str, Any]) -> str | None:
@@ -35,7 +36,7 @@ def data_counts_line(report: dict[str, Any]) -> str | None:
     return ", ".join(parts)
 
 
-def log_data_counts(source: Any, when: str) -> None:
+def log_data_counts(source: DataSource, when: str) -> None:
     """Log the source's counts (this rank's reads) ``when`` (e.g. "at step 40")."""
     report = data_report(source)
     line = data_counts_line(report)

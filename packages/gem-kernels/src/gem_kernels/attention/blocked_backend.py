@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.masks import visible
-from gem_core.attention.relative_bias import (RELATIVE_BIAS, RelativeBias, bias_positions,
+from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
                                               relative_bias_values)
 from gem_kernels.attention.common import checked_inputs
 
@@ -260,11 +261,10 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Ten
     return tiled.transpose(1, 2).reshape(qs.tiles * bq, heads, dim)[: q.shape[0]].to(q.dtype)
 
 
-class BlockedAttention:
+class BlockedAttention(AttentionBackend):
     """The ``blocked`` backend object handed to the model."""
 
     name = "blocked"
-    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, block_q: int | None = None, block_k: int | None = None) -> None:
         for label, size in (("block_q", block_q), ("block_k", block_k)):

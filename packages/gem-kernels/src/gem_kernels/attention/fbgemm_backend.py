@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams, reject_unsupported_bias
 from gem_core.attention.relative_bias import RelativeBias
 from gem_kernels.attention.common import checked_inputs, max_length
@@ -40,11 +41,10 @@ def _head_major_offsets(offsets: Tensor, total: int, heads: int) -> Tensor:
     return torch.cat([starts.flatten(), end])
 
 
-class FbgemmAttention:
+class FbgemmAttention(AttentionBackend):
     """Jagged attention on fbgemm jagged operators: every shape, mask and normalisation."""
 
     name = "fbgemm"
-    capabilities: frozenset[str] = frozenset()  # no relative_bias
 
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,

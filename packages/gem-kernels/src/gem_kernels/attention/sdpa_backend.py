@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams, reject_unsupported_bias
 from gem_core.attention.relative_bias import RelativeBias
 from gem_core.attention.masks import self_attention_mask
@@ -21,11 +22,10 @@ from gem_kernels.attention.common import checked_inputs
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class TorchSdpaAttention:
+class TorchSdpaAttention(AttentionBackend):
     """Jagged softmax attention as a loop of per-sample fused SDPA calls."""
 
     name = "torch-sdpa"
-    capabilities: frozenset[str] = frozenset()  # no relative_bias
 
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *,

@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams
-from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
+from gem_core.attention.relative_bias import RelativeBias
 from gem_kernels.attention.common import MAX_WINDOW, checked_inputs, max_length
 from gem_kernels.attention.triton_op import check_device, jagged_attention
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class TritonAttention:
+class TritonAttention(AttentionBackend):
     """Jagged attention on Triton kernels: every shape, mask and normalisation, with backward.
 
     ``block_m``/``block_n`` are the query/key tile sizes (powers of two, at least 16); None picks
@@ -24,7 +25,6 @@ class TritonAttention:
     """
 
     name = "triton"
-    capabilities = frozenset({RELATIVE_BIAS})
 
     def __init__(self, block_m: int | None = None, block_n: int | None = None) -> None:
         for label, size in (("block_m", block_m), ("block_n", block_n)):

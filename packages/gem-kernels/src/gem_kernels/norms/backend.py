@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from gem_core.contracts import NormBackend
 from gem_core.norm import NormKind
 
 
-class TritonNorm:
+class TritonNorm(NormBackend):
     """``gated_norm`` through :func:`gem_kernels.norms.triton_op.gated_norm` (one fused kernel
     forward, one backward; interpreted on CPU under ``TRITON_INTERPRET=1``)."""
 
