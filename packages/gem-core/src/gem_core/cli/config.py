@@ -33,19 +33,26 @@ def show(preset: str | None, config_file: str | None, overrides: tuple[str, ...]
         click.echo(_size_comments(resolved), nl=False)
 
 
-def _size_comments(resolved) -> str:
-    """Model size for this configuration, built on the meta device (no memory, no data read
-    beyond the schema)."""
-    from gem_core.errors import GemError
+def _model_summary(resolved) -> dict:
+    """:func:`gem_core.model.summary.model_summary` of this configuration, built on the meta
+    device (no memory, no data read beyond the schema); GemError when the data source cannot
+    give its schema here (a data set that is not there)."""
     from gem_core.model.summary import model_summary
     from gem_core.plugins import build_plugins
 
+    factory = build_plugins().registry("data").load(resolved.data.source)
+    schema = factory(resolved.data, seed=resolved.train.seed).schema
+    return model_summary(resolved.model, schema)
+
+
+def _size_comments(resolved) -> str:
+    """Model size for this configuration, as TOML comments."""
+    from gem_core.errors import GemError
+
     try:
-        factory = build_plugins().registry("data").load(resolved.data.source)
-        schema = factory(resolved.data, seed=resolved.train.seed).schema
+        summary = _model_summary(resolved)
     except GemError as error:
         return f"\n# Model size not computed: the data schema is unavailable ({error})\n"
-    summary = model_summary(resolved.model, schema)
     p = summary["parameters"]
     lines = ["", "# Model size (computed from this configuration; not a setting):",
              f"# parameters: {p['total']:,} ({p['embedding']:,} embedding, {p['dense']:,} dense)"]
@@ -72,22 +79,21 @@ def presets(sizes: bool, as_json: bool) -> None:
         return
     width = max(len(row["name"]) for row in rows)
     for row in rows:
-        size = f" [{row['parameters']:,} parameters]" if row.get("parameters") else ""
+        size = ""
+        if sizes:
+            size = (" [parameters: data schema unavailable]" if row["parameters"] is None
+                    else f" [{row['parameters']:,} parameters]")
         click.echo(f"{row['name']:<{width}}  {row['description']}{size}")
 
 
 def _parameter_count(resolved) -> int | None:
     """The model's parameter count, or None when the data schema is unavailable."""
     from gem_core.errors import GemError
-    from gem_core.model.summary import model_summary
-    from gem_core.plugins import build_plugins
 
     try:
-        factory = build_plugins().registry("data").load(resolved.data.source)
-        schema = factory(resolved.data, seed=resolved.train.seed).schema
+        return _model_summary(resolved)["parameters"]["total"]
     except GemError:
         return None
-    return model_summary(resolved.model, schema)["parameters"]["total"]
 
 
 @config.command("explain")
