@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import attrs
+from torch import nn
 
 from gem_core.checkpoint import complete_checkpoints
 from gem_core.config import DataConfig, GemConfig, load_config
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
-from gem_core.model.gem import GEMModel, build_model
+from gem_core.model.building import build_run_model
 from gem_core.plugins import GemPlugins, build_plugins
 from gem_core.schema import (TEACHER_FIELDS, FeatureSchema, schema_to_dict,
                               without_teacher_signals)
@@ -41,7 +42,7 @@ class LoadedRun:
     """The data source of ``config.data`` (the run's own data unless ``data`` was given)."""
     backends: RunBackends
     """Every kind resolved for one CPU process from ``config.backends``."""
-    model: GEMModel
+    model: nn.Module
     """The model with the checkpoint's weights, in eval mode, float32, on the CPU."""
     step: int
     """The step of the checkpoint the weights come from."""
@@ -52,7 +53,8 @@ class LoadedRun:
 
     @property
     def schema(self) -> FeatureSchema:
-        return self.model.schema
+        """The feature schema the model was built for (its data source's)."""
+        return self.source.schema
 
 
 def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None = None,
@@ -114,8 +116,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         raise GemConfigError(
             f"the data of {config.data.source!r} has another feature schema than {run_dir} "
             f"was trained on: {_schema_difference(trained, given)}")
-    model = build_model(config.model, source.schema, attention=resolved.attention.impl,
-                        embedding_backend=resolved.embedding.impl, norm=resolved.norm.impl)
+    model = build_run_model(resolved, config.model, source.schema)
     weights = dict(saved["engine"]["model"])
     # Full-state engines (DeepSpeed) keep TorchRec-sharded tables in a DCP directory beside
     # engine.pt, under the names the unsharded tables have.

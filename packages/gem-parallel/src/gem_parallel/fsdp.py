@@ -1,7 +1,8 @@
 """``fsdp2`` and ``hsdp``: FSDP2 (``fully_shard``) over a 1-D or 2-D DeviceMesh.
 
-Each of the model's ``parallel_units()`` (the GEM model: its sequence-tower blocks) is its own FSDP unit (its parameters are gathered just before it runs
-and freed after), then the root takes every remaining parameter (embeddings, heads). HSDP shards
+Each of the model's ``parallel_units()`` (the GEM model: its sequence-tower blocks) is its own
+FSDP unit (its parameters are gathered just before it runs and freed after), then the root takes
+every remaining parameter (embeddings, heads). HSDP shards
 within a ``dp_shard`` group and replicates across ``dp_replicate`` groups; the mesh is ordered
 ``("dp_replicate", "dp_shard")`` as FSDP2 expects.
 """

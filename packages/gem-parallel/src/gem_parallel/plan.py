@@ -28,9 +28,10 @@ from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model.features import FeatureLookup
-from gem_core.model.gem import build_model
+from gem_core.model.building import build_checked
 from gem_core.model.interface import require_strategy_model
-from gem_core.model.summary import meta_model, parameter_counts
+from gem_core.model.summary import parameter_counts
+from gem_core.norm import ReferenceNorm
 from gem_core.plan_estimate import (MEMORY_CATEGORIES, Estimate, MoeLayerFacts, PlanFacts,
                                     TableFacts, moe_all_to_all_bytes)
 from gem_core.plugins import GemPlugins
@@ -141,6 +142,15 @@ def _measuring_schema(schema: FeatureSchema) -> FeatureSchema:
     return attrs.evolve(schema, tables=tuple(tables))
 
 
+def configured_model(config: GemConfig, schema: FeatureSchema, plugins: GemPlugins
+                     ) -> torch.nn.Module:
+    """The config's model (``backends.model``) on the reference backends (on the device in
+    effect: ``meta`` for sizes)."""
+    return build_checked(plugins.resolve("model", config.backends.model, None), config.model,
+                         schema, attention=plugins.resolve("attention", "reference", None).impl,
+                         embedding_backend=ReferenceEmbeddingBackend(), norm=ReferenceNorm())
+
+
 def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
                         lengths: tuple[int, int] = (32, 64), samples: int = 8
                         ) -> dict[str, float]:
@@ -157,9 +167,7 @@ def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
         schema = _measuring_schema(source.schema)
         batch = next(iter(source.eval_batches(batch_size=samples)))
         torch.manual_seed(0)
-        model = build_model(config.model, schema,
-                            attention=plugins.resolve("attention", "reference", None).impl,
-                            embedding_backend=ReferenceEmbeddingBackend())
+        model = configured_model(config, schema, plugins)
         impl = plugins.resolve("activation_checkpointing", policy, None).impl
         model = impl.apply(model, ctx=ctx, options={})
         counter = _MoeRows(model)
@@ -206,7 +214,8 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
     source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
-    model = meta_model(config.model, source.schema)
+    with torch.device("meta"):  # shapes only: a billion-row table costs nothing
+        model = configured_model(config, source.schema, plugins)
     counts = parameter_counts(model)
     fit = measure_activations(config, plugins, layout.activation_checkpointing)
     samples = config.train.batch_size / n  # requests

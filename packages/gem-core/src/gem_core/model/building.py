@@ -1,0 +1,40 @@
+"""Building a run's model through its ``model`` plugin (``backends.model``), checked against the
+contracts the trainer and the strategies rely on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from gem_core.config import ModelConfig
+from gem_core.contracts import RankingModel, check_contract
+from gem_core.errors import GemPluginError
+from gem_core.model.interface import StrategyModel
+from gem_core.schema import FeatureSchema
+
+
+def build_run_model(backends: Any, config: ModelConfig, schema: FeatureSchema) -> nn.Module:
+    """The model of ``backends.model`` (a resolved ``model`` factory) for ``config`` and
+    ``schema``, built with the run's resolved attention, embedding and norm backends."""
+    return build_checked(backends.model, config, schema, attention=backends.attention.impl,
+                         embedding_backend=backends.embedding.impl, norm=backends.norm.impl)
+
+
+def build_checked(factory: Any, config: ModelConfig, schema: FeatureSchema, *, attention: Any,
+                  embedding_backend: Any, norm: Any) -> nn.Module:
+    """Call a resolved ``model`` factory and check what it built: an ``nn.Module`` implementing
+    :class:`~gem_core.contracts.RankingModel` and
+    :class:`~gem_core.model.interface.StrategyModel` (an error names the plugin otherwise)."""
+    spec = factory.spec
+    model = factory.impl(config, schema, attention=attention,
+                         embedding_backend=embedding_backend, norm=norm)
+    where = dict(kind="model", name=spec.name, plugin=spec.plugin,
+                 distribution=spec.distribution)
+    if not isinstance(model, nn.Module):
+        raise GemPluginError(
+            f"model {spec.name!r} (plugin {spec.plugin or '?'}, distribution "
+            f"{spec.distribution or '?'}) built a {type(model).__name__}, not a torch nn.Module")
+    check_contract(model, RankingModel, **where)
+    check_contract(model, StrategyModel, **where)
+    return model
