@@ -18,9 +18,12 @@ from gem_core.train.progress import Progress, format_duration
 
 @pytest.fixture
 def restore_logging():
-    """configure_logging replaces the root handlers: put pytest's (caplog's) back after."""
+    """configure_logging replaces the root handlers: put pytest's (caplog's) back after. It
+    also routes Python warnings to logging: undone before (an earlier CLI test left it on
+    while pytest put its own warning display back, which would make it a no-op) and after."""
     root = logging.getLogger()
     handlers, level, settings = root.handlers[:], root.level, current_logging()
+    logging.captureWarnings(False)
     yield
     configure_logging(*settings)
     logging.captureWarnings(False)
