@@ -7,8 +7,10 @@ from typing import Any, Callable
 from gem_core.config import GemConfig
 from torch import nn
 
+from gem_core.compile import compile_model, compiler_settings
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
+from gem_core.errors import GemConfigError
 from gem_core.precision import PrecisionRecipe
 
 
@@ -36,7 +38,18 @@ def parallelize(
     #    checkpointed blocks (their parameters are gathered again for the recomputation).
     model = activation_checkpointing.apply(model, ctx=ctx,
                                            options=config.parallel.activation_checkpointing)
-    # 4. Compile would come here, on the checkpointed blocks, before FSDP wraps them.
+    # 4. Compile (train.compile) the checkpointed blocks before FSDP wraps them: FSDP2's
+    #    gather/free hooks stay outside the compiled graphs. A policy that recomputes through
+    #    the compiler (an activation memory budget) hands its settings to the compilation.
+    settings = compiler_settings(activation_checkpointing,
+                                 config.parallel.activation_checkpointing)
+    if config.train.compile:
+        compile_model(model, ctx=ctx, config=config, settings=settings)
+    elif settings:
+        raise GemConfigError(
+            f"activation_checkpointing {config.backends.activation_checkpointing!r} lets the "
+            f"compiler choose what to recompute ({', '.join(sorted(settings))}); it needs "
+            "train.compile = true")
     # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
     return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer,
                                 precision=precision, options=config.parallel.dense)
