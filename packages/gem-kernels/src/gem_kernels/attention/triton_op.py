@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from gem_kernels.attention import triton_kernels as kernels
+from gem_kernels.attention.launch_settings import BackwardLaunch, check_backward_launch
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 NUM_WARPS = 4
@@ -172,13 +173,22 @@ def _backward_kernels(
     dkdv_blocks: tuple[int, int] | None = None, dq_blocks: tuple[int, int] | None = None,
     num_warps: int | None = None, num_stages: int | None = None,
     bias_weights: Tensor | None = None, timestamps: Tensor | None = None,
-    num_position_buckets: int = 0, time_divisor: float = 1.0,
+    num_position_buckets: int = 0, time_divisor: float = 1.0, allow_known_wrong: bool = False,
 ) -> tuple[Tensor, ...]:
     """Launch the backward kernels. ``dkdv_blocks``/``dq_blocks`` (query tile, key tile) of
     each kernel default to ``(block_m, block_n)``; like the launch settings they are for tuning
-    tools. Returns ``(dq, dk, dv)``, and the fp32 gradient of ``bias_weights`` fourth when a
-    bias is given (``num_position_buckets > 0``)."""
+    tools. Settings measured wrong on a GPU are refused there
+    (:func:`~gem_kernels.attention.launch_settings.check_backward_launch`; ``allow_known_wrong``
+    lets the tuning tool measure them). Returns ``(dq, dk, dv)``, and the fp32 gradient of
+    ``bias_weights`` fourth when a bias is given (``num_position_buckets > 0``)."""
     check_device(q)
+    dkdv_m, dkdv_n = dkdv_blocks or (block_m, block_n)
+    dq_m, dq_n = dq_blocks or (block_m, block_n)
+    check_backward_launch(
+        BackwardLaunch(dkdv_blocks=(dkdv_m, dkdv_n), dq_blocks=(dq_m, dq_n),
+                       num_warps=num_warps or NUM_WARPS, num_stages=num_stages),
+        device_type=q.device.type, interpreted=kernels_are_interpreted(),
+        allow_known_wrong=allow_known_wrong)
     batch, heads = q_offsets.numel() - 1, q.shape[1]
     has_bias = bias_weights is not None and num_position_buckets > 0
     dbias = (torch.zeros(bias_weights.shape, dtype=torch.float32, device=q.device) if has_bias
@@ -192,8 +202,6 @@ def _backward_kernels(
     # delta = rowsum(dO * O) of the softmax backward, in fp32. SiLU never reads it: the kernels
     # get an uninitialised buffer of the right shape.
     delta = torch.empty_like(lse) if silu else _softmax_delta(out, grad_out, lse)
-    dkdv_m, dkdv_n = dkdv_blocks or (block_m, block_n)
-    dq_m, dq_n = dq_blocks or (block_m, block_n)
     dkdv_meta = _constexprs(q, is_self, causal, window, silu, dkdv_m, dkdv_n, num_warps,
                             num_stages)
     dq_meta = _constexprs(q, is_self, causal, window, silu, dq_m, dq_n, num_warps, num_stages)
@@ -293,7 +301,7 @@ class _EagerJaggedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, num_targets, bias_weights, timestamps,
-                num_position_buckets, time_divisor, *options):
+                num_position_buckets, time_divisor, backward_launch, *options):
         bias = dict(bias_weights=bias_weights, timestamps=timestamps,
                     num_position_buckets=num_position_buckets, time_divisor=time_divisor)
         out, lse = _forward(q, k, v, q_offsets, kv_offsets, num_targets, *options, **bias)
@@ -301,6 +309,7 @@ class _EagerJaggedAttention(torch.autograd.Function):
                               timestamps)
         ctx.options = options
         ctx.bias_options = (num_position_buckets, time_divisor)
+        ctx.backward_launch = backward_launch
         return out
 
     @staticmethod
@@ -308,25 +317,36 @@ class _EagerJaggedAttention(torch.autograd.Function):
         q, k, v, out, lse, q_offsets, kv_offsets, num_targets, bias_weights, timestamps = (
             ctx.saved_tensors)
         num_position_buckets, time_divisor = ctx.bias_options
+        launch = ctx.backward_launch
+        settings = {} if launch is None else dict(
+            dkdv_blocks=launch.dkdv_blocks, dq_blocks=launch.dq_blocks,
+            num_warps=launch.num_warps, num_stages=launch.num_stages)
         grads = _backward_kernels(grad_out.contiguous(), q, k, v, out, lse, q_offsets,
                                   kv_offsets, num_targets, *ctx.options,
                                   bias_weights=bias_weights, timestamps=timestamps,
                                   num_position_buckets=num_position_buckets,
-                                  time_divisor=time_divisor)
+                                  time_divisor=time_divisor, **settings)
         dbias = grads[3] if len(grads) == 4 else None
-        return grads[:3] + (None, None, None, dbias, None, None, None) + (None,) * len(ctx.options)
+        return (grads[:3] + (None, None, None, dbias, None, None, None, None)
+                + (None,) * len(ctx.options))
 
 
 def jagged_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor,
                      num_targets: Tensor, *options, bias_weights: Tensor | None = None,
                      timestamps: Tensor | None = None, num_position_buckets: int = 0,
-                     time_divisor: float = 1.0) -> Tensor:
+                     time_divisor: float = 1.0,
+                     backward_launch: BackwardLaunch | None = None) -> Tensor:
     """The attention output, differentiable in q, k, v (and ``bias_weights``): the custom op
     while ``torch.compile`` traces (one opaque node with a fake implementation), the autograd
-    Function otherwise. ``options`` are the ten scalars ``is_self`` ... ``block_n``."""
+    Function otherwise. ``options`` are the ten scalars ``is_self`` ... ``block_n``;
+    ``backward_launch`` (eager mode only) the backward kernels' launch settings."""
     if torch.compiler.is_compiling():
+        if backward_launch is not None:
+            raise ValueError("triton attention: backward launch settings are a tuning knob of "
+                             "eager mode; under torch.compile the default launch runs")
         return torch.ops.gem_kernels.jagged_attention_fwd(
             q, k, v, q_offsets, kv_offsets, num_targets, *options, bias_weights, timestamps,
             num_position_buckets, time_divisor)[0]
     return _EagerJaggedAttention.apply(q, k, v, q_offsets, kv_offsets, num_targets, bias_weights,
-                                       timestamps, num_position_buckets, time_divisor, *options)
+                                       timestamps, num_position_buckets, time_divisor,
+                                       backward_launch, *options)
