@@ -96,8 +96,11 @@ def test_explain_a_key_as_json():
 def test_backend_keys_list_the_registered_implementations():
     result = _gem("config", "explain", "--json", "backends.attention", "data.source")
     rows = {row["key"]: row for row in json.loads(result.output)}
-    assert "reference" in rows["backends.attention"]["registered"]
-    assert "synthetic" in rows["data.source"]["registered"]
+    attention, source = rows["backends.attention"]["choices"], rows["data.source"]["choices"]
+    assert attention[0] == "auto" and "reference" in attention
+    assert "synthetic" in source and "auto" not in source  # a data source is always named
+    text = _gem("config", "explain", "backends.attention").output
+    assert f"one of {', '.join(attention)} (installed plugins)" in text
 
 
 def test_an_unknown_key_is_an_error_naming_the_close_matches():

@@ -104,19 +104,20 @@ def explain(keys: tuple[str, ...], as_json: bool) -> None:
     """What each configuration key means: type, default, allowed values and description.
 
     KEY is a section (train, model.moe) or a dotted key (train.steps); none: every key.
-    Backend keys list the names registered by the installed plugins.
+    The [backends] keys and data.source list what they accept: the names the installed
+    plugins register (and auto, where the kind has an automatic choice).
     """
     from gem_core.config.docs import KeyDoc, explain as explain_keys
 
     entries = explain_keys(keys)
-    registered = _registered_names()
+    choices = _registered_choices()
     if as_json:
         rows = []
         for entry in entries:
             if isinstance(entry, KeyDoc):
                 row = {"kind": "key", **entry.to_dict()}
-                if entry.key in registered:
-                    row["registered"] = registered[entry.key]
+                if entry.key in choices:
+                    row["choices"] = choices[entry.key]
             else:
                 row = {"kind": "section", "key": entry.key, "doc": entry.doc}
             rows.append(row)
@@ -128,24 +129,26 @@ def explain(keys: tuple[str, ...], as_json: bool) -> None:
             click.echo(textwrap.indent(entry.doc, "  # ", lambda line: True))
             continue
         facts = [entry.type] + ([entry.rule] if entry.rule else [])
-        if entry.key in registered:
-            facts.append("auto or one of " if entry.key.startswith("backends.") else "one of ")
-            facts[-1] += ", ".join(registered[entry.key]) + " (registered)"
+        if entry.key in choices:
+            facts.append(f"one of {', '.join(choices[entry.key])} (installed plugins)")
         click.echo(f"\n{entry.key} = {entry.default_toml}    ({'; '.join(facts)})")
         if entry.doc:
             click.echo(textwrap.indent(entry.doc, "    "))
 
 
-def _registered_names() -> dict[str, list[str]]:
-    """The implementations the installed plugins register for each key that names one
-    (``backends.attention``, ``data.source``)."""
+def _registered_choices() -> dict[str, list[str]]:
+    """What each key that names an implementation (``backends.attention``, ``data.source``)
+    accepts: ``auto`` where its kind has a default hook, then the names the installed plugins
+    register."""
     import attrs
 
     from gem_core.config import BackendsConfig
     from gem_core.plugins import build_plugins
+    from gem_core.registry import KINDS
 
     # Each [backends] key is named after the kind it chooses; the data source is data.source.
     keys = {f"backends.{field.name}": field.name for field in attrs.fields(BackendsConfig)}
     keys["data.source"] = "data"
     plugins = build_plugins()
-    return {key: plugins.registry(kind).names() for key, kind in keys.items()}
+    return {key: (["auto"] if KINDS[kind][1] is not None else [])
+            + plugins.registry(kind).names() for key, kind in keys.items()}
