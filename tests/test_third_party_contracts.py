@@ -27,9 +27,10 @@ def _refusals():
     from gem_precision.activation_stash import ActivationStash, install_stash
 
     ctx = ParallelContext()
+    ranks = ParallelContext(world_size=2)  # refused before any process group is needed
     return {
         "parallel_units": lambda m: FullyShardedStrategy(hybrid=False).apply(
-            m, ctx=ctx, make_optimizer=None, precision=None, options={}),
+            m, ctx=ranks, make_optimizer=None, precision=None, options={}),
         "checkpoint_parts": lambda m: FullCheckpointing().apply(m, ctx=ctx, options={}),
         "checkpoint_parts ": lambda m: SelectiveCheckpointing().apply(
             m, ctx=ctx, options={"modules": ["mlp"]}),

@@ -135,13 +135,22 @@ def test_ep_refuses_models_without_moe_and_uneven_experts():
     from gem_parallel.expert_parallel import ExpertParallelStrategy, shard_experts
     from gem_core.model.moe import MixtureOfExperts
 
+    from gem_core.testing.models import LayersInterface
+
+    class Dense(torch.nn.Sequential, LayersInterface):
+        pass
+
     strategy = ExpertParallelStrategy()
     with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
-        strategy.apply(torch.nn.Linear(2, 2), ctx=ParallelContext(), make_optimizer=None,
+        strategy.apply(Dense(torch.nn.Linear(2, 2)), ctx=ParallelContext(), make_optimizer=None,
                        precision=None, options={})
     assert not dist.is_initialized()  # refused before starting a process group
     with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
-        shard_experts(torch.nn.Linear(2, 2), group=None, ep_rank=0, ep_size=2)
+        shard_experts(Dense(torch.nn.Linear(2, 2)), group=None, ep_rank=0, ep_size=2)
+    # A model without the strategy interface is refused by name.
+    with pytest.raises(GemConfigError, match=r"Linear\.moe_layers\(\) of the model interface"):
+        strategy.apply(torch.nn.Linear(2, 2), ctx=ParallelContext(), make_optimizer=None,
+                       precision=None, options={})
     layer = MixtureOfExperts("swiglu", 4, 8, 4, num_experts=3, top_k=1, capacity_factor=0,
                              shared_expert=False, aux_loss_weight=0.0, impl="grouped")
     with pytest.raises(GemConfigError, match="3 experts, which 2 expert-parallel ranks cannot"):
@@ -233,7 +242,12 @@ def test_deepspeed_moe_in_one_process_refuses_cleanly_and_shutdown_ends_its_grou
     from gem_core.precision import Float32Recipe
     from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
 
-    model = torch.nn.Sequential(MixtureOfExperts(
+    from gem_core.testing.models import LayersInterface
+
+    class Layers(torch.nn.Sequential, LayersInterface):
+        pass
+
+    model = Layers(MixtureOfExperts(
         "swiglu", 8, 16, 8, num_experts=2, top_k=1, capacity_factor=1.25, shared_expert=False,
         aux_loss_weight=0.0, impl="grouped"))
     ctx = ParallelContext()
@@ -365,7 +379,9 @@ def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():
     from gem_core.precision import Float32Recipe
     from gem_parallel.expert_parallel import ExpertParallelStrategy
 
-    class Model(nn.Module):
+    from gem_core.testing.models import LayersInterface
+
+    class Model(nn.Module, LayersInterface):
         def __init__(self) -> None:
             super().__init__()
             self.mlp = MixtureOfExperts("swiglu", 8, 16, 8, num_experts=4, top_k=2,

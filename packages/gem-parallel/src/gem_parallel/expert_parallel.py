@@ -47,6 +47,7 @@ from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
+from gem_core.model.moe import MixtureOfExperts
 from gem_core.plan_estimate import (Estimate, MemoryRow, PlanFacts, adam_memory,
                                     moe_all_to_all_bytes, ring_fraction)
 from gem_core.model.moe_experts import ExpertMLPs
@@ -156,7 +157,10 @@ class ExpertParallelDispatcher:
 
 
 def moe_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's MoE layers by qualified name, through its interface (``moe_layers``)."""
+    """The MoE layers by qualified name: a model's through its interface (``moe_layers``), or
+    a lone MoE layer itself, named ``moe`` (the helpers below also shard one layer)."""
+    if isinstance(model, MixtureOfExperts):
+        return [("moe", model)]
     return require_strategy_model(model, "dense_sharding 'ep'", "moe_layers").moe_layers()
 
 

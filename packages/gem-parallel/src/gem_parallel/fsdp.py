@@ -106,9 +106,9 @@ class FullyShardedStrategy(DenseSharding):
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
+        _require_process_group(self.name, ctx)
         units = require_strategy_model(model, f"dense_sharding {self.name!r}",
                                        "parallel_units").parallel_units()
-        _require_process_group(self.name, ctx)
         mesh, reshard = self.mesh(ctx, options)
         replica = EvalReplica(model)
         # The recipe's policy (e.g. bf16 parameters, fp32 reductions); None: keep fp32 throughout.

@@ -13,6 +13,8 @@ from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.model.gem import GEMModel
+from gem_core.model.interface import StrategyModel, check_checkpoint_kind
+from gem_core.model.moe import moe_layers
 from gem_core.schema import FeatureSchema
 
 
@@ -34,3 +36,22 @@ def synthetic_batch(rows: int, *, max_seq_len: int, seed: int = 0, candidates: i
                                         options={"candidates_per_request": candidates}),
                              seed=seed)
     return source.schema, source.generate(rows, split=1, index=0)
+
+
+class LayersInterface(StrategyModel):
+    """The strategy interface of a test model made of a few layers (mix it into the
+    ``nn.Module``): no parallel units, nothing to checkpoint or stash, its mixture-of-experts
+    layers found by type."""
+
+    def parallel_units(self) -> list:
+        return []
+
+    def checkpoint_parts(self, kind: str) -> list:
+        check_checkpoint_kind(kind)
+        return []
+
+    def moe_layers(self) -> list:
+        return moe_layers(self)
+
+    def stash_points(self) -> dict:
+        return {}
