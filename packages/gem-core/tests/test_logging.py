@@ -131,3 +131,22 @@ def test_a_train_without_a_terminal_logs_step_lines_and_the_start_up_once(restor
     assert result.output.count("training tiny: steps 1-3 of 3") == 1
     assert re.search(r"\n  attention +\S+ \(gem-\w+\): ", result.output)
     assert "auto chose" not in result.output and '"embedding_dim"' not in result.output
+
+
+def test_the_launcher_passes_the_log_options_given_after_the_sub_command_to_every_rank(
+        restore_logging, tmp_path, monkeypatch):
+    import subprocess
+
+    import gem_core.cli.train as train_cli
+
+    launched = []
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(train_cli.subprocess, "run", lambda args, check: (
+        launched.append(args), subprocess.CompletedProcess(args, 0))[1])
+    result = CliRunner().invoke(cli, ["train", "--nproc-per-node", "2", "--out",
+                                      str(tmp_path / "run"), "--log-level", "WARNING",
+                                      "--log-format", "json"])
+    assert result.exit_code == 0, result.output
+    args = launched[0]
+    assert args[args.index("gem_core.cli.main") + 1:args.index("train")] == [
+        "--log-level", "WARNING", "--log-format", "json"]
