@@ -72,6 +72,8 @@ class SectionDoc:
     """One TOML table of the configuration (``train``, ``model.moe``)."""
 
     key: str
+    """Dotted name of the table."""
+
     doc: str
     """The section's docstring: the field's own where it has one, else its class's."""
 
