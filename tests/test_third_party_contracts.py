@@ -223,7 +223,6 @@ def third_party():
     return load_config(preset="tiny", overrides=THIRD_PARTY_RUN), plugins
 
 
-@pytest.mark.slow
 def test_a_third_party_model_and_strategy_train_checkpoint_resume_and_plan(third_party,
                                                                            tmp_path):
     import json

@@ -9,13 +9,11 @@ import attrs
 from gem_core.config import structure
 from gem_core.config.validators import at_least, choice, each
 from gem_core.errors import GemConfigError
+from gem_core.model.interface import STASH_KINDS  # the kinds a model's stash_points() answers
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 STASH_GRANULARITIES = ("tensor", "row")
 FLOAT8_MATMULS = ("auto", "scaled_mm", "emulated")
-# Module kinds whose saved activations the FP8 stash may quantize (see activation_stash.py).
-STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "pma",
-               "cross_attention", "interaction")
 
 
 @attrs.frozen(kw_only=True)
