@@ -24,6 +24,7 @@ from gem_core.plugins import build_plugins  # noqa: E402
 from gem_core.registry import ImplementationSpec  # noqa: E402
 from gem_core.train import train  # noqa: E402
 from gem_core.train.checkpointer import read_checkpoint  # noqa: E402
+from gem_core.trained_run import load_run  # noqa: E402
 from gem_core.train.optim import make_adamw  # noqa: E402
 from gem_kernels.embedding_tbe import TbeEmbeddingCollection  # noqa: E402
 
@@ -215,6 +216,7 @@ def _losses(run_dir):
 def test_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path):
     config = load_config(preset="tiny", overrides=RUN)
     plugins = build_plugins()
+    assert "fused_optimizer" in plugins.registry("embedding").get("fbgemm-tbe").capabilities
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(config, plugins, whole, progress=False)
     # The interrupted run saves in the background (the fused state is staged to CPU too).
@@ -240,6 +242,13 @@ def test_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path):
         assert not torch.equal(saved, stopped["engine"]["optimizer"]["state"][key]["momentum1"])
     # the dense AdamW never held a table: no Adam moments under the tables' names
     assert not any("exp_avg" in final[0]["optimizer"]["state"][k] for k in momenta)
+    # a finished run opens with its own backend and with the reference one (same names)
+    for backend in ("fbgemm-tbe", "reference"):
+        loaded = load_run(whole, plugins=plugins, backends={"embedding": backend})
+        for key in tables:
+            name = key.split(".")[2]
+            assert torch.equal(loaded.model.embeddings.tables[name].weight,
+                               final[0]["model"][key]), (backend, key)
     # the fused state cannot continue in AdamW: resuming with the reference backend is refused
     plain = load_config(preset="tiny", overrides=RUN[:-1] + ["train.steps=6"])
     with pytest.raises(GemConfigError, match="resume with --set backends.embedding=fbgemm-tbe"):

@@ -157,7 +157,8 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
             operator = fb["TBE"](
                 embedding_specs=[(c.num_embeddings, c.dim, location, compute) for c in configs],
                 feature_table_map=[index for _, index in group.features],
-                pooling_mode=getattr(fb["PoolingMode"], group.pooling.upper()),
+                pooling_mode={"sum": fb["PoolingMode"].SUM, "mean": fb["PoolingMode"].MEAN,
+                              "none": fb["PoolingMode"].NONE}[group.pooling],
                 # Ids are checked before every lookup (check_ids: the reference's error).
                 bounds_check_mode=fb["BoundsCheckMode"].NONE,
                 device=device, **_optimizer_kwargs(self.options, fb))
