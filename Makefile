@@ -5,9 +5,24 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := gem-core gem-data gem-kernels gem-parallel gem-precision
-STAMP := $(VENV)/.installed
-INPUTS := requirements/stack.txt $(foreach p,$(PACKAGES),packages/$(p)/pyproject.toml) Makefile
+# Which build of torch and fbgemm: cpu (the default) or cuda; requirements/$(FLAVOUR).txt pins it.
+# Switching the flavour of an existing .venv needs `make clean` first (pip keeps an installed
+# torch 2.13.0+cpu when asked for torch==2.13.0).
+FLAVOUR ?= cpu
+# The package index torch (and, for cuda, fbgemm-gpu) is looked up on besides PyPI. cpu: PyTorch's
+# CPU index, where torch 2.13.0+cpu is published. cuda: none (PyPI's torch 2.13.0 is the CUDA 13
+# build); set e.g. https://download.pytorch.org/whl/cu126 for CUDA 12.6 (pip prefers its
+# 2.13.0+cu126 over PyPI's 2.13.0). A mirror works too.
+TORCH_INDEX_cpu := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(TORCH_INDEX_$(FLAVOUR))
+PACKAGES := gem-core[test] gem-data gem-kernels[triton,fbgemm-$(FLAVOUR)] \
+            gem-parallel[torchrec,deepspeed] gem-precision[fp8]
+STAMP := $(VENV)/.installed-$(FLAVOUR)
+FLAVOUR_FILE := requirements/$(FLAVOUR).txt
+INPUTS := requirements/stack.txt $(FLAVOUR_FILE) requirements/fbgemm-gpu-cpu-alias/pyproject.toml \
+          $(wildcard packages/*/pyproject.toml) Makefile
+# the flavour file's torch and fbgemm-gpu pins (fbgemm-gpu-cpu is on PyPI)
+TORCH_PINS = $(shell grep -E '^(torch|fbgemm-gpu)==' $(FLAVOUR_FILE))
 
 # CPU test environment: Triton kernels run in its interpreter; DeepSpeed's JIT op is cached
 # inside the repository's ignored cache folder so it is built once.
@@ -20,14 +35,21 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 setup: $(STAMP)
 
 $(STAMP): $(INPUTS)
+	@test -f $(FLAVOUR_FILE) || { echo "FLAVOUR=$(FLAVOUR): no $(FLAVOUR_FILE) (use cpu or cuda)"; exit 2; }
+	@for other in $(VENV)/.installed-*; do \
+	  test ! -e "$$other" -o "$$other" = "$(STAMP)" || \
+	  { echo "$(VENV) holds another flavour ($$other): run make clean first"; exit 2; }; done
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first and alone, so pip takes the local CPU build (DESIGN.md section 5)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -r requirements/stack.txt
-	# without --no-deps torchrec pulls the CUDA fbgemm-gpu over fbgemm-gpu-cpu
-	$(BIN)/pip install --quiet --no-deps torchrec==1.8.0
-	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation --no-deps deepspeed==0.19.8
-	$(BIN)/pip install --quiet --no-build-isolation --no-deps $(foreach p,$(PACKAGES),-e packages/$(p))
+	# torch first, alone, from TORCH_INDEX (one look-up there, not one per package: an index
+	# that cannot be reached costs pip's retries for every name it is asked about)
+	$(BIN)/pip install --quiet --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	  $(TORCH_PINS)
+	# deepspeed's setup imports torch, so it is built without isolation, after torch
+	$(BIN)/pip install --quiet -r $(FLAVOUR_FILE) setuptools wheel
+	# then the rest of the stack and the five packages (editable) with their extras, resolved
+	# together, so the packages' own pins are checked against the stack's
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation \
+	  -r $(FLAVOUR_FILE) -r requirements/stack.txt $(foreach p,$(PACKAGES),-e 'packages/$(p)')
 	mkdir -p .cache/torch_extensions
 	touch $(STAMP)
 
