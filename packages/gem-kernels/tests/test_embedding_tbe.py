@@ -156,6 +156,20 @@ def test_dense_schedule_scales_the_fused_learning_rate():
         torch.testing.assert_close(step * 4, steps[1][name], rtol=1e-5, atol=1e-7)
 
 
+def test_evaluation_mode_lookups_update_nothing():
+    """A backward outside training (FP8 calibration runs its backward passes in eval mode)
+    must not step the fused optimizer."""
+    tbe, _ = _pair(EmbeddingOptimizerConfig(name="sgd", lr=1.0))
+    before = {n: w.clone() for n, w in tbe.state_dict().items()}
+    scale = torch.ones((), requires_grad=True)
+    outputs = tbe.eval()(_features())
+    assert not any(v.requires_grad for v in outputs.values())
+    sum((v * scale).sum() for v in outputs.values()).backward()
+    assert scale.grad != 0
+    for name, weight in tbe.state_dict().items():
+        assert torch.equal(weight, before[name]), name
+
+
 def test_out_of_range_id_raises_the_reference_error():
     tbe, reference = _pair()
     features = _features()

@@ -18,6 +18,8 @@ trained by TBE's fused optimizer inside the backward.
   ``optimizer.state.embeddings.tables.<name>.weight.momentum1``, TorchRec's names.
 - Consequences (as with TorchRec's fused tables): ``train.grad_clip`` and ``grad_norm`` cover
   the dense parameters only; a step the guard skips has already updated the rows it looked up;
+  only training mode updates (in ``eval()`` the lookups carry no gradient: FP8 calibration's
+  backward passes, which run in evaluation mode, leave the tables as they are);
   one process only (replicas on several ranks would each apply their own gradients), which
   :func:`gem_core.embedding.check_fused_optimizer` enforces at start-up.
 
@@ -220,11 +222,14 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
             for feature in config.features:
                 check_ids(features[feature].values, config, feature)
         out: dict[str, Tensor] = {}
-        for group, operator in zip(self.groups, self._operators):
-            if group.pooling == "none":
-                out.update(self._sequences(group, operator, features))
-            else:
-                out.update(self._bags(group, operator, features))
+        # A backward is an update here: in evaluation mode the lookups carry no gradient to the
+        # tables, so a backward outside training (FP8 calibration, probes) changes nothing.
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.training):
+            for group, operator in zip(self.groups, self._operators):
+                if group.pooling == "none":
+                    out.update(self._sequences(group, operator, features))
+                else:
+                    out.update(self._bags(group, operator, features))
         return out
 
     def _sequences(self, group: TableGroup, operator: Any,
