@@ -276,3 +276,27 @@ def test_a_third_party_model_and_strategy_train_checkpoint_resume_and_plan(third
     assert silent["no_estimate"] == ["dense_sharding 'silent' gives no estimate: its memory "
                                      "and traffic are not in the totals"]
     assert not silent["complete"] and "dense_params" not in silent["memory_bytes_per_rank"]
+
+
+def test_a_model_plugin_whose_product_lacks_the_contracts_is_refused_by_name():
+    import types
+
+    from gem_core import hookimpl
+    from gem_core.config import ModelConfig
+    from gem_core.errors import GemPluginError
+    from gem_core.model.building import build_checked
+    from gem_core.plugins import build_plugins
+    from gem_core.registry import ImplementationSpec
+
+    def register(register):
+        register(ImplementationSpec(name="plain", load=lambda: lambda *args, **kwargs:
+                                    PlainModel()))
+
+    plugins = build_plugins(load_entry_points=False, extra_plugins=[
+        ("plain_models", types.SimpleNamespace(gem_register_models=hookimpl(register)))])
+    with pytest.raises(GemPluginError) as raised:
+        build_checked(plugins.resolve("model", "plain", None), ModelConfig(), None,
+                      attention=None, embedding_backend=None, norm=None)
+    message = str(raised.value)
+    assert "model 'plain' (plugin plain_models" in message and "PlainModel" in message
+    assert "RankingModel" in message and "flops" in message
