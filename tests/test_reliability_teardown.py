@@ -1,6 +1,6 @@
 """A finished run exits cleanly: short 2-rank TorchRec (with a background checkpoint) and DeepSpeed
-runs, repeated under a concurrent CPU load, all exit 0 and none aborts at exit ("terminate
-called ..."). Every background thread (the loader's prefetch, DCP's checkpoint writer,
+(with TorchRec tables) runs, repeated under a concurrent CPU load, all exit 0 and none aborts at
+exit ("terminate called ..."). Every background thread (the loader's prefetch, DCP's checkpoint writer,
 TensorBoard's writer) is joined before the process group is destroyed
 (gem_core.train.teardown).
 
@@ -31,7 +31,9 @@ KINDS = {
     # DCP checkpoints written in the background: DCP's writer thread runs collectives on the
     # checkpointer's own group up to the end of the run.
     "torchrec": ["--embedding-sharding", "torchrec", "--set", "train.async_checkpoint=true"],
-    "deepspeed": ["--sharding", "deepspeed-zero1"],
+    # DeepSpeed keeps TorchRec's tables in a DCP directory beside its engine.pt: the finished
+    # run is also reopened through load_run (export, scoring and distillation read it that way).
+    "deepspeed": ["--sharding", "deepspeed-zero1", "--embedding-sharding", "torchrec"],
 }
 ENV = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get(
     "TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache/torch_extensions"))}
@@ -64,8 +66,21 @@ def test_short_multi_rank_runs_exit_cleanly_under_load(cpu_load, tmp_path, kind)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["run"]["finished"] and summary["run"]["world_size"] == 2
         assert summary["checkpoints"]["kept_steps"][-1] == 2
+        if kind == "deepspeed" and repeat == 0:
+            _check_reopened_model_predicts_the_last_evaluation(out)
     assert not failures, f"{len(failures)} of {REPEATS} {kind} runs failed:\n" + "\n".join(
         failures)
+
+
+def _check_reopened_model_predicts_the_last_evaluation(run_dir: Path) -> None:
+    """``load_run`` rebuilds the 2-rank DeepSpeed + TorchRec model in one process: the dense
+    weights from engine.pt and the tables from the DCP directory beside it, every one used."""
+    from gem_core.testing.runs import assert_reproduces_last_evaluation
+    from gem_core.trained_run import load_run
+
+    run = load_run(run_dir)
+    assert run.step == 2 and (run.checkpoint / "sharded").is_dir()
+    assert_reproduces_last_evaluation(run, run_dir)
 
 
 @pytest.mark.parametrize("ending, status", [("sys.exit(3)", 3), ("raise KeyError('boom')", 1)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,30 @@ METRIC_KEYS = {"step", "loss", "samples", "tokens", "step_time_s"}
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory, gem) -> Path:
+    """SMALL trained in one go (read only: tests that run it again use a copy)."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    result = gem("train", "--out", str(out), *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, gem) -> Path:
+    """SMALL stopped after step 2 (its checkpoint); each test resumes its own copy."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    result = gem("train", "--out", str(out), "--until-step", "2", *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["run"]["finished"] is False
+    return out
+
+
+def _copy(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
 
 
 @pytest.mark.slow
@@ -51,15 +76,12 @@ def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(ge
     assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tensorboard").iterdir())
 
 
-def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    assert gem("train", "--out", str(whole), *SMALL).returncode == 0
-    first = gem("train", "--out", str(parts), "--until-step", "3", *SMALL)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads((parts / "summary.json").read_text())["run"]["finished"] is False
+def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path, whole_run,
+                                                                 stopped_run):
+    whole, parts = _copy(whole_run, tmp_path / "whole"), _copy(stopped_run, tmp_path / "parts")
     second = gem("train", "--out", str(parts), *SMALL)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert json.loads((parts / "summary.json").read_text())["run"]["resumed_from"] == 3
+    assert json.loads((parts / "summary.json").read_text())["run"]["resumed_from"] == 2
     expected = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(whole)]
     got = [(m["step"], m["loss"], m["grad_norm"]) for m in _metrics(parts)]
     assert got == expected
@@ -71,6 +93,10 @@ def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
     logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
     assert [step for step, _ in logged] == list(range(1, 7))
     assert [v for _, v in logged] == pytest.approx([m["loss"] for m in _metrics(whole)])
+    # Each evaluation figure once, under eval/ (metrics.jsonl's eval_* columns are not repeated).
+    tags = events.Tags()["scalars"]
+    assert "eval/click/ne" in tags and _metrics(parts)[-1]["eval_ne_click"] > 0
+    assert not [tag for tag in tags if tag.startswith("train/eval_")], tags
     # Running a finished run again trains nothing and still reports.
     again = gem("train", "--out", str(whole), *SMALL)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -79,8 +105,8 @@ def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path):
     assert len(_metrics(whole)) == 6
 
 
-def test_resuming_with_a_different_model_is_refused(gem, tmp_path):
-    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+def test_resuming_with_a_different_model_is_refused(gem, tmp_path, stopped_run):
+    tmp_path = _copy(stopped_run, tmp_path / "run")
     result = gem("train", "--out", str(tmp_path), *SMALL, "--set", "model.num_layers=1")
     assert result.returncode != 0
     assert "different [model] (num_layers)" in result.stderr and "--fresh" in result.stderr
@@ -88,8 +114,8 @@ def test_resuming_with_a_different_model_is_refused(gem, tmp_path):
                "--fresh").returncode == 0
 
 
-def test_a_torn_checkpoint_is_ignored(gem, tmp_path):
-    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+def test_a_torn_checkpoint_is_ignored(gem, tmp_path, stopped_run):
+    tmp_path = _copy(stopped_run, tmp_path / "run")
     torn = tmp_path / "checkpoints" / "step-00000004"
     torn.mkdir()
     (torn / "state.pt").write_bytes(b"half a checkpoint")  # no COMPLETE marker
@@ -113,11 +139,10 @@ def test_unknown_backend_lists_installed(gem, tmp_path):
 
 
 @pytest.mark.distributed
-def test_two_ranks_with_ddp_match_one_process(gem, tmp_path):
+def test_two_ranks_with_ddp_match_one_process(gem, tmp_path, whole_run):
     """DDP over gloo with the LPT balancer: the same global batches, so the same losses as one
     process up to float summation order (tolerance 1e-4 relative over 6 steps)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert gem("train", "--out", str(one), *SMALL).returncode == 0
+    one, two = whole_run, tmp_path / "two"
     result = gem("train", "--out", str(two), "--nproc-per-node", "2", *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((two / "summary.json").read_text())
@@ -129,13 +154,13 @@ def test_two_ranks_with_ddp_match_one_process(gem, tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
 
 
-def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path):
+def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path, stopped_run):
     """A checkpoint written before request-level samples (no model format in its side file) is
     refused with a message that says why and what to do, before anything is loaded."""
     from gem_core.checkpoint_digests import write_digests
     from gem_core.checkpoint_io import read_trainer_state, write_trainer_state
 
-    assert gem("train", "--out", str(tmp_path), "--until-step", "2", *SMALL).returncode == 0
+    tmp_path = _copy(stopped_run, tmp_path / "run")
     checkpoint = next((tmp_path / "checkpoints").glob("step-*"))
     side = (checkpoint / "trainer.json", checkpoint / "trainer-tensors.pt")
     state = read_trainer_state(*side)

@@ -3,15 +3,13 @@ distillation). The rebuilt model predicts what the trainer evaluated at that che
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
-import torch
 
 from gem_core.config import load_config
 from gem_core.errors import GemConfigError
-from gem_core.metrics import task_report
+from gem_core.testing.runs import assert_reproduces_last_evaluation
 from gem_core.trained_run import load_run
 
 SMALL = ("train.steps=3", "train.batch_size=32", "train.eval_every=3", "train.checkpoint_every=3",
@@ -30,19 +28,7 @@ def run(tmp_path_factory, gem):
 def test_loaded_model_reproduces_the_trainers_evaluation(run):
     loaded = load_run(run)
     assert loaded.step == 3 and not loaded.model.training
-    predictions = {t: [] for t in loaded.schema.tasks}
-    labels = {t: [] for t in loaded.schema.tasks}
-    with torch.no_grad():
-        for batch in loaded.source.eval_batches(batch_size=loaded.config.train.eval_batch_size):
-            out = loaded.model(batch)
-            for task in loaded.schema.tasks:
-                predictions[task].append(out[task])
-                labels[task].append(batch.labels[task])
-    last = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
-    assert last["step"] == 3
-    for task in loaded.schema.tasks:
-        report = task_report(torch.cat(predictions[task]), torch.cat(labels[task]))
-        assert report["ne"] == pytest.approx(last[task]["ne"], rel=1e-6, abs=1e-7)
+    assert_reproduces_last_evaluation(loaded, run)
 
 
 def test_bad_run_directories_are_named(run, tmp_path):

@@ -1,0 +1,30 @@
+"""Checks on a finished run directory, shared by the tests of everything that reopens one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gem_core.metrics import task_report
+from gem_core.trained_run import LoadedRun
+
+
+def assert_reproduces_last_evaluation(run: LoadedRun, run_dir: Path) -> None:
+    """The reopened model's NE on the held-out split, per task, equals the one the trainer
+    logged last in ``eval.jsonl`` (the checkpoint's step): every weight was loaded."""
+    predicted: dict[str, list[torch.Tensor]] = {task: [] for task in run.schema.tasks}
+    labels: dict[str, list[torch.Tensor]] = {task: [] for task in run.schema.tasks}
+    with torch.no_grad():
+        for batch in run.source.eval_batches(batch_size=run.config.train.eval_batch_size):
+            out = run.model(batch)
+            for task in run.schema.tasks:
+                predicted[task].append(out[task])
+                labels[task].append(batch.labels[task])
+    last = json.loads((Path(run_dir) / "eval.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == run.step
+    for task in run.schema.tasks:
+        ne = task_report(torch.cat(predicted[task]), torch.cat(labels[task]))["ne"]
+        assert ne == pytest.approx(last[task]["ne"], rel=1e-6, abs=1e-7), task
