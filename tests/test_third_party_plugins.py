@@ -83,8 +83,10 @@ def test_disabled_plugins_are_not_loaded(gem, plugin_env):
 
 
 def test_explicitly_named_backend_never_falls_back(gem, plugin_env, tmp_path):
-    """example-sdpa declares softmax only; asking it for silu fails with its own error."""
+    """example-sdpa declares softmax only; asking it for silu is refused at start-up, from its
+    declared capabilities, naming the backends that compute silu."""
     result = gem("train", "--attention", "example-sdpa", "--set", "model.normalization=silu",
                  "--out", str(tmp_path / "run"), *QUICK_RUN, env=plugin_env)
     assert result.returncode != 0
-    assert "example-sdpa supports softmax attention only" in result.stderr
+    assert ("attention backend 'example-sdpa' does not support normalization silu (needed by "
+            "model.normalization = silu); backends that do: ") in result.stderr

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 
 from gem_core.attention import AttentionParams, validate_attention_inputs
 from gem_core.attention.masks import self_attention_mask
+from gem_core.contracts import AttentionBackend
 
 
-class SdpaAttention:
+class SdpaAttention(AttentionBackend):
     name = "example-sdpa"
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params: AttentionParams,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import ImplementationSpec
+from gem_core.registry import SOFTMAX, ImplementationSpec
 
 
 def _load_attention():
@@ -22,6 +22,8 @@ def _load_command():
 def gem_register_attention_backends(register) -> None:
     register(ImplementationSpec(
         name="example-sdpa", load=_load_attention, dtypes=("float32", "float64"),
+        # What it computes, checked at start-up against the model (softmax, no relative bias).
+        capabilities=(SOFTMAX,),
         description="example plugin: per-sample scaled_dot_product_attention, softmax only",
     ))
 

@@ -85,8 +85,8 @@ def gem_register_embedding_backends(register: Register) -> None:
     """Register embedding backends (kind ``embedding``).
 
     ``load()`` returns a :class:`gem_core.contracts.EmbeddingBackend`, whose
-    ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module``
-    The module's ``forward(features: Mapping[str, Jagged]) -> dict[str, Tensor]`` looks up every
+    ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module`` builds the tables. The
+    module's ``forward(features: Mapping[str, Jagged]) -> dict[str, Tensor]`` looks up every
     table's feature: pooled tables give ``(batch, dim)``, unpooled tables give ``(total_ids, dim)``.
     Ids outside ``[0, num_embeddings)`` raise an error naming the table and the id.
     """

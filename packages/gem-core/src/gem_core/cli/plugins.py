@@ -21,6 +21,7 @@ def plugin_table(plugins) -> dict:
                 "devices": list(spec.devices), "dtypes": list(spec.dtypes),
                 "supports_backward": spec.supports_backward,
                 "capabilities": sorted(spec.capabilities),
+                **({"activation_dtype": spec.activation_dtype} if kind == "precision" else {}),
                 "status": "ok" if not missing else f"missing: {', '.join(missing)}",
             })
         kinds[kind] = rows

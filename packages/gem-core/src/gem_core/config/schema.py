@@ -378,7 +378,9 @@ class TrainConfig:
 
 @attrs.frozen(kw_only=True)
 class BackendsConfig:
-    """Implementation chosen for each pluggable part, by registered name or ``auto``."""
+    """Implementation chosen for each pluggable part, by registered name or ``auto``: one field
+    per kind of :data:`gem_core.kinds.KIND_TABLE` whose config key is ``backends.<field>`` (a test
+    checks both agree)."""
 
     model: str = "gem"
     """The model (``--model``): a registered name (gem-core's is ``gem``); no ``auto``."""
@@ -387,7 +389,7 @@ class BackendsConfig:
     """Jagged attention backend (``--attention``)."""
 
     embedding: str = "auto"
-    """Embedding lookup backend."""
+    """Embedding lookup backend (``--embedding``)."""
 
     norm: str = "auto"
     """Gated-norm backend of the attention gate (``--norm``; used when
