@@ -30,11 +30,12 @@ def _sets(pairs):
 
 
 @pytest.fixture(scope="module")
-def parquet_data(tmp_path_factory, gem):
+def parquet_data(tmp_path_factory):
+    from gem_data.cli import data_group
+
     out = tmp_path_factory.mktemp("serving-data") / "data"
-    done = gem("data", "synth", "--rows", "192", "--eval-rows", "96", "--row-group-rows", "64",
-               "--out", str(out), "--set", "num_items=300")
-    assert done.returncode == 0, done.stderr[-3000:]
+    _cli(data_group, "synth", "--rows", "192", "--eval-rows", "96", "--row-group-rows", "64",
+         "--out", out, "--set", "num_items=300")
     return out
 
 
@@ -191,29 +192,39 @@ def test_aoti_package_runs_in_a_torch_only_process(exported, tmp_path):
     _torch_only(tmp_path / "aoti", {"full": (inputs, want)}, tmp_path, aoti=True)
 
 
-def test_export_model_refuses_what_it_cannot_export(exported, tmp_path, gem):
+def test_export_model_refuses_what_it_cannot_export(exported, tmp_path):
+    from gem_core.errors import GemError
+    from gem_core.serving.export import export_model
+
     run = exported["tiny"][0]
-    named = gem("export-model", str(run), "--out", str(tmp_path / "x"), "--attention",
-                "bucketed")
-    assert named.returncode != 0
-    assert "'bucketed' has no export path" in named.stderr
-    assert "torch_export" in named.stderr
+    with pytest.raises(GemError, match="'bucketed' has no export path") as named:
+        export_model(run, tmp_path / "x", attention="bucketed")
+    assert "torch_export" in str(named.value)
     empty = tmp_path / "run"
     (empty / "checkpoints" / "step-00000004").mkdir(parents=True)
     (empty / "config.toml").write_text((run / "config.toml").read_text())
-    incomplete = gem("export-model", str(empty), "--out", str(tmp_path / "y"))
-    assert incomplete.returncode != 0
-    assert "no complete checkpoint" in incomplete.stderr
+    with pytest.raises(GemError, match="no complete checkpoint"):
+        export_model(empty, tmp_path / "y")
     assert not (tmp_path / "y" / "manifest.json").exists()
 
 
-def test_score_reproduces_the_trainers_evaluation(exported, tmp_path, gem, parquet_data):
+def _cli(command, *args) -> str:
+    """A CLI command in this process (no interpreter start-up); its stdout."""
+    from click.testing import CliRunner
+
+    done = CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
+    assert done.exit_code == 0, done.output[-3000:]
+    return done.stdout
+
+
+def test_score_reproduces_the_trainers_evaluation(exported, tmp_path, parquet_data):
     import pyarrow.parquet as pq
 
+    from gem_data.score import score_command
+
     run, directory, manifest = exported["tiny"]
-    done = gem("score", str(directory), "--data", str(parquet_data), "--out",
-               str(tmp_path / "scored"), "--batch-size", "40")
-    assert done.returncode == 0, done.stderr[-3000:]
+    _cli(score_command, directory, "--data", parquet_data, "--out", tmp_path / "scored",
+         "--batch-size", "40")
     summary = json.loads((tmp_path / "scored" / "score.json").read_text())
     trainer = json.loads((run / "summary.json").read_text())["eval"]
     part = summary["splits"]["eval"]
@@ -229,16 +240,14 @@ def test_score_reproduces_the_trainers_evaluation(exported, tmp_path, gem, parqu
     assert all(0 < x < 1 for p in probs for x in p) and len({x for p in probs for x in p}) > 1
 
 
-def test_score_with_the_ranker_on_cached_user_embeddings(exported, tmp_path, gem,
-                                                         parquet_data):
+def test_score_with_the_ranker_on_cached_user_embeddings(exported, tmp_path, parquet_data):
     from gem_data.export_user_embeddings import export
+    from gem_data.score import score_command
 
     run, directory, manifest = exported["tiny-gem"]
     cached = tmp_path / "cached"
     live = export(run, cached, train_rows=32, staleness_s=0, batch_size=64)
-    done = gem("score", str(directory), "--data", str(cached), "--out",
-               str(tmp_path / "scored"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    _cli(score_command, directory, "--data", cached, "--out", tmp_path / "scored")
     summary = json.loads((tmp_path / "scored" / "score.json").read_text())
     assert summary["program"] == "ranker"
     for task, ne in live["eval_ne"]["live_upstream"].items():
@@ -258,11 +267,11 @@ def test_score_with_the_ranker_on_cached_user_embeddings(exported, tmp_path, gem
         check_schema(ranker, attrs.evolve(ranker.schema, user_embedding_dim=0), cached)
 
 
-def test_bench_serve_reports_the_ratio_per_k(gem):
-    done = gem("bench", "serve", "--json", "--candidates", "1", "--candidates", "8",
-               "--requests", "3")
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+def test_bench_serve_reports_the_ratio_per_k():
+    from gem_core.cli.bench_serve import bench_serve
+
+    report = json.loads(_cli(bench_serve, "--json", "--candidates", "1", "--candidates", "8",
+                             "--requests", "3"))
     assert set(report["k"]) == {"1", "8"}
     for entry in report["k"].values():
         for name in ("ranker", "full"):
