@@ -78,6 +78,9 @@ def test_lookups_and_initial_weights_equal_the_reference():
     with torch.no_grad():
         for name in reference.table_configs:  # not the initial draw: lookups of other values
             reference.tables[name].weight.mul_(3.0).add_(0.25)
+    tbe.to("cpu").float()  # what a trainer does: the buffers stay views of TBE's weights
+    with pytest.raises(GemConfigError, match="keeps its tables in float32"):
+        tbe.bfloat16()
     tbe.load_state_dict(reference.state_dict())
     got, expected = tbe(_features()), reference(_features())
     assert got.keys() == expected.keys()

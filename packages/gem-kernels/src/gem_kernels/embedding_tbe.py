@@ -194,17 +194,16 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:
         """``to(device)`` and friends: the buffers move with ``fn``; the operators are rebuilt on
         the new device from them (TBE's CPU and CUDA operators are different objects)."""
+        probe = fn(torch.empty(0, device=self._device))  # what fn does, before it is done
+        if probe.dtype != torch.float32:
+            raise GemConfigError(
+                f"the fbgemm-tbe backend keeps its tables in float32 (they were asked to become "
+                f"{probe.dtype}); leave the model's dtype to the precision recipe's autocast")
         momenta = {name: state.clone() for name, state in self.momenta().items()}
         views = {name: self.tables[name].weight for name in self.table_configs}
         super()._apply(fn, recurse)
         moved = {name: self.tables[name].weight for name in self.table_configs}
-        for name, tensor in moved.items():
-            if tensor.dtype != torch.float32:
-                raise GemConfigError(
-                    f"the fbgemm-tbe backend keeps its tables in float32 (table {name!r} was "
-                    f"asked to become {tensor.dtype}); leave the model's dtype to the precision "
-                    "recipe's autocast")
-        device = next(iter(moved.values())).device if moved else self._device
+        device = probe.device
         if device != self._device:
             self._build(device, moved, {n: m.to(device) for n, m in momenta.items()})
             return self
