@@ -22,8 +22,9 @@
 #                               fbgemm_gpu is importable, else reference, recorded)
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_SIZE=tiny   dry run on a CPU (kernels interpreted; E2E trains
 #                               only tiny eager bf16 and validates the other configurations)
-#   GEM_WHEELS=DIR              wheels of pluggy/attrs/numpy (required) and of tensorboard and
-#                               torchao (the E2E runs' trainer and fp8-auto) to install offline
+#   GEM_WHEELS=DIR              wheels of pluggy/attrs/numpy (required) and of tqdm, tensorboard
+#                               (with absl-py, protobuf) and torchao (the E2E runs' trainer and
+#                               fp8-auto) to install offline
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -81,7 +82,7 @@ fi
 # them the runs that need them fail on their own, each with the import error.
 optional=$("$PY" -c '
 import importlib.util
-print(" ".join(m for m in ("tensorboard", "torchao") if importlib.util.find_spec(m) is None))')
+print(" ".join(m for m in ("tqdm", "tensorboard", "torchao") if importlib.util.find_spec(m) is None))')
 if [[ -n "$optional" ]]; then
   if [[ -d "$WHEELS" ]] && "$PY" -m pip install --no-index --find-links "$WHEELS" $optional; then
     echo "== installed $optional from $WHEELS (offline)"
