@@ -25,6 +25,7 @@ def _refusals():
     from gem_parallel.expert_parallel import ExpertParallelStrategy
     from gem_parallel.fsdp import FullyShardedStrategy
     from gem_precision.activation_stash import ActivationStash, install_stash
+    from gem_precision.selection import fp8_candidates
 
     ctx = ParallelContext()
     ranks = ParallelContext(world_size=2)  # refused before any process group is needed
@@ -37,11 +38,12 @@ def _refusals():
         "moe_layers": lambda m: ExpertParallelStrategy().apply(
             m, ctx=ctx, make_optimizer=None, precision=None, options={}),
         "stash_points": lambda m: install_stash(m, ActivationStash(), ["linear"]),
+        "output_heads": lambda m: fp8_candidates(m, exclude=(), min_dim=16),
     }
 
 
 @pytest.mark.parametrize("method", ["parallel_units", "checkpoint_parts", "checkpoint_parts ",
-                                    "moe_layers", "stash_points"])
+                                    "moe_layers", "stash_points", "output_heads"])
 def test_a_model_without_the_interface_is_refused_by_name(method):
     """Before the interface, FSDP2 silently made such a model one unit."""
     with pytest.raises(GemConfigError) as raised:
@@ -65,6 +67,7 @@ def test_the_gem_model_answers_the_interface(tiny_gem_model):
     points = model.stash_points()
     assert set(points) == set(STASH_KINDS) and points["sequence_block"] == units
     assert model.moe_layers() == []
+    assert model.output_heads() == list(model.heads.values())
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +150,9 @@ def _third_party_model_class():
 
         def moe_layers(self):
             return []
+
+        def output_heads(self):
+            return list(self.heads.values())
 
         def stash_points(self):
             return {"linear": [m for m in self.modules() if isinstance(m, nn.Linear)],

@@ -249,6 +249,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def moe_layers(self) -> list[tuple[str, nn.Module]]:
         return list(moe_layers(self))
 
+    def output_heads(self) -> list[nn.Module]:
+        return list(self.heads.values())
+
     def stash_points(self) -> dict[str, list[nn.Module]]:
         return modules_of(self, STASH_CLASSES)
 

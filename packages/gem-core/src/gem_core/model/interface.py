@@ -70,6 +70,13 @@ class StrategyModel(abc.ABC):
         Expert-parallel strategies shard their ``experts``, set their ``dispatcher``, or
         replace a layer (by that name) with one that keeps its ``reports_moe_stats`` contract."""
 
+    def output_heads(self) -> list[nn.Module]:
+        """The modules that produce the logits (the task heads): precision recipes keep them,
+        and every module inside them, in full precision (the loss and NE read their output).
+        The default declares none: a model whose heads must stay in full precision under the
+        FP8 recipes overrides it (the GEM model does)."""
+        return []
+
     @abc.abstractmethod
     def stash_points(self) -> Mapping[str, list[nn.Module]]:
         """Modules whose tensors saved for backward the FP8 activation stash may quantize, by
