@@ -78,8 +78,9 @@ def test_bench_balance_costs_are_the_trainers_per_request():
 def test_bench_memory_json_reports_every_policy():
     from gem_parallel.bench_memory import memory
 
+    # No compiled budget rows here (each compiles): tests/test_auto_ac.py covers the policy.
     result = CliRunner().invoke(memory, ["--json", "--batch-size", "4", "--max-seq-len", "24",
-                                         "--dim", "16", "--repeats", "1"])
+                                         "--dim", "16", "--repeats", "1", "--budgets", ""])
     assert result.exit_code == 0, result.output
     policies = json.loads(result.output)["policies"]
     assert set(policies) == {"none", "full", "selective-attention", "selective-mlp",

@@ -79,6 +79,13 @@ def use_inductor_cache(directory: Path) -> Path:
     return directory
 
 
+def inductor_cache_in_use() -> str:
+    """The directory inductor caches in for this process (its default when none was set)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
 def compiler_settings(policy: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The ``torch._functorch.config`` settings an activation-checkpointing policy asks of the
     compiled step (:meth:`ActivationCheckpointing.compiler_settings`; none for a policy that
@@ -101,9 +108,16 @@ class CompiledForward:
                  settings: Mapping[str, Any]) -> None:
         self.module, self.inner = module, inner
         self.mode, self.fullgraph, self.settings = mode, fullgraph, dict(settings)
+        # Dynamo keeps compiled graphs per code object (``_forward``, shared by every instance)
+        # and does not guard on the functorch config: the settings are read while tracing
+        # (below), so a graph compiled under other settings fails its guard instead of being
+        # reused.
+        self.settings_key = repr(sorted(self.settings.items()))
         self.compiled = torch.compile(self._forward, mode=TORCH_MODES[mode], fullgraph=fullgraph)
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.settings_key == "":  # never true: makes dynamo guard on the key's value
+            raise AssertionError("settings_key is never empty")
         if self.inner is not None:
             return self.inner(*args, **kwargs)
         # type(...).forward, not the instance attribute (which is this object).

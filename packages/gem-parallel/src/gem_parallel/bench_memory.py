@@ -6,6 +6,12 @@ checkpointed region torch.utils.checkpoint installs its own hooks and keeps only
 inputs, so those activations are not counted: exactly the memory it saves). FLOPs come from
 ``torch.utils.flop_counter`` over forward + backward; the difference to no checkpointing is the
 recomputation.
+
+The ``budget-*`` rows are the ``budget`` policy: the sequence blocks compiled (``train.compile``)
+with the compiler's activation memory budget at 1.0, 0.5, 0.2 (1.0: compiled, default partition).
+The same saved-tensor hooks see what the compiled blocks save for their backward. Their FLOPs are
+not counted (the flop counter does not see inside inductor's kernels); their first step's compile
+time is (``compile_s``). Every row runs the ``padded`` attention backend, which compiles whole.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from gem_core.distributed import ParallelContext
+from gem_core.compile import inductor_cache_in_use
 from gem_core.train.loss import mean_loss
 
 POLICIES: dict[str, dict[str, Any]] = {
@@ -77,9 +84,33 @@ def apply_policy(model: nn.Module, policy: str) -> nn.Module:
     return impl.apply(model, ctx=ParallelContext(), options=POLICIES[policy])
 
 
+def compiled_budget(base: nn.Module, budget: float, batch, tasks: Sequence[str],
+                    repeats: int) -> dict[str, Any]:
+    """A row of the ``budget`` policy: a copy of ``base`` with its blocks compiled under the
+    activation memory budget; the first step's compile time, then the same measures."""
+    from gem_core.compile import CompileTracker, compile_module
+    from gem_core.model.interface import require_strategy_model
+
+    model = copy.deepcopy(base)
+    for unit in require_strategy_model(model, "gem bench memory", "parallel_units"
+                                       ).parallel_units():
+        compile_module(unit, settings={"activation_memory_budget": budget})
+    with CompileTracker() as tracker:
+        mean_loss(model(batch), batch, tasks).backward()
+        model.zero_grad(set_to_none=True)
+        first_compile_s = tracker.seconds
+        entry = {"saved_activation_bytes": saved_activation_bytes(model, batch, tasks),
+                 "train_flops": None,
+                 "step_time_s": step_time_s(model, batch, tasks, repeats)}
+    entry["compile_s"] = first_compile_s
+    # Anything compiled after the first step (a guard that failed): reported, not hidden.
+    entry["compile_s_after_first_step"] = tracker.seconds - first_compile_s
+    return entry
+
+
 def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
-            repeats: int) -> dict[str, Any]:
-    from gem_core.attention.reference import ReferenceAttention
+            repeats: int, budgets: Sequence[float] = ()) -> dict[str, Any]:
+    from gem_core.attention.padded import PaddedAttention
     from gem_core.config import DataConfig, ModelConfig
     from gem_core.data.synthetic import SyntheticSource
     from gem_core.embedding import ReferenceEmbeddingBackend
@@ -88,7 +119,7 @@ def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
     source = SyntheticSource(DataConfig(max_seq_len=max_seq_len), seed=0)
     torch.manual_seed(0)
     base = build_model(ModelConfig(embedding_dim=dim, num_layers=layers), source.schema,
-                       attention=ReferenceAttention(),
+                       attention=PaddedAttention(),
                        embedding_backend=ReferenceEmbeddingBackend())
     batch = source.generate(batch_size, split=0, index=0)
     tasks = source.schema.tasks
@@ -100,10 +131,16 @@ def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
             "train_flops": train_flops(model, batch, tasks),
             "step_time_s": step_time_s(model, batch, tasks, repeats),
         }
+    for budget in budgets:
+        results[f"budget-{budget}"] = compiled_budget(base, budget, batch, tasks, repeats)
     none = results["none"]
     for entry in results.values():
         entry["activation_ratio_vs_none"] = entry["saved_activation_bytes"] / \
             none["saved_activation_bytes"]
+        entry["step_time_ratio_vs_none"] = entry["step_time_s"] / none["step_time_s"]
+        if entry["train_flops"] is None:
+            entry["recompute_flops"] = entry["recompute_flops_fraction"] = None
+            continue
         entry["recompute_flops"] = entry["train_flops"] - none["train_flops"]
         entry["recompute_flops_fraction"] = entry["recompute_flops"] / none["train_flops"]
     return {
@@ -111,7 +148,9 @@ def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
         "device": "cpu",
         "memory_measure": "bytes of distinct storages autograd saves for the backward",
         "flops_measure": "torch.utils.flop_counter over forward + backward (matmul-class ops)",
-        "attention_backend": "reference",
+        "attention_backend": "padded",
+        "step_time_measure": f"median of {repeats} forward+backward after one untimed step",
+        **({"inductor_cache_dir": inductor_cache_in_use()} if budgets else {}),
         "shape": {"batch_size": batch_size, "max_seq_len": max_seq_len, "layers": layers,
                   "embedding_dim": dim, "tokens": int(batch.num_events)},
         "policies": results,
@@ -124,17 +163,37 @@ def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
 @click.option("--layers", default=2, show_default=True)
 @click.option("--dim", default=32, show_default=True, help="embedding_dim")
 @click.option("--repeats", default=3, show_default=True, help="timed steps per policy (median)")
+@click.option("--budgets", default="1.0,0.5,0.2", show_default=True,
+              help="activation memory budgets of the compiled 'budget' rows, comma-separated "
+                   "in (0, 1]; empty: no compiled rows")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def memory(batch_size: int, max_seq_len: int, layers: int, dim: int, repeats: int,
-           as_json: bool) -> None:
-    """Activation memory and recompute FLOPs with and without activation checkpointing."""
+           budgets: str, as_json: bool) -> None:
+    """Activation memory, recompute FLOPs and step time with and without activation
+    checkpointing, and with the compiler's activation memory budgets (compiled blocks)."""
     report = measure(batch_size=batch_size, max_seq_len=max_seq_len, layers=layers, dim=dim,
-                     repeats=repeats)
+                     repeats=repeats, budgets=parse_budgets(budgets))
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     for policy, entry in report["policies"].items():
+        flops = ("not counted" if entry["recompute_flops_fraction"] is None
+                 else f"{entry['recompute_flops_fraction']:+.1%} FLOPs")
+        compiled = f", compile {entry['compile_s']:.1f} s" if "compile_s" in entry else ""
         click.echo(f"{policy:>24}: saved {entry['saved_activation_bytes'] / 2**20:8.2f} MiB "
-                   f"({entry['activation_ratio_vs_none']:.2f}x), recompute "
-                   f"{entry['recompute_flops_fraction']:+.1%} FLOPs, "
-                   f"step {entry['step_time_s'] * 1e3:.1f} ms")
+                   f"({entry['activation_ratio_vs_none']:.2f}x), recompute {flops}, "
+                   f"step {entry['step_time_s'] * 1e3:.1f} ms{compiled}")
+
+
+def parse_budgets(text: str) -> list[float]:
+    """``"1.0,0.5"`` -> ``[1.0, 0.5]``; each in (0, 1], named when not."""
+    budgets = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            value = float(item)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not a number", param_hint="--budgets")
+        if not 0 < value <= 1:
+            raise click.BadParameter(f"{item} is not in (0, 1]", param_hint="--budgets")
+        budgets.append(value)
+    return budgets

@@ -58,6 +58,12 @@ def _selective_checkpointing():
     return SelectiveCheckpointing()
 
 
+def _budget_checkpointing():
+    from gem_parallel.auto_ac import BudgetCheckpointing
+
+    return BudgetCheckpointing()
+
+
 def _lpt():
     from gem_parallel.balance import lpt_balancer
 
@@ -113,6 +119,11 @@ def gem_register_activation_checkpointing(register) -> None:
     register(ImplementationSpec(
         name="selective", load=_selective_checkpointing,
         description="recompute only attention and/or MLP of each block (options: modules)",
+    ))
+    register(ImplementationSpec(
+        name="budget", load=_budget_checkpointing,
+        description="the compiler chooses what to recompute under an activation memory budget "
+                    "(options: memory_budget; needs train.compile)",
     ))
 
 
