@@ -74,6 +74,27 @@ def test_ep_keeps_a_share_of_the_experts_and_counts_their_traffic(plugins):
              Layout(gpus=2, gpu_memory_gib=1, dense="ep"), plugins)
 
 
+def test_deepspeed_moe_gives_its_own_estimate(plugins):
+    """``deepspeed-moe`` on 4 GPUs, ``ep_size`` 2, ZeRO-1: half the experts per rank, their
+    moments partitioned over the 2 copies, the rest ZeRO-1 over all ranks; DeepSpeed's
+    all-to-all sends every capacity slot (capacity factor 1.25 of the routed rows)."""
+    from gem_parallel.plan import moe_all_to_all_bytes
+
+    config = load_config(preset="tiny-moe", overrides=TINY)
+    result = plan(config, Layout(gpus=4, gpu_memory_gib=1, dense="deepspeed-moe", ep_size=2),
+                  plugins)
+    experts = result["experts"]["expert_parameters"]
+    dense = result["parameters"]["dense"] - experts
+    memory = result["memory_bytes_per_rank"]
+    assert memory["expert_params"] == experts * 4 // 2
+    assert memory["expert_optimizer"] == experts // 2 * 8 // 2
+    assert memory["dense_params"] == dense * 4 and memory["dense_optimizer"] == dense * 8 // 4
+    tokens, dim = result["per_rank"]["tokens"], config.model.embedding_dim
+    assert result["communication_bytes_per_rank_per_step"]["moe_all_to_all"] == int(
+        2 * moe_all_to_all_bytes(tokens * 1.25, top_k=2, in_dim=dim, out_dim=dim, ep_size=2))
+    assert result["complete"] and result["no_estimate"] == []
+
+
 def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
     """The fit from two short batches predicts the bytes autograd keeps for a longer, real
     batch of tiny within 25 %."""
