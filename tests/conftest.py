@@ -23,3 +23,15 @@ def run_gem(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
 @pytest.fixture(scope="session")
 def gem():
     return run_gem
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, gem) -> Path:
+    """``gem_core.testing.runs.SMALL_RUN`` trained once in one process; read only (a test that
+    trains it further copies it first)."""
+    from gem_core.testing.runs import SMALL_RUN
+
+    out = tmp_path_factory.mktemp("small-run") / "run"
+    result = gem("train", "--out", str(out), *SMALL_RUN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-SMALL = ["--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
-         "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
-         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=3",
-         "--set", "data.max_seq_len=48", "--no-progress"]
+from gem_core.testing.runs import SMALL_RUN
+
+SMALL = list(SMALL_RUN)
 
 # Same global batches, same math: only the order of float32 sums differs (reduce-scatter vs one
 # backward), so losses agree to 1e-5 relative and final weights to 1e-5 absolute after 6 AdamW
@@ -38,11 +37,9 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def single_process(gem, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("single") / "run"
-    result = gem("train", "--out", str(out), *SMALL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def single_process(small_run) -> Path:
+    """One process on the same global batches (the session's shared SMALL_RUN run)."""
+    return small_run
 
 
 HSDP_2X2 = ["--set", "parallel.dense.dp_replicate=2", "--set", "parallel.dense.dp_shard=2"]

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SMALL = ["--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
-         "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
-         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=2",
-         "--set", "data.max_seq_len=48", "--no-progress"]
+from gem_core.testing.runs import SMALL_RUN as SMALL
 
 METRIC_KEYS = {"step", "loss", "samples", "tokens", "step_time_s"}
 
@@ -22,12 +19,10 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def whole_run(tmp_path_factory, gem) -> Path:
-    """SMALL trained in one go (read only: tests that run it again use a copy)."""
-    out = tmp_path_factory.mktemp("whole") / "run"
-    result = gem("train", "--out", str(out), *SMALL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def whole_run(small_run) -> Path:
+    """SMALL trained in one go, shared with the parallel tests (read only: tests that run it
+    again use a copy)."""
+    return small_run
 
 
 @pytest.fixture(scope="module")

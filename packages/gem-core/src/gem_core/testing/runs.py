@@ -28,3 +28,12 @@ def assert_reproduces_last_evaluation(run: LoadedRun, run_dir: Path) -> None:
     for task in run.schema.tasks:
         ne = task_report(torch.cat(predicted[task]), torch.cat(labels[task]))["ne"]
         assert ne == pytest.approx(last[task]["ne"], rel=1e-6, abs=1e-7), task
+
+
+#: ``gem train`` arguments of a short one-process ``tiny`` run (6 steps of 64, evaluated at the
+#: end, checkpoints at steps 3 and 6): the reference several end-to-end tests compare against
+#: (a resumed run, DDP, FSDP2, HSDP, DeepSpeed), trained once per test session.
+SMALL_RUN = ("--set", "train.steps=6", "--set", "train.batch_size=64",
+             "--set", "data.eval_rows=256", "--set", "train.eval_batch_size=256",
+             "--set", "train.warmup_steps=2", "--set", "train.eval_every=0",
+             "--set", "train.checkpoint_every=3", "--set", "data.max_seq_len=48", "--no-progress")
