@@ -12,23 +12,18 @@ from gem_core.errors import GemConfigError
 from gem_core.testing.runs import assert_reproduces_last_evaluation
 from gem_core.trained_run import load_run
 
-SMALL = ("train.steps=3", "train.batch_size=32", "train.eval_every=3", "train.checkpoint_every=3",
-         "data.eval_rows=128", "data.max_seq_len=24")
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, gem):
-    out = tmp_path_factory.mktemp("trained") / "run"
-    args = [x for pair in SMALL for x in ("--set", pair)]
-    done = gem("train", "--out", str(out), "--no-progress", *args)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def run(small_run):
+    """The session's SMALL_RUN run (checkpoints at steps 3 and 6; read only)."""
+    return small_run
 
 
 def test_loaded_model_reproduces_the_trainers_evaluation(run):
     loaded = load_run(run)
-    assert loaded.step == 3 and not loaded.model.training
+    assert loaded.step == 6 and not loaded.model.training
     assert_reproduces_last_evaluation(loaded, run)
+    assert load_run(run, step=3).step == 3
 
 
 def test_bad_run_directories_are_named(run, tmp_path):
