@@ -140,18 +140,37 @@ def _train_args(data: Path, out: Path, policy: dict[str, str]) -> list[str]:
     return args
 
 
+BAD_ROW = 77  # row 13 of row group 1: good rows on both sides and in other groups
+
+
+def _first_error(data: Path) -> str:
+    """The error the default (strict) policy stops at, reading the train split as the trainer's
+    loader does (the same reader and checks, in this process)."""
+    reader = DatasetReader(data, max_seq_len=16)
+    with pytest.raises(GemDataError) as error:
+        for unit in split_units(reader.manifest, "train"):
+            reader.read(unit)
+    return str(error.value)
+
+
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
-def test_policy_error_names_file_row_and_feature(gem, tmp_path, case):
-    row = 77  # row 13 of row group 1: good rows on both sides and in other groups
-    data = write_dataset(tmp_path / "data", {row: case})
+def test_policy_error_names_file_row_and_feature(tmp_path, case):
+    data = write_dataset(tmp_path / "data", {BAD_ROW: case})
+    check, feature, _ = BAD_CASES[case]
+    message = _first_error(data)
+    assert FILE in message and "row group 1" in message, message
+    assert f"row {BAD_ROW} " in message and f"'{feature}'" in message, message
+    assert f"data.options.validation.{check} = 'error'" in message
+
+
+def test_training_on_bad_data_stops_with_that_error_and_no_traceback(gem, tmp_path):
+    """``gem train`` surfaces the reader's message as it is (each case's message is checked
+    above, in process)."""
+    data = write_dataset(tmp_path / "data", {BAD_ROW: "nan-dense"})
     result = gem(*_train_args(data, tmp_path / "run", {}))
     assert result.returncode != 0
-    check, feature, _ = BAD_CASES[case]
-    message = result.stderr
-    assert FILE in message and "row group 1" in message, message[-2000:]
-    assert f"row {row} " in message and f"'{feature}'" in message, message[-2000:]
-    assert f"data.options.validation.{check} = 'error'" in message
-    assert "Traceback" not in message
+    assert _first_error(data) in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 # One data set with every bad case, spread over the four row groups, good rows in between.
