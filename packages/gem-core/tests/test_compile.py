@@ -153,3 +153,27 @@ class _Units(torch.nn.Module, StrategyModel):
 
     def stash_points(self):
         return {}
+
+
+@pytest.mark.slow
+def test_bench_compile_reports_both_steps_side_by_side():
+    from click.testing import CliRunner
+
+    from gem_core.cli.bench_compile import bench_compile
+
+    overrides = [arg for item in [*SHAPES, f"train.compile_cache={CACHE}"]
+                 for arg in ("--set", item)]
+    result = CliRunner().invoke(bench_compile, ["--json", "--batch-size", "8", "--repeats", "2",
+                                                *overrides])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    rows = report["rows"]
+    assert set(rows) == {f"eager-{report['eager_auto_attention']}", "eager-padded",
+                         "compiled-padded"}
+    for entry in rows.values():
+        assert len(entry["step_times_s"]) == 2 and entry["step_time_s_median"] > 0
+    compiled = rows["compiled-padded"]
+    assert compiled["compile_s"] > 0 and compiled["first_step_s"] >= compiled["compile_s"]
+    assert report["speedup_vs_eager_padded"] == pytest.approx(
+        rows["eager-padded"]["step_time_s_median"] / compiled["step_time_s_median"])
+    assert report["loss_max_relative_difference_vs_eager_padded"] < 1e-5

@@ -232,6 +232,10 @@ def gem_register_cli_commands(register) -> None:
                                 description="Candidates/s of the exported ranker on the cached "
                                             "user embedding against the full model per "
                                             "candidate."))
+    register(ImplementationSpec(name="bench.compile",
+                                load=lazy("gem_core.cli.bench_compile", "bench_compile"),
+                                description="Training step time eager vs compiled "
+                                            "(train.compile), and the compile time."))
     register(ImplementationSpec(name="bench.flops",
                                 load=lazy("gem_core.cli.bench_flops", "bench_flops"),
                                 description="Analytic FLOPs of the model next to "
