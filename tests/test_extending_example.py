@@ -5,6 +5,7 @@ short `gem train` uses it, its own conformance test passes, and what the page sa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -85,7 +86,7 @@ def test_gem_plugins_lists_the_example(gem, example):
     result = gem("plugins", "--json", env=env)
     assert result.returncode == 0, result.stderr
     table = json.loads(result.stdout)
-    assert table["failed_plugins"] == []
+    assert [f for f in table["failed_plugins"] if f["plugin"] == "my_plugin"] == []
     row = {r["name"]: r for r in table["kinds"]["attention"]}["my-sdpa"]
     assert (row["package"], row["version"], row["plugin"]) == (project["name"],
                                                               project["version"], "my_plugin")
@@ -135,7 +136,8 @@ def test_auto_answers_as_the_page_says(example):
     assert alone.default_for("attention", gpu) == ("my-sdpa",
                                                     "my-sdpa: fused SDPA kernels on the GPU")
     assert alone.default_for("attention", cpu)[0] != "my-sdpa"
-    assert plugins.default_for("attention", gpu)[0] != "my-sdpa"
+    first = "triton" if importlib.util.find_spec("triton") is not None else "my-sdpa"
+    assert plugins.default_for("attention", gpu)[0] == first
 
 
 def test_a_silu_model_is_refused_at_start_up_with_the_pages_message(example):

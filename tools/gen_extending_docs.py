@@ -104,10 +104,12 @@ def _attribute_docs(node: ast.ClassDef) -> list[tuple[str, str, str | None, str]
 def _default(value: ast.expr | None) -> str | None:
     if value is None:
         return None
+    if isinstance(value, ast.Call) and ast.unparse(value.func) in ("attrs.Factory", "Factory"):
+        return "(computed)"  # e.g. from another field; the docstring says how
     if isinstance(value, ast.Call) and ast.unparse(value.func) in ("attrs.field", "field"):
         for keyword in value.keywords:
             if keyword.arg == "default":
-                return ast.unparse(keyword.value)
+                return _default(keyword.value)
             if keyword.arg == "factory":
                 return f"{ast.unparse(keyword.value)}()"
         return None
@@ -128,7 +130,8 @@ def render_class(module_name: str, class_name: str) -> str:
     if is_attrs:
         lines += ["| field | type | default | meaning |", "|---|---|---|---|"]
         for name, annotation, default, doc in attributes:
-            shown = "(required)" if default is None else f"`{_cell(default)}`"
+            shown = ("(required)" if default is None else default if default == "(computed)"
+                     else f"`{_cell(default)}`")
             lines.append(f"| `{name}` | `{_cell(annotation)}` | {shown} | {_cell(prose(doc))} |")
         lines.append("")
     else:
@@ -139,7 +142,8 @@ def render_class(module_name: str, class_name: str) -> str:
     for item in node.body:
         if not isinstance(item, ast.FunctionDef):
             continue
-        if item.name.startswith("_") and not item.name.endswith("__"):
+        if (item.name.startswith("_") and not item.name.endswith("__")
+                or item.name.startswith("__attrs_")):
             continue  # private helpers; dunders (__call__, __next__, __init__) are the API
         doc = prose(ast.get_docstring(item))
         decorators = {ast.unparse(d) for d in item.decorator_list}
