@@ -35,7 +35,6 @@ def _describe(self: Any) -> dict[str, dict[str, Any]]:
 RunBackends = attrs.make_class(
     "RunBackends",
     {kind.name: attrs.field(type=Resolved) for kind in RUN_KINDS},
-    bases=(object,),
     frozen=True,
     kw_only=True,
 )
