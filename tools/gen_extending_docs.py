@@ -24,8 +24,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"
 
-REGION = re.compile(r"(<!-- generated: (?P<name>[\w:-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
-                    re.DOTALL)
+REGION = re.compile(
+    r"(<!-- generated: (?P<name>[\w:-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
 
 # Which classes a writer of each kind reads, beyond the kind's own contract: what its methods
 # receive or return. (module, class) pairs; a dataclass-like class (attrs) is shown as fields.
@@ -33,7 +33,8 @@ READS: dict[str, tuple[tuple[str, str], ...]] = {
     "attention": (("gem_core.attention.api", "AttentionParams"),),
     "norm": (),
     "embedding": (("gem_core.embedding", "EmbeddingTableConfig"),),
-    "model": (("gem_core.contracts", "RankingModel"), ("gem_core.model.interface", "StrategyModel")),
+    "model": (("gem_core.contracts", "RankingModel"),
+              ("gem_core.model.interface", "StrategyModel")),
     "dense_sharding": (("gem_core.engine", "Engine"), ("gem_core.distributed", "ParallelContext")),
     "embedding_sharding": (("gem_core.contracts", "ShardedModule"),
                            ("gem_core.contracts", "LearningRateFollower")),
@@ -272,8 +273,8 @@ def render_auto_order() -> str:
     shipped = _repository_distributions()
     from gem_core.registry import AutoContext
 
-    lines = ["| kind | plugins asked, in order | `auto` on one CPU process | `auto` on 2 CPU ranks |",
-             "|---|---|---|---|"]
+    lines = ["| kind | plugins asked, in order | `auto` on one CPU process | "
+             "`auto` on 2 CPU ranks |", "|---|---|---|---|"]
     contexts = (AutoContext(device="cpu"), AutoContext(device="cpu", world_size=2))
     for kind in KIND_TABLE:
         if kind.default_hook is None:
@@ -339,7 +340,10 @@ def main() -> int:
     text = render(page)
     if "--check" in sys.argv:
         if text != page:
-            print(f"{DOC} is out of date: run python tools/gen_extending_docs.py",
+            stale = [new["name"] for old, new in zip(REGION.finditer(page), REGION.finditer(text))
+                     if old["body"] != new["body"]]
+            print(f"{DOC} is out of date (regions {', '.join(stale) or 'none'}; the code they "
+                  "are generated from changed): run python tools/gen_extending_docs.py",
                   file=sys.stderr)
             return 1
         return 0
