@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from gem_core.config import GemConfig
 from torch import nn
 
 from gem_core.compile import compile_model, compiler_settings
+from gem_core.contracts import ActivationCheckpointing, DenseSharding, EmbeddingSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
@@ -19,9 +20,9 @@ def parallelize(
     *,
     ctx: ParallelContext,
     precision: PrecisionRecipe,
-    embedding_sharding: Any,
-    activation_checkpointing: Any,
-    dense_sharding: Any,
+    embedding_sharding: EmbeddingSharding,
+    activation_checkpointing: ActivationCheckpointing,
+    dense_sharding: DenseSharding,
     make_optimizer: Callable,
     config: GemConfig,
 ) -> Engine:
