@@ -61,7 +61,8 @@ def example(tmp_path_factory):
     """The distribution's directory, its ``[project]`` table and an environment that sees it."""
     root = tmp_path_factory.mktemp("my-gem-attention")
     project = write_distribution(root)
-    env = {"PYTHONPATH": str(root)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
+                                         if p)}
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(root))
         yield root, project, env
