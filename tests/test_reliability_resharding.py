@@ -72,11 +72,15 @@ def test_two_rank_fsdp2_checkpoint_resumes_on_another_number_of_ranks(gem, tmp_p
 
 
 @pytest.fixture(scope="module")
-def parquet_data(gem, tmp_path_factory) -> Path:
+def parquet_data(tmp_path_factory) -> Path:
+    from click.testing import CliRunner
+
+    from gem_data.cli import data_group
+
     data = tmp_path_factory.mktemp("parquet") / "data"
-    synth = gem("data", "synth", "--out", str(data), "--rows", "512", "--eval-rows", "256",
-                "--row-group-rows", "64")
-    assert synth.returncode == 0, synth.stderr[-3000:]
+    synth = CliRunner().invoke(data_group, ["synth", "--out", str(data), "--rows", "512",
+                                            "--eval-rows", "256", "--row-group-rows", "64"])
+    assert synth.exit_code == 0, synth.output[-3000:]
     return data
 
 

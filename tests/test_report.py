@@ -10,31 +10,24 @@ import subprocess
 
 import pytest
 
-QUICK = ["--set", "train.steps=4", "--set", "train.batch_size=32", "--set", "data.eval_rows=128",
-         "--set", "train.eval_batch_size=128", "--set", "train.eval_every=2",
-         "--set", "train.warmup_steps=1", "--set", "data.max_seq_len=32", "--no-progress"]
 PLOTS = {"loss", "ne", "throughput", "mfu", "padding"}  # one rank: no per-rank balance plot
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two 1-rank runs: ``softmax`` in one go; ``silu`` with another seed (so other generated
-    data) stopped at step 2 and resumed."""
-    import os
-    import sys
+def runs(tmp_path_factory, small_run, gem):
+    """Two 1-rank runs of SMALL_RUN (6 steps): ``softmax``, a copy of the session's run trained
+    in one go; ``silu`` with another seed (so other generated data), stopped at step 2 and
+    resumed."""
+    from gem_core.testing.runs import SMALL_RUN
 
     root = tmp_path_factory.mktemp("runs")
-    made = []
-    for name, extra, parts in (("softmax", [], [[]]),
-                               ("silu", ["--set", "model.normalization=silu", "--set",
-                                         "train.seed=1"], [["--until-step", "2"], []])):
-        out = root / name
-        for part in parts:
-            subprocess.run([sys.executable, "-m", "gem_core.cli.main", "--log-level", "WARNING",
-                            "train", "--out", str(out), *QUICK, *extra, *part], check=True,
-                           capture_output=True, env=os.environ, timeout=600)
-        made.append(out)
-    return made
+    softmax, silu = root / "softmax", root / "silu"
+    shutil.copytree(small_run, softmax)
+    for part in (["--until-step", "2"], []):
+        done = gem("--log-level", "WARNING", "train", "--out", str(silu), *SMALL_RUN,
+                   "--set", "model.normalization=silu", "--set", "train.seed=1", *part)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return [softmax, silu]
 
 
 def _invoke(command, *args: str):
@@ -68,14 +61,14 @@ def test_report_writes_every_plot_and_a_self_contained_page(runs):
     # The resolved config, as dotted keys.
     config = page[page.index("<h2>Configuration</h2>"):]
     assert "<td>model.normalization</td><td>softmax</td>" in config
-    assert "<td>train.steps</td><td>4</td>" in config
+    assert "<td>train.steps</td><td>6</td>" in config
     # The padding plot draws the same quantities as the table: over the steps, its per-step
     # shares weigh up to the summary's figure for the whole run.
     run = read_run(runs[0])
     for spent, padded, key in (("flops", "padded_flops", "total"),
                                ("attention_flops", "padded_attention_flops", "attention")):
         steps, shares = padding_saved_per_step(run.metrics, spent, padded)
-        assert steps == [1, 2, 3, 4] and len(set(shares)) > 1
+        assert steps == [1, 2, 3, 4, 5, 6] and len(set(shares)) > 1
         whole = 1 - (sum(r[spent] for r in run.metrics) / sum(r[padded] for r in run.metrics))
         assert whole == pytest.approx(run.summary["padding_saved"][key], rel=1e-9)
         assert min(shares) <= whole <= max(shares)
@@ -87,7 +80,7 @@ def test_report_marks_a_resume(runs, tmp_path):
 
     _invoke(report, runs[1], "--out", tmp_path)
     page = (tmp_path / "index.html").read_text()
-    assert "Resumed from the checkpoint of step 2 and trained to step 4" in page
+    assert "Resumed from the checkpoint of step 2 and trained to step 6" in page
     assert "<td>model.normalization</td><td>silu</td>" in page
 
 
@@ -120,7 +113,7 @@ def test_runs_compare_puts_runs_side_by_side(runs, tmp_path):
     table = answer["runs"]
     assert set(table) == {"softmax", "silu"}
     for row in table.values():
-        assert row["steps"] == 4 and row["click NE"] > 0
+        assert row["steps"] == 6 and row["click NE"] > 0
     assert answer["config_differences"] == {
         "model.normalization": {"softmax": "softmax", "silu": "silu"},
         "train.seed": {"softmax": 0, "silu": 1}}
