@@ -206,9 +206,16 @@ def _repository_distributions() -> frozenset[str]:
 
 
 def _plugins():
-    from gem_core.plugins import build_plugins
+    """The trainer's own plugins only: neither GEM_DISABLE_PLUGINS nor another installed plugin
+    (its registrations, its `auto` answers) changes the page."""
+    import importlib.metadata
 
-    return build_plugins(disabled=())  # GEM_DISABLE_PLUGINS must not change the page
+    from gem_core.plugins import ENTRY_POINT_GROUP, build_plugins
+
+    shipped = _repository_distributions()
+    others = [entry.name for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+              if entry.dist is None or entry.dist.metadata["Name"] not in shipped]
+    return build_plugins(disabled=others)
 
 
 def _shipped_specs(plugins, kind: str) -> list:
