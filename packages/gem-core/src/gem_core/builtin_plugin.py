@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from gem_core import hookimpl
 from gem_core.contracts import ActivationCheckpointing, EmbeddingSharding
-from gem_core.registry import (RELATIVE_BIAS, SILU, SOFTMAX, TORCH_EXPORT, AutoContext,
-                                ImplementationSpec, lazy)
-TORCH_COMPILE = "torch_compile"
+from gem_core.registry import (RELATIVE_BIAS, SILU, SOFTMAX, TORCH_COMPILE, TORCH_EXPORT,
+                                AutoContext, ImplementationSpec, lazy)
 
 
 def _reference_attention():

@@ -31,3 +31,8 @@ with ``[model.embedding_optimizer]``: the tables are not parameters of the modul
 optimizer never sees them, no dense strategy reduces their gradients) and the module checkpoints
 its optimizer state as a :class:`gem_core.contracts.ShardedModule` (checked at start-up by
 :func:`gem_core.embedding.check_fused_optimizer`)."""
+
+TORCH_COMPILE = "torch_compile"
+"""``torch.compile`` traces the backend whole (``fullgraph``: no graph break, no data-dependent
+Python control flow; custom ops with fake implementations are fine) with dynamic token and batch
+dimensions: what ``train.compile`` needs of the run's attention backend."""

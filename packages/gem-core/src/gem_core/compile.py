@@ -33,13 +33,12 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.config import GemConfig
+from gem_core.capabilities import TORCH_COMPILE
 from gem_core.contracts import ActivationCheckpointing
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
 
-#: The attention capability a compiled run needs (:data:`gem_core.attention.TORCH_COMPILE`).
-TORCH_COMPILE = "torch_compile"
 
 #: ``train.compile_mode`` -> ``torch.compile``'s ``mode``.
 TORCH_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduce-overhead",

@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import attrs
 
-from gem_core.capabilities import MANAGED_IDS, RELATIVE_BIAS, SILU, SOFTMAX, TORCH_EXPORT
+from gem_core.capabilities import (FUSED_OPTIMIZER, MANAGED_IDS, RELATIVE_BIAS, SILU, SOFTMAX,
+                                   TORCH_COMPILE, TORCH_EXPORT)
 from gem_core.contracts import check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import KIND_TABLE, kind_named
@@ -28,7 +29,8 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
-DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, SOFTMAX, SILU, RELATIVE_BIAS, TORCH_EXPORT)
+DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, SOFTMAX, SILU,
+                                          RELATIVE_BIAS, TORCH_EXPORT, TORCH_COMPILE)
 """The capability names gem-core checks (:mod:`gem_core.capabilities`), re-exported here where
 plugins import them from."""
 

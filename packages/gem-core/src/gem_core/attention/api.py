@@ -13,7 +13,7 @@ from gem_core import contracts
 from gem_core.attention.choice import NORMALIZATIONS
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import check_offsets
-from gem_core.capabilities import TORCH_EXPORT
+from gem_core.capabilities import TORCH_COMPILE, TORCH_EXPORT
 
 Normalization = Literal["softmax", "silu"]
 
@@ -59,11 +59,6 @@ AttentionBackend = contracts.AttentionBackend
 """The contract of kind ``attention`` (:class:`gem_core.contracts.AttentionBackend`)."""
 
 
-
-#: The capability of a backend that ``torch.compile`` traces whole (``fullgraph``: no graph
-#: break, no data-dependent Python control flow; custom ops with fake implementations are fine)
-#: with dynamic token and batch dimensions: what ``train.compile`` needs of the run's attention.
-TORCH_COMPILE = "torch_compile"
 
 #: Every capability an attention backend may declare in its registration's ``capabilities``:
 #: the normalisations it computes and its optional features.
