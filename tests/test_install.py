@@ -110,7 +110,7 @@ def test_each_package_alone_resolves_to_the_pinned_cpu_stack():
         target = f"packages/{dist}[{extras}]" if extras else f"packages/{dist}"
         return _resolve([*index, "-r", "requirements/cpu.txt", "packages/gem-core", target])
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=len(CPU_INSTALLS)) as pool:
         resolved = dict(zip(CPU_INSTALLS, pool.map(resolve, CPU_INSTALLS)))
     for dist, found in resolved.items():
         _, expected = CPU_INSTALLS[dist]
