@@ -19,6 +19,9 @@ PACKAGES := gem-core[test] gem-data gem-kernels[triton,fbgemm-$(FLAVOUR)] \
             gem-parallel[torchrec,deepspeed] gem-precision[fp8]
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 FLAVOUR_FILE := requirements/$(FLAVOUR).txt
+ifeq ($(wildcard $(FLAVOUR_FILE)),)
+$(error FLAVOUR=$(FLAVOUR): there is no $(FLAVOUR_FILE); use FLAVOUR=cpu or FLAVOUR=cuda)
+endif
 INPUTS := requirements/stack.txt $(FLAVOUR_FILE) requirements/fbgemm-gpu-cpu-alias/pyproject.toml \
           $(wildcard packages/*/pyproject.toml) Makefile
 # the flavour file's torch and fbgemm-gpu pins (fbgemm-gpu-cpu is on PyPI)
@@ -35,7 +38,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 setup: $(STAMP)
 
 $(STAMP): $(INPUTS)
-	@test -f $(FLAVOUR_FILE) || { echo "FLAVOUR=$(FLAVOUR): no $(FLAVOUR_FILE) (use cpu or cuda)"; exit 2; }
 	@for other in $(VENV)/.installed-*; do \
 	  test ! -e "$$other" -o "$$other" = "$(STAMP)" || \
 	  { echo "$(VENV) holds another flavour ($$other): run make clean first"; exit 2; }; done
