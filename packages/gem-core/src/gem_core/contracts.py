@@ -170,6 +170,35 @@ class EmbeddingSharding(abc.ABC):
         """Written to ``summary.json`` under ``embedding_sharding`` (e.g. the plan per table)."""
         return {}
 
+    def step_runner(self, stream: TrainStream, *, model: nn.Module, schema: FeatureSchema,
+                    ctx: ParallelContext, options: Mapping[str, Any]) -> StepRunner:
+        """How the trainer's steps get their batches from ``stream`` once ``model`` (unwrapped,
+        after :meth:`apply`) is built: e.g. a pipeline that distributes the sparse inputs of the
+        next batch while this one computes. ``options``: ``[parallel.embedding]``. The default
+        runs each step on the stream's next batch, nothing ahead
+        (:class:`gem_core.train.step_pipeline.PlainSteps`)."""
+        from gem_core.train.step_pipeline import PlainSteps
+
+        return PlainSteps(stream)
+
+
+class StepRunner(abc.ABC):
+    """Runs the trainer's steps over the training stream (what
+    :meth:`EmbeddingSharding.step_runner` returns). A runner may fetch batches ahead of the one
+    it trains (a pipeline); :meth:`data_position` is then still the stream's position right
+    after the last batch *trained*, so a checkpoint resumes with the exact next batch
+    (:class:`gem_core.train.step_pipeline.PositionedBatches` records it)."""
+
+    @abc.abstractmethod
+    def run_step(self, step: Callable[[JaggedBatch], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``step`` (forward, loss, backward and optimizer step of one batch, returning its
+        metrics record) on the next batch and return its record. Every rank calls it together."""
+
+    @abc.abstractmethod
+    def data_position(self) -> dict[str, Any]:
+        """The stream's ``state_dict()`` as it was right after the last batch trained (before
+        any step: the stream's own)."""
+
 
 class ActivationCheckpointing(abc.ABC):
     """Recomputes chosen activations in the backward instead of storing them (kind

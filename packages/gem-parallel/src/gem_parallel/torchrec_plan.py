@@ -28,6 +28,9 @@ NOT_OFFERED = {
 
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
 
+PIPELINES = ("none", "sparse-dist", "semi-sync")
+"""``[parallel.embedding] pipeline``: the train pipelines offered (see ``TorchRecOptions``)."""
+
 
 def _plan_validator(instance: Any, attribute: Any, value: Mapping[str, str]) -> None:
     for table, kind in value.items():
@@ -65,6 +68,14 @@ class TorchRecOptions:
 
     eps: float = attrs.field(default=1e-8, validator=attrs.validators.gt(0))
     """Row-wise Adagrad's epsilon."""
+
+    pipeline: str = attrs.field(default="none", validator=attrs.validators.in_(PIPELINES))
+    """How steps overlap the lookups' communication (:mod:`gem_parallel.torchrec_pipeline`):
+    ``none``, each step distributes its own ids; ``sparse-dist``, TorchRec's
+    ``TrainPipelineSparseDist`` sends the ids of the next batch to the tables' owners while
+    this batch computes (same numbers as ``none``); ``semi-sync``, TorchRec's
+    ``TrainPipelineSemiSync`` also looks up the next batch's vectors before this batch's sparse
+    update (the lookups are one step stale: close to ``none``, not equal)."""
 
 
 def parse_options(options: Mapping[str, Any]) -> TorchRecOptions:

@@ -82,11 +82,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.contracts import EmbeddingSharding, LearningRateFollower, ShardedModule
+from gem_core.contracts import (EmbeddingSharding, LearningRateFollower, ShardedModule,
+                               StepRunner, TrainStream)
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
+from gem_core.schema import FeatureSchema
 from gem_core.plan_estimate import (GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Estimate, MemoryRow,
                                     PlanFacts)
 from gem_parallel import torchrec_state
@@ -385,6 +387,13 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         if self._full is not None:
             self._full = self.full_tables()
 
+    def sharded_modules(self) -> nn.Module:
+        """The sharded TorchRec modules (``ebc``: pooled tables, ``ec``: sequence tables, None
+        when there are none; ``pooled_keys``, ``sequence_keys``), for the train pipelines of
+        :mod:`gem_parallel.torchrec_pipeline`."""
+        self._require_shards("pipelined")
+        return self._sharded
+
     def _require_shards(self, what: str) -> None:
         if self._local or self._sharded is None:
             raise RuntimeError(f"a local copy of a TorchRec-sharded embedding collection owns no "
@@ -398,6 +407,8 @@ class TorchRecSharding(EmbeddingSharding):
     def __init__(self) -> None:
         self.plan: dict[str, dict[str, Any]] = {}
         self.options: TorchRecOptions | None = None
+        self.pipeline: Any = None
+        """The ``PipelinedSteps`` of ``[parallel.embedding] pipeline`` (None: ``none``)."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, options: Mapping[str, Any]):
         opts = parse_options(options)
@@ -466,6 +477,20 @@ class TorchRecSharding(EmbeddingSharding):
                                             for t in tables.values())},
             tables=tables)
 
+    def step_runner(self, stream: TrainStream, *, model: nn.Module, schema: FeatureSchema,
+                    ctx: ParallelContext, options: Mapping[str, Any]) -> StepRunner:
+        """``pipeline = "none"``: one step at a time; otherwise the steps run through TorchRec's
+        train pipeline of that name (:mod:`gem_parallel.torchrec_pipeline`)."""
+        opts = parse_options(options)
+        if opts.pipeline == "none":
+            return super().step_runner(stream, model=model, schema=schema, ctx=ctx,
+                                       options=options)
+        from gem_parallel.torchrec_pipeline import PipelinedSteps
+
+        self.pipeline = PipelinedSteps(stream, model.embeddings, schema=schema, ctx=ctx,
+                                       kind=opts.pipeline, options=opts)
+        return self.pipeline
+
     def summary(self) -> dict[str, Any]:
         """The plan per table and the sparse optimizer, for ``summary.json``."""
         if self.options is None:
@@ -473,4 +498,5 @@ class TorchRecSharding(EmbeddingSharding):
         return {"plan": self.plan,
                 "sparse_optimizer": {"name": self.options.optimizer, "lr": self.options.lr,
                                      "lr_schedule": self.options.lr_schedule,
-                                     "fused_in_backward": True}}
+                                     "fused_in_backward": True},
+                **({} if self.pipeline is None else {"pipeline": self.pipeline.summary()})}

@@ -168,6 +168,10 @@ class _Trainer:
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
                               if isinstance(m, LearningRateFollower)]
         self.stream = self.source.train_stream(**self.stream_args)
+        # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
+        self.steps = self.backends.embedding_sharding.impl.step_runner(
+            self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
+            options=config.parallel.embedding)
         self.step = 0
         self.guard = StepGuard(self.tc)
         self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
@@ -248,7 +252,7 @@ class _Trainer:
         log.warning("rolled back to %s (step %d); the batches since are skipped", path, step)
 
     def _save(self) -> None:
-        data_states = _gather_objects(self.stream.state_dict(), self.ctx)
+        data_states = _gather_objects(self.steps.data_position(), self.ctx)  # last trained
         rng_states = _gather_objects(_rng_state(), self.ctx)
         last = self.eval_history[-1] if self.eval_history else None
         ne = (statistics.fmean(last[t]["ne"] for t in self.schema.tasks)
@@ -289,7 +293,7 @@ class _Trainer:
                       run_dir=self.run_dir.path)
         self.engine.train()
         while self.step < stop:
-            record = self._train_step(next(self.stream), peak)
+            record = self.steps.run_step(lambda batch: self._train_step(batch, peak))
             if self.guard.must_roll_back:
                 self._roll_back()
                 bar.update_to(self.step)
