@@ -28,6 +28,9 @@ from gem_parallel.plan import GIB, Layout, plan
               help="ep, deepspeed-moe: ranks per expert-parallel group (default: all).")
 @click.option("--expert-fsdp", is_flag=True,
               help="ep: experts FSDP-sharded over their copies.")
+@click.option("--sharding-group-size", type=click.IntRange(min=1), default=None,
+              help="torchrec: the 2D sparse layout (parallel.embedding.layout=2d), tables "
+                   "sharded over groups of this many ranks and replicated across the groups.")
 @click.option("--activation-checkpointing", default="none", show_default=True,
               help="Activation-checkpointing policy (none, full, selective or another "
                    "registered one).")
@@ -38,22 +41,24 @@ from gem_parallel.plan import GIB, Layout, plan
 def plan_command(click_ctx: click.Context, preset: str | None, config_file: str | None,
                  overrides: tuple[str, ...], gpus: int, gpu_memory: float, sharding: str,
                  embedding_sharding: str, hsdp_shard: int | None, ep_size: int | None,
-                 expert_fsdp: bool, activation_checkpointing: str, bf16: bool,
-                 as_json: bool) -> None:
+                 expert_fsdp: bool, sharding_group_size: int | None,
+                 activation_checkpointing: str, bf16: bool, as_json: bool) -> None:
     """Memory per rank and communication per step of a layout, computed on this machine."""
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
 
     config = load_config(preset=preset, path=config_file, overrides=overrides)
     # The config's own strategy options apply when the layout uses its strategy.
+    embedding_options = dict(config.parallel.embedding
+                             if embedding_sharding == config.backends.embedding_sharding else {})
+    if sharding_group_size is not None:
+        embedding_options.update(layout="2d", sharding_group_size=sharding_group_size)
     layout = Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
                     embedding=embedding_sharding, hsdp_shard=hsdp_shard, ep_size=ep_size,
                     expert_fsdp=expert_fsdp,
                     dense_options=(config.parallel.dense
                                    if sharding == config.backends.dense_sharding else {}),
-                    embedding_options=(config.parallel.embedding
-                                       if embedding_sharding == config.backends.embedding_sharding
-                                       else {}),
+                    embedding_options=embedding_options,
                     activation_checkpointing=activation_checkpointing,
                     activation_bytes=2 if bf16 else 4)
     result = plan(config, layout, build_plugins())
@@ -84,6 +89,12 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
         verdict = f"{'the estimated part fits' if result['fits'] else 'does NOT fit'}"
     click.echo(f"{verdict} in {result['budget_bytes'] / GIB:.1f} GiB "
                f"({layout.headroom:.0%} of each GPU)")
+    sparse = result.get("sparse_layout")
+    if sparse is not None:
+        click.echo(f"2D sparse layout: {sparse['sharding_groups']} sharding group(s) of "
+                   f"{sparse['sharding_group_size']} ranks; each rank averages "
+                   f"{_size(sparse['sync_bytes_per_rank'])} with its replicas every "
+                   f"{sparse['sync_every']} step(s)")
     comm = result["communication_bytes_per_rank_per_step"]
     click.echo("sent per rank per step: " + ", ".join(
         f"{name.replace('_', ' ')} {_size(value)}" for name, value in comm.items()))

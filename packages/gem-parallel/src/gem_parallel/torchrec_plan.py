@@ -17,14 +17,35 @@ SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 """Sharding types this strategy offers (TorchRec's names), where TorchRec's sharders offer them
 (see :func:`offered_types`: no ``row_wise`` for pooled tables on CPU)."""
 
+MULTI_NODE_TYPES = ("table_row_wise", "grid_shard")
+"""Sharding types that follow the node layout of the launch, offered only when a plan names
+them and the run has more than one node: ``table_row_wise`` puts a table on one node and
+splits its rows over that node's ranks (the lookups' partial bags are summed inside the node,
+only the pooled vectors cross nodes); ``grid_shard`` splits a table's columns over the nodes and
+the rows of each column block over a node's ranks. Pooled tables only (TorchRec's
+``EmbeddingCollection`` has neither)."""
+
 NOT_OFFERED = {
     "data_parallel": "it replicates the table and leaves its gradient to the dense strategy; use "
                      "--embedding-sharding replicated for that",
-    "table_row_wise": "it shards within a node's ranks and needs a multi-node topology; with one "
-                      "node it is row_wise",
-    "table_column_wise": "with one node it is column_wise",
-    "grid_shard": "it needs a multi-node topology",
+    "table_column_wise": "column_wise already keeps a table's column shards where the planner "
+                         "puts them",
 }
+
+ONE_NODE = {
+    "table_row_wise": "it splits a table's rows over the ranks of one node and places tables "
+                      "on nodes; with one node that is row_wise",
+    "grid_shard": "it splits a table's columns over the nodes and each column block's rows over "
+                  "a node's ranks; with one node that is row_wise",
+}
+"""Why a multi-node type is refused when the run has one node."""
+
+CPU_GRID_SHARD = (
+    "TorchRec 1.8's grid-sharded lookups over gloo do not equal the unsharded table's "
+    "(measured on 2 nodes x 2 CPU ranks: pooled outputs off by up to 0.4 with unit-scale "
+    "weights, while table_row_wise agreed to 1e-7); it is offered on CUDA, or use "
+    "table_row_wise or column_wise on CPU")
+"""Why ``grid_shard`` is refused on CPU."""
 
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
 
@@ -37,12 +58,15 @@ def _plan_validator(instance: Any, attribute: Any, value: Mapping[str, str]) -> 
         if kind in NOT_OFFERED:
             raise ValueError(f"table {table!r}: sharding type {kind!r} is not offered: "
                              f"{NOT_OFFERED[kind]}")
-        if kind not in SHARDING_TYPES:
+        if kind not in SHARDING_TYPES + MULTI_NODE_TYPES:
             raise ValueError(f"table {table!r}: unknown sharding type {kind!r}; choose one of "
-                             f"{', '.join(SHARDING_TYPES)}")
+                             f"{', '.join(SHARDING_TYPES + MULTI_NODE_TYPES)}")
 
 
 LR_SCHEDULES = ("constant", "dense")
+
+SPARSE_LAYOUTS = ("model_parallel", "2d")
+"""``[parallel.embedding] layout``: tables over all ranks, or TorchRec's 2D layout."""
 
 
 @attrs.frozen(kw_only=True)
@@ -50,8 +74,9 @@ class TorchRecOptions:
     """``[parallel.embedding]`` of ``torchrec``."""
 
     plan: dict[str, str] = attrs.field(factory=dict, validator=_plan_validator)
-    """Sharding type forced per table (``table_wise``, ``row_wise`` or ``column_wise``); the
-    planner chooses for the others, and the ranks for all."""
+    """Sharding type forced per table (``table_wise``, ``row_wise`` or ``column_wise``; with
+    more than one node also ``table_row_wise`` and, on CUDA, ``grid_shard`` for pooled tables);
+    the planner chooses among the first three for the others, and the ranks for all."""
 
     optimizer: str = attrs.field(default="rowwise_adagrad",
                                  validator=attrs.validators.in_(SPARSE_OPTIMIZERS))
@@ -77,6 +102,26 @@ class TorchRecOptions:
     ``TrainPipelineSemiSync`` also looks up the next batch's vectors before this batch's sparse
     update (the lookups are one step stale: close to ``none``, not equal)."""
 
+    layout: str = attrs.field(default="model_parallel",
+                              validator=attrs.validators.in_(SPARSE_LAYOUTS))
+    """``model_parallel``: every table sharded over all ranks; ``2d``: sharded over a group of
+    ``sharding_group_size`` ranks and replicated over the ``world / sharding_group_size`` groups,
+    the replicas averaged every ``sync_every`` steps (TorchRec's ``DMPCollection`` layout, see
+    :mod:`gem_parallel.torchrec_2d`)."""
+
+    sharding_group_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    """``layout = "2d"``: ranks per sharding group (it must divide the number of ranks);
+    required there, refused with ``model_parallel``."""
+
+    sync_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    """``layout = "2d"``: average the replicas every this many steps (TorchRec's train
+    pipeline default: 1); checkpoints and evaluations average them first whatever the count."""
+
+    sync_optimizer_state: bool = True
+    """``layout = "2d"``: average the fused optimizer's state (row-wise Adagrad's sums) with the
+    weights, as ``DMPCollection.sync()`` does by default."""
+
 
 def parse_options(options: Mapping[str, Any]) -> TorchRecOptions:
     return structure(TorchRecOptions, dict(options), "parallel.embedding")
@@ -90,24 +135,49 @@ def fused_optimizer(options: TorchRecOptions) -> tuple[type, dict[str, Any]]:
     return RowWiseAdagrad, {"lr": options.lr, "eps": options.eps}
 
 
-def offered_types(pooled: bool, device_type: str) -> list[str]:
-    """The sharding types of :data:`SHARDING_TYPES` that TorchRec's sharder offers for a pooled
-    (``EmbeddingBagCollection``) or sequence (``EmbeddingCollection``) table on ``device_type``.
+def sharders() -> list[Any]:
+    """The sharders of the pooled and the sequence tables' TorchRec modules."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    class PooledTablesSharder(EmbeddingBagCollectionSharder):
+        """TorchRec's sharder of pooled tables, plus ``table_row_wise`` on CPU: TorchRec 1.8
+        offers it on CUDA only, but its intra-node reduce-scatter runs over gloo (torch 2.13)
+        and the lookups, gradients and checkpoints agree with one process (measured and tested
+        on 2 nodes x 2 CPU ranks)."""
+
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            types = list(super().sharding_types(compute_device_type))
+            if compute_device_type == "cpu" and "table_row_wise" not in types:
+                types.append("table_row_wise")
+            return types
+
+    return [PooledTablesSharder(), EmbeddingCollectionSharder()]
+
+
+def offered_types(pooled: bool, device_type: str, num_nodes: int = 1) -> list[str]:
+    """The sharding types a plan may name for a pooled (``EmbeddingBagCollection``) or sequence
+    (``EmbeddingCollection``) table on ``device_type``: those of :data:`SHARDING_TYPES` that
+    TorchRec's sharder offers, and with more than one node those of :data:`MULTI_NODE_TYPES`.
 
     TorchRec 1.8's ``EmbeddingBagCollectionSharder`` offers ``row_wise`` for pooled tables on
     CUDA only; its ``EmbeddingCollectionSharder`` offers it on CPU too.
     """
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    sharder = EmbeddingBagCollectionSharder() if pooled else EmbeddingCollectionSharder()
-    offered = set(sharder.sharding_types(device_type))
-    return [kind for kind in SHARDING_TYPES if kind in offered]
+    pooled_sharder, sequence_sharder = sharders()
+    offered = set((pooled_sharder if pooled else sequence_sharder).sharding_types(device_type))
+    kinds = SHARDING_TYPES + (MULTI_NODE_TYPES if num_nodes > 1 else ())
+    return [kind for kind in kinds if kind in offered]
 
 
 def planner_constraints(tables: Sequence[EmbeddingTableConfig], options: TorchRecOptions,
-                 world_size: int, device_type: str) -> dict[str, Any]:
+                        world_size: int, device_type: str, *,
+                        local_world_size: int | None = None) -> dict[str, Any]:
+    """The planner's constraints per table, after checking the forced plan against the tables,
+    the device and the node layout (``local_world_size`` ranks per node; None: one node)."""
     from torchrec.distributed.planner.types import ParameterConstraints
+
+    local_world_size = local_world_size or world_size
+    num_nodes = world_size // local_world_size
 
     unknown = sorted(set(options.plan) - {t.name for t in tables})
     if unknown:
@@ -117,8 +187,16 @@ def planner_constraints(tables: Sequence[EmbeddingTableConfig], options: TorchRe
     constraints = {}
     for table in tables:
         pooled = table.pooling != "none"
-        offered = offered_types(pooled, device_type)
+        offered = offered_types(pooled, device_type, num_nodes)
         kind = options.plan.get(table.name)
+        if kind in MULTI_NODE_TYPES and num_nodes == 1:
+            raise GemConfigError(
+                f"parallel.embedding.plan: table {table.name!r} cannot be {kind} on one node "
+                f"({world_size} rank(s)): {ONE_NODE[kind]}. It needs a launch of several nodes "
+                "(gem train --nnodes N ...)")
+        if kind == "grid_shard" and device_type == "cpu":
+            raise GemConfigError(f"parallel.embedding.plan: table {table.name!r} cannot be "
+                                 f"grid_shard on cpu: {CPU_GRID_SHARD}")
         if kind is not None and kind not in offered:
             module = "EmbeddingBagCollection" if pooled else "EmbeddingCollection"
             why = (" (row-wise pooling sums partial bags with a reduce-scatter, which TorchRec "
@@ -136,6 +214,10 @@ def planner_constraints(tables: Sequence[EmbeddingTableConfig], options: TorchRe
             raise GemConfigError(
                 f"parallel.embedding.plan: table {table.name!r} is row_wise but has "
                 f"{table.num_embeddings} rows for {world_size} ranks")
+        if kind in MULTI_NODE_TYPES and table.num_embeddings < local_world_size:
+            raise GemConfigError(
+                f"parallel.embedding.plan: table {table.name!r} is {kind} but has "
+                f"{table.num_embeddings} rows for the {local_world_size} ranks of a node")
         # column_wise: one shard per rank (TorchRec's default minimum shard width, 128, would
         # leave a narrow table in one piece on one rank).
         constraints[table.name] = ParameterConstraints(

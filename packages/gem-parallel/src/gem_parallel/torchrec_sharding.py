@@ -91,7 +91,7 @@ from gem_core.jagged import Jagged
 from gem_core.schema import FeatureSchema
 from gem_core.plan_estimate import (GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Estimate, MemoryRow,
                                     PlanFacts)
-from gem_parallel import torchrec_state
+from gem_parallel import torchrec_2d, torchrec_state
 from gem_parallel.torchrec_managed import ManagedEmbeddingCollection, remap_features
 from gem_parallel.torchrec_plan import (
     TorchRecOptions,
@@ -100,6 +100,8 @@ from gem_parallel.torchrec_plan import (
     parse_options,
     planner_constraints,
 )
+from gem_parallel.torchrec_plan import sharders as torchrec_sharders
+from gem_parallel.torchrec_2d import ReplicaSync, TwoDimGroups
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +123,18 @@ def _scale_grad(x: Tensor, scale: float) -> Tensor:
     return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
 
 
-def _kjt(features: Mapping[str, Jagged], keys: Sequence[str]) -> Any:
+def _kjt(features: Mapping[str, Jagged], keys: Sequence[str], pad_rows: int = 0) -> Any:
+    """The features as one ``KeyedJaggedTensor``; ``pad_rows`` empty requests appended."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    def lengths(key: str) -> Tensor:
+        own = features[key].lengths().to(torch.int64)
+        return torch.cat([own, own.new_zeros(pad_rows)]) if pad_rows else own
 
     return KeyedJaggedTensor.from_lengths_sync(
         keys=list(keys),
         values=torch.cat([features[k].values.to(torch.int64) for k in keys]),
-        lengths=torch.cat([features[k].lengths().to(torch.int64) for k in keys]),
+        lengths=torch.cat([lengths(k) for k in keys]),
     )
 
 
@@ -188,6 +195,14 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         self._root: Callable[[], nn.Module | None] | None = None
         """Weak reference to the model holding this collection (for the dense dtype)."""
         self._world_size, self._rank, self._device = 1, 0, torch.device("cpu")
+        self._equal_pooled_batches = False
+        """Pad the pooled lookups to the largest batch of any rank (see :meth:`_pad_rows`)."""
+        self._group: Any = None
+        """The process group the tables are sharded over (None: every rank; layout "2d": this
+        rank's sharding group), of ``_group_size`` ranks."""
+        self._group_size = 1
+        self._replicas: ReplicaSync | None = None
+        """Layout "2d": averages this rank's shards with their replicas in the other groups."""
         self.remappers = nn.ModuleDict()
         """Managed tables' id remappers, taken over from the ``torchrec-managed`` collection
         (a child module: in the model's state dict, identical on every rank)."""
@@ -196,9 +211,8 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
 
     @classmethod
     def shard(cls, reference: nn.Module, *, ctx: ParallelContext, options: TorchRecOptions,
-              constraints: Mapping[str, Any]) -> ShardedEmbeddingCollection:
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+              constraints: Mapping[str, Any], two_d: TwoDimGroups | None = None
+              ) -> ShardedEmbeddingCollection:
         from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
         from torchrec.distributed.shard import shard_modules
         from torchrec.distributed.types import ShardingEnv
@@ -210,6 +224,7 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
             self.remappers = reference.remappers
         self.train(reference.training)
         self._world_size, self._rank, self._device = ctx.world_size, ctx.rank, ctx.device
+        self._group_size = ctx.world_size
         self._optimizer = options.optimizer
         self._lr, self._lr_schedule = options.lr, options.lr_schedule
         weights = {name: reference.tables[name].weight.detach().to(ctx.device)
@@ -218,18 +233,27 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         module = _TorchRecTables(tables, torch.device("meta"))
         optimizer_class, optimizer_kwargs = fused_optimizer(options)
         apply_optimizer_in_backward(optimizer_class, module.parameters(), optimizer_kwargs)
-        sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
-        topology = Topology(world_size=ctx.world_size, compute_device=ctx.device.type,
-                            local_world_size=ctx.world_size)
-        planner = EmbeddingShardingPlanner(
-            topology=topology, constraints=dict(constraints))
-        pg = dist.group.WORLD
-        # Rank 0 plans and broadcasts, so every rank shards the same way.
-        plan = planner.collective_plan(module, sharders, pg)
-        env = ShardingEnv.from_process_group(pg)
+        sharders = torchrec_sharders()
+        if two_d is not None:  # layout "2d": one group's plan, in this rank's group
+            plan, env = two_d.plan(module, sharders, constraints)
+        else:
+            # The launch's node layout: table_row_wise and grid_shard place shards node by node.
+            topology = Topology(world_size=ctx.world_size, compute_device=ctx.device.type,
+                                local_world_size=ctx.local_world_size)
+            planner = EmbeddingShardingPlanner(
+                topology=topology, constraints=dict(constraints))
+            pg = dist.group.WORLD
+            # Rank 0 plans and broadcasts, so every rank shards the same way.
+            plan = planner.collective_plan(module, sharders, pg)
+            env = ShardingEnv.from_process_group(pg)
         sharded = shard_modules(module, env=env, plan=plan, sharders=sharders, device=ctx.device)
         self.__dict__["_sharded"] = sharded
+        if two_d is not None:
+            self._replicas = ReplicaSync(sharded, two_d)
+            self._group, self._group_size = two_d.sharding_pg, two_d.layout.group_size
         self.plan = describe_plan(plan)
+        self._equal_pooled_batches = ctx.device.type == "cpu" and ctx.is_distributed and any(
+            info["sharding_type"] == "table_row_wise" for info in self.plan.values())
         # Sharding initialises the shards afresh: start from the reference's weights instead.
         self._copy_into_shards(weights)
         return self
@@ -277,11 +301,16 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
 
         sharded = self._sharded
         out: dict[str, Tensor] = {}
-        # TorchRec's backward all-to-all divides by the world size, as DDP/FSDP2 average.
-        scale = 1.0 if get_gradient_division() else 1.0 / self._world_size
+        if self._replicas is not None:  # layout "2d": the previous step's update is in
+            self._replicas.before_training_step()
+        # TorchRec's backward all-to-all divides by the ranks of the group the tables are
+        # sharded over (all of them, or a 2D sharding group), as DDP/FSDP2 average.
+        scale = 1.0 if get_gradient_division() else 1.0 / self._group_size
         if sharded.ebc is not None:
-            pooled = sharded.ebc(_kjt(features, sharded.pooled_keys)).to_dict()
-            out.update({k: _scale_grad(v, scale) for k, v in pooled.items()})
+            batch = features[sharded.pooled_keys[0]].lengths().numel()
+            pad = self._pad_rows(batch)
+            pooled = sharded.ebc(_kjt(features, sharded.pooled_keys, pad)).to_dict()
+            out.update({k: _scale_grad(v[:batch], scale) for k, v in pooled.items()})
         if sharded.ec is not None:
             sequences = sharded.ec(_kjt(features, sharded.sequence_keys))
             out.update({k: _scale_grad(v.values(), scale) for k, v in sequences.items()})
@@ -292,6 +321,19 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
             # it; their gradients come back through the cast in float32.
             out = {k: v.to(dtype) for k, v in out.items()}
         return out
+
+    def _pad_rows(self, batch: int) -> int:
+        """Empty requests to append so that every rank looks up as many pooled bags (a
+        collective: every rank calls it in every training forward). TorchRec sums a
+        ``table_row_wise`` table's partial bags with a reduce-scatter inside the node; with
+        batches of different sizes (the balancer's) it is a variable-size one whose backward
+        all-gathers tensors of different sizes, which gloo cannot (NCCL can): on CPU the ranks
+        pad to the largest batch. Empty bags pool to zero and take no gradient."""
+        if not self._equal_pooled_batches:
+            return 0
+        largest = torch.tensor([batch])
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return int(largest) - batch
 
     def _dense_dtype(self) -> torch.dtype | None:
         """The dtype the model's (unsharded) dense parameters have during this forward."""
@@ -332,11 +374,13 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
 
     def full_tables(self) -> dict[str, Tensor]:
         """Every table in full on every rank (an all-gather of the shards: collective)."""
+        if self._replicas is not None:  # layout "2d": the groups' copies agree first
+            self._replicas.sync_pending()
         local = [(t, o, x.detach().cpu().clone()) for t, o, x in self._local_shards()]
         gathered: list[Any] = [local]
-        if self._world_size > 1:
-            gathered = [None] * self._world_size
-            dist.all_gather_object(gathered, local)
+        if self._group_size > 1:  # every shard once: from the ranks of this rank's group
+            gathered = [None] * self._group_size
+            dist.all_gather_object(gathered, local, group=self._group)
         full = {name: torch.empty(c.num_embeddings, c.dim)
                 for name, c in self.table_configs.items()}
         covered = {name: 0 for name in full}
@@ -367,8 +411,11 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
     def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
         """The tables and their fused-optimizer state as live ``ShardedTensor``s, named as
         :mod:`gem_parallel.torchrec_state` says; DCP writes each rank's shards and loads into
-        them in place. Every rank calls it together."""
+        them in place. Every rank calls it together (layout "2d": the groups' copies are
+        averaged first, so that the one DCP writes of each shard is their common value)."""
         self._require_shards("saved or loaded")
+        if self._replicas is not None:
+            self._replicas.sync_pending()
         return torchrec_state.checkpoint_state(self._sharded)
 
     def checkpoint_layout(self) -> dict[str, Any]:
@@ -384,6 +431,8 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
     def checkpoint_loaded(self) -> None:
         """After DCP loaded into the shards: a gathered evaluation copy follows them (collective,
         as loading is)."""
+        if self._replicas is not None:  # every group loaded the same values
+            self._replicas.mark_synced()
         if self._full is not None:
             self._full = self.full_tables()
 
@@ -407,6 +456,9 @@ class TorchRecSharding(EmbeddingSharding):
     def __init__(self) -> None:
         self.plan: dict[str, dict[str, Any]] = {}
         self.options: TorchRecOptions | None = None
+        self.layout: torchrec_2d.SparseLayout | None = None
+        self._collection: ShardedEmbeddingCollection | None = None
+        self.shard_bytes: list[dict[str, int]] = []
         self.pipeline: Any = None
         """The ``PipelinedSteps`` of ``[parallel.embedding] pipeline`` (None: ``none``)."""
 
@@ -426,8 +478,12 @@ class TorchRecSharding(EmbeddingSharding):
                 "'torchrec' takes their remappers from the 'torchrec-managed' embedding backend; "
                 f"this model's embeddings are a {type(reference).__name__}")
         # The plan is checked first, so that a mistake in it is named whatever the launch.
-        constraints = planner_constraints(list(reference.table_configs.values()), opts,
-                                          ctx.world_size, ctx.device.type)
+        # Layout "2d" plans one sharding group (its ranks as one node).
+        layout = torchrec_2d.resolve(opts, ctx.world_size)
+        constraints = planner_constraints(
+            list(reference.table_configs.values()), opts,
+            ctx.world_size if layout is None else layout.group_size, ctx.device.type,
+            local_world_size=ctx.local_world_size if layout is None else layout.group_size)
         if ctx.device.type not in ("cpu", "cuda"):
             raise GemConfigError(f"embedding_sharding 'torchrec' runs on cpu or cuda, not "
                                  f"{ctx.device.type}")
@@ -437,11 +493,20 @@ class TorchRecSharding(EmbeddingSharding):
             # checkpoint of several ranks continues here with its sparse optimizer state rather
             # than switching the tables to AdamW. The trainer's shutdown ends the group.
             single_process_group(ctx)
+        # One group (G = every rank) is the model-parallel layout: no replicas to average.
+        two_d = (torchrec_2d.TwoDimGroups(layout, ctx.device)
+                 if layout is not None and layout.groups > 1 else None)
         sharded = ShardedEmbeddingCollection.shard(reference, ctx=ctx, options=opts,
-                                                   constraints=constraints)
+                                                   constraints=constraints, two_d=two_d)
         sharded._root = weakref.ref(model)
         model.embeddings = sharded
         self.plan, self.options = sharded.plan, opts
+        self.layout, self._collection = layout, sharded
+        self.shard_bytes = torchrec_2d.gather_shard_bytes(sharded, ctx.world_size)
+        if ctx.is_main and layout is not None:
+            log.info("torchrec layout 2d: %d sharding group(s) of %d ranks %s, replicas "
+                     "averaged every %d step(s)", layout.groups, layout.group_size,
+                     layout.group_ranks(), layout.sync_every)
         if ctx.is_main:
             for table, info in sharded.plan.items():
                 log.info("torchrec plan: table %s %s on ranks %s (shards %s)", table,
@@ -457,7 +522,8 @@ class TorchRecSharding(EmbeddingSharding):
         the table owners and their gradients come back: a forward and a backward all-to-all of
         one vector per id of every sequence feature and one per bag of a pooled feature."""
         opts = parse_options(options)
-        n = facts.world_size
+        layout = torchrec_2d.resolve(opts, facts.world_size)  # "2d": one group's ranks
+        n = facts.world_size if layout is None else layout.group_size
         state_per_row = 4 if opts.optimizer == "rowwise_adagrad" else 0
         rows = sum(t.num_embeddings for t in facts.tables)
         tables: dict[str, dict[str, Any]] = {}
@@ -469,13 +535,14 @@ class TorchRecSharding(EmbeddingSharding):
                 "comm_bytes_per_rank_per_step": int(2 * (n - 1) / n * table.vectors_per_request
                                                     * facts.requests * table.dim * 4)}
         embedding = facts.embedding_parameters
-        return Estimate(
+        estimate = Estimate(
             memory={"embedding_params": MemoryRow(PARAMETERS, embedding * 4 / n),
                     "embedding_grads": MemoryRow(GRADIENTS, 0),
                     "embedding_optimizer": MemoryRow(OPTIMIZER_STATE, rows * state_per_row / n)},
             communication={"embedding": sum(t["comm_bytes_per_rank_per_step"]
                                             for t in tables.values())},
             tables=tables)
+        return estimate if layout is None else torchrec_2d.with_replica_sync(estimate, layout)
 
     def step_runner(self, stream: TrainStream, *, model: nn.Module, schema: FeatureSchema,
                     ctx: ParallelContext, options: Mapping[str, Any]) -> StepRunner:
@@ -499,4 +566,8 @@ class TorchRecSharding(EmbeddingSharding):
                 "sparse_optimizer": {"name": self.options.optimizer, "lr": self.options.lr,
                                      "lr_schedule": self.options.lr_schedule,
                                      "fused_in_backward": True},
+                # Measured: bytes of every rank's shards (weights, fused-optimizer state).
+                "shard_bytes_per_rank": self.shard_bytes,
+                **({} if self.layout is None else
+                   {"sparse_layout": torchrec_2d.run_report(self.layout, self._collection)}),
                 **({} if self.pipeline is None else {"pipeline": self.pipeline.summary()})}
