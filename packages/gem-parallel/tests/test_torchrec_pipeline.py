@@ -129,5 +129,42 @@ def test_semi_sync_pipeline_learns(runs):
         assert evals[-1][task]["ne"] < evals[0][task]["ne"]
 
 
+# -- refusals (no process group) ----------------------------------------------------------------
+
+def test_an_unknown_pipeline_is_refused_naming_the_choices():
+    from gem_core.errors import GemConfigError
+    from gem_parallel.torchrec_plan import parse_options
+
+    with pytest.raises(GemConfigError, match="parallel.embedding.pipeline") as error:
+        parse_options({"pipeline": "async"})
+    assert "'async'" in str(error.value)
+    assert "sparse-dist" in str(error.value) and "semi-sync" in str(error.value)
+
+
+@pytest.mark.parametrize("kind", ["sparse-dist", "semi-sync"])
+def test_managed_tables_refuse_a_pipeline(kind):
+    from types import SimpleNamespace
+
+    from gem_core.errors import GemConfigError
+    from gem_parallel.torchrec_pipeline import PipelinedSteps
+
+    collection = SimpleNamespace(remappers={"ads": object(), "users": object()})
+    with pytest.raises(GemConfigError, match=f"pipeline = '{kind}' cannot run with table"
+                                             r"\(s\) ads, users of id_policy 'managed'"):
+        PipelinedSteps(iter(()), collection, schema=None, ctx=None, kind=kind,
+                       options=SimpleNamespace(layout="model_parallel"))
+
+
+def test_semi_sync_refuses_the_2d_layout():
+    from types import SimpleNamespace
+
+    from gem_core.errors import GemConfigError
+    from gem_parallel.torchrec_pipeline import PipelinedSteps
+
+    with pytest.raises(GemConfigError, match="'semi-sync' cannot run with layout = '2d'"):
+        PipelinedSteps(iter(()), SimpleNamespace(remappers={}), schema=None, ctx=None,
+                       kind="semi-sync", options=SimpleNamespace(layout="2d"))
+
+
 if __name__ == "__main__":
     _worker(sys.argv[1])
