@@ -19,3 +19,10 @@ def test_scaling_ratio_from_real_runs(gem):
     assert runs[2]["scaling_ratio"] == pytest.approx(ratio)
     assert runs[2]["e2e_mfu"] == pytest.approx(runs[2]["local_mfu"] * ratio)
     assert 0 < ratio < 3  # a sanity bound on a shared 2-core machine, not a speed goal
+
+
+def test_nnodes_adds_the_largest_node_size_on_several_nodes():
+    from gem_parallel.bench_scaling import layouts
+
+    assert layouts((2,), 2) == [(1, 1), (1, 2), (2, 4)]  # 1x1, 1x2, 2x2
+    assert layouts((1, 2, 4), 1) == [(1, 1), (1, 2), (1, 4)]

@@ -87,17 +87,19 @@ def test_sharded_run_matches_one_process(gem, tmp_path, single_process, sharding
         assert summary["eval"][task]["ne"] == pytest.approx(report["ne"], rel=1e-4)
 
 
-def test_hsdp_mesh_shape_comes_from_options_and_must_cover_the_ranks(monkeypatch):
+def test_hsdp_mesh_shape_comes_from_options_and_must_cover_the_ranks():
     from gem_core.config import structure
+    from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
     from gem_parallel.fsdp import HsdpOptions, hsdp_mesh_shape
 
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert hsdp_mesh_shape(HsdpOptions(), 8) == (2, 4)  # shard within a node, replicate across
-    assert hsdp_mesh_shape(HsdpOptions(dp_shard=2), 4) == (2, 2)
-    assert hsdp_mesh_shape(HsdpOptions(dp_replicate=4), 4) == (4, 1)
+    two_nodes = ParallelContext(world_size=8, local_world_size=4)
+    assert hsdp_mesh_shape(HsdpOptions(), two_nodes) == (2, 4)  # shard within a node
+    assert hsdp_mesh_shape(HsdpOptions(), ParallelContext(world_size=4)) == (1, 4)  # one node
+    assert hsdp_mesh_shape(HsdpOptions(dp_shard=2), two_nodes) == (4, 2)  # options win
+    assert hsdp_mesh_shape(HsdpOptions(dp_replicate=4), ParallelContext(world_size=4)) == (4, 1)
     with pytest.raises(GemConfigError, match=r"dp_replicate \(1\) x dp_shard \(4\) must equal"):
-        hsdp_mesh_shape(HsdpOptions(dp_shard=4), 2)
+        hsdp_mesh_shape(HsdpOptions(dp_shard=4), ParallelContext(world_size=2))
     with pytest.raises(GemConfigError, match="unknown key 'parallel.dense.shards'"):
         structure(HsdpOptions, {"shards": 2}, "parallel.dense")
 

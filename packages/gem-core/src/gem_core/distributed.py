@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Callable
+from typing import Callable, Mapping
 
 import attrs
 import torch
@@ -28,6 +28,29 @@ class ParallelContext:
 
     device: torch.device = torch.device("cpu")
     """Device this rank computes on."""
+
+    local_world_size: int = attrs.field(
+        default=attrs.Factory(lambda self: self.world_size, takes_self=True))
+    """Ranks per node (torchrun's ``LOCAL_WORLD_SIZE``); every node has the same number, and
+    the launcher numbers ranks node by node, so node ``k`` holds ranks ``k * local_world_size``
+    to ``(k + 1) * local_world_size - 1``. Default: every rank on one node."""
+
+    node_rank: int = 0
+    """This process's node, 0 to ``num_nodes - 1`` (torchrun's ``GROUP_RANK``)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.local_world_size < 1 or self.world_size % self.local_world_size:
+            raise GemConfigError(
+                f"{self.world_size} ranks do not make whole nodes of {self.local_world_size} "
+                f"ranks (LOCAL_WORLD_SIZE); start every node with the same --nproc-per-node")
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise GemConfigError(f"node rank {self.node_rank} is outside the {self.num_nodes} "
+                                 "node(s) of the run")
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the run (``world_size / local_world_size``)."""
+        return self.world_size // self.local_world_size
 
     @property
     def is_distributed(self) -> bool:
@@ -78,13 +101,58 @@ def init_from_environment(requested_device: str) -> ParallelContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size, node_rank = node_layout(os.environ, world_size, rank)
     device = resolve_device(requested_device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=_TIMEOUT,
                                 store=_store_for_this_attempt(rank, world_size),
                                 rank=rank, world_size=world_size)
-    return ParallelContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+        if world_size > local_world_size:
+            check_agents_agree_on_nodes(world_size // local_world_size, node_rank)
+    return ParallelContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
+                           local_world_size=local_world_size, node_rank=node_rank)
+
+
+LAUNCH_NNODES = "GEM_LAUNCH_NNODES"
+"""Environment variable ``gem train --nnodes N`` gives its torchrun agent (and so its ranks)."""
+
+
+def check_agents_agree_on_nodes(num_nodes: int, node_rank: int) -> None:
+    """Every rank together: refuse a group whose agents were started with different
+    ``--nnodes``. torchrun's c10d rendezvous completes as soon as the first agent's count of
+    nodes has joined, so an agent told 3 can end up in a group of 2; all ranks then fail with the
+    same message rather than some waiting for ranks that never come."""
+    told = int(os.environ.get(LAUNCH_NNODES, "0"))  # 0: started by torchrun directly
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (node_rank, told))
+    counts: dict[int, set[int]] = {}
+    for node, count in gathered:  # type: ignore[misc]
+        if count:
+            counts.setdefault(count, set()).add(node)
+    if set(counts) - {num_nodes}:
+        started = "; ".join(f"--nnodes {count} on node(s) {sorted(nodes)}"
+                            for count, nodes in sorted(counts.items()))
+        raise GemConfigError(
+            f"the agents were started with different --nnodes ({started}) and torchrun's "
+            f"rendezvous formed a group of {num_nodes} nodes; start every node with the same "
+            "--nnodes")
+
+
+def node_layout(environ: Mapping[str, str], world_size: int, rank: int) -> tuple[int, int]:
+    """``(local_world_size, node_rank)`` from the launcher's environment: torchrun's
+    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` (the number of nodes), checked
+    to describe nodes of equal size; without them every rank is on one node. Nodes of different
+    sizes are refused: TorchRec's topology and the HSDP mesh assume equal ones."""
+    local_world_size = int(environ.get("LOCAL_WORLD_SIZE", world_size))
+    node_rank = int(environ.get("GROUP_RANK", rank // max(local_world_size, 1)))
+    nodes = environ.get("GROUP_WORLD_SIZE")
+    if nodes is not None and int(nodes) * local_world_size != world_size:
+        raise GemConfigError(
+            f"the launch has {world_size} ranks on {nodes} nodes, but this node (node rank "
+            f"{node_rank}) has {local_world_size} (LOCAL_WORLD_SIZE): the nodes have different "
+            "numbers of ranks; start every node with the same --nproc-per-node")
+    return local_world_size, node_rank
 
 
 _single_process_destroy: Callable[[], None] | None = None

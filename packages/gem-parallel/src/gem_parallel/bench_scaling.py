@@ -12,42 +12,69 @@ Every rank gets one thread (``OMP_NUM_THREADS=1``, also for the single-rank run)
 measures the distributed overhead (collectives, stragglers, launch) rather than how a process
 with all cores compares to N processes sharing them. On a machine with fewer cores than ranks
 the ranks time-share cores and the ratio shows that too; the report records the core count.
+
+With ``--nnodes N`` the largest ``--ranks`` also runs as N "nodes" on this machine: N torchrun
+agents (``gem train --nnodes N --rdzv-endpoint 127.0.0.1:PORT``) meeting at a c10d rendezvous,
+each starting its ranks, as N machines would; the collectives then cross the node boundary the
+way the run's strategies place them (HSDP replicas, TorchRec's node-aware sharding types), but
+over loopback and the same cores, so the figure is the overhead of the layout, not of a network.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import socket
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 import click
+from gem_core.testing.processes import run_process_group
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_one(world: int, *, preset: str, per_rank_batch: int, steps: int, sharding: str,
-            overrides: Sequence[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    out = workdir / f"ranks-{world}"
+            overrides: Sequence[str], workdir: Path, timeout_s: float,
+            nodes: int = 1) -> dict[str, Any]:
+    """One ``gem train`` of ``world`` ranks, on ``nodes`` agents of ``world / nodes`` ranks."""
+    per_node = world // nodes
+    out = workdir / f"nodes-{nodes}-ranks-{world}"
     command = [
         sys.executable, "-m", "gem_core.cli.main", "train", "--preset", preset,
-        "--out", str(out), "--fresh", "--no-progress", "--nproc-per-node", str(world),
+        "--out", str(out), "--fresh", "--no-progress", "--nproc-per-node", str(per_node),
         "--set", f"train.batch_size={per_rank_batch * world}", "--set", f"train.steps={steps}",
         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0",
         "--set", "data.eval_rows=64", *(x for o in overrides for x in ("--set", o)),
     ]
     if world > 1:
         command += ["--sharding", sharding]
+    if nodes > 1:
+        command += ["--nnodes", str(nodes), "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                    "--rdzv-timeout", str(int(timeout_s))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise click.ClickException(
-            f"gem train with {world} ranks failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    # One agent per node, started together (as srun starts one per machine).
+    with ThreadPoolExecutor(nodes) as pool:
+        results = list(pool.map(lambda _: run_process_group(command, timeout=timeout_s, env=env),
+                                range(nodes)))
+    for node, done in enumerate(results):
+        if done.returncode != 0:
+            raise click.ClickException(
+                f"gem train with {nodes} node(s) x {per_node} ranks failed on agent {node} "
+                f"({done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
     throughput, mfu = summary["throughput"], summary["mfu"]
     return {
         "ranks": world,
+        "nodes": nodes,
+        "ranks_per_node": per_node,
         "global_batch": per_rank_batch * world,
         "step_time_s_median": throughput["step_time_s_median"],
         "samples_per_s": throughput["samples_per_s"],
@@ -57,15 +84,24 @@ def run_one(world: int, *, preset: str, per_rank_batch: int, steps: int, shardin
     }
 
 
+def layouts(worlds: Sequence[int], nnodes: int) -> list[tuple[int, int]]:
+    """``(nodes, ranks)`` to run: one node with each of ``worlds`` ranks (and one rank), and
+    with ``nnodes > 1`` also ``nnodes`` nodes of the largest number of ranks each."""
+    single_node = sorted({1, *worlds})
+    runs = [(1, world) for world in single_node]
+    if nnodes > 1:
+        runs.append((nnodes, nnodes * single_node[-1]))
+    return runs
+
+
 def measure_scaling(*, worlds: Sequence[int], preset: str, per_rank_batch: int, steps: int,
-                    sharding: str, overrides: Sequence[str], timeout_s: float
-                    ) -> dict[str, Any]:
-    if 1 not in worlds:
-        worlds = (1, *worlds)
+                    sharding: str, overrides: Sequence[str], timeout_s: float,
+                    nnodes: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gem-scaling-") as tmp:
-        runs = [run_one(w, preset=preset, per_rank_batch=per_rank_batch, steps=steps,
+        runs = [run_one(world, preset=preset, per_rank_batch=per_rank_batch, steps=steps,
                         sharding=sharding, overrides=overrides, workdir=Path(tmp),
-                        timeout_s=timeout_s) for w in sorted(set(worlds))]
+                        timeout_s=timeout_s, nodes=nodes)
+                for nodes, world in layouts(worlds, nnodes)]
     single = runs[0]["samples_per_s"]
     for run in runs:
         run["scaling_ratio"] = run["samples_per_s"] / (run["ranks"] * single)
@@ -86,7 +122,11 @@ def measure_scaling(*, worlds: Sequence[int], preset: str, per_rank_batch: int, 
 @click.command(name="scaling")
 @click.option("--preset", default="tiny", show_default=True)
 @click.option("--ranks", "worlds", multiple=True, type=click.IntRange(min=1),
-              default=(1, 2, 4), show_default=True, help="World sizes (repeatable).")
+              default=(1, 2, 4), show_default=True,
+              help="Ranks of one node (repeatable); 1 is always run.")
+@click.option("--nnodes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Also run this many nodes (torchrun agents on this machine at a local "
+                   "rendezvous) of the largest --ranks each.")
 @click.option("--per-rank-batch", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--steps", default=12, show_default=True, type=click.IntRange(min=4),
               help="Steps per run (the first 3 are not timed).")
@@ -97,12 +137,13 @@ def measure_scaling(*, worlds: Sequence[int], preset: str, per_rank_batch: int, 
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True,
               help="Seconds allowed per run.")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def scaling(preset: str, worlds: tuple[int, ...], per_rank_batch: int, steps: int,
+def scaling(preset: str, worlds: tuple[int, ...], nnodes: int, per_rank_batch: int, steps: int,
             sharding: str, overrides: tuple[str, ...], timeout_s: float, as_json: bool) -> None:
-    """Scaling ratio and E2E MFU of gem train on 1, 2 and 4 CPU ranks (weak scaling)."""
+    """Scaling ratio and E2E MFU of gem train on 1, 2 and 4 CPU ranks (weak scaling); with
+    --nnodes N also N nodes x the largest --ranks (e.g. --ranks 2 --nnodes 2: 1x1, 1x2, 2x2)."""
     report = measure_scaling(worlds=worlds, preset=preset, per_rank_batch=per_rank_batch,
                              steps=steps, sharding=sharding, overrides=overrides,
-                             timeout_s=timeout_s)
+                             timeout_s=timeout_s, nnodes=nnodes)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -111,5 +152,10 @@ def scaling(preset: str, worlds: tuple[int, ...], per_rank_batch: int, steps: in
     for run in report["runs"]:
         mfu = (f"local MFU {run['local_mfu']:.2%}, E2E {run['e2e_mfu']:.2%}"
                if run["local_mfu"] is not None else "")
-        click.echo(f"  {run['ranks']} ranks: {run['samples_per_s']:8.1f} samples/s, scaling "
-                   f"ratio {run['scaling_ratio']:.2f}  {mfu}")
+        click.echo(f"  {run['nodes']} node(s) x {run['ranks_per_node']} ranks: "
+                   f"{run['samples_per_s']:8.1f} samples/s, scaling ratio "
+                   f"{run['scaling_ratio']:.2f}  {mfu}")
+    most = max(run["ranks"] for run in report["runs"])
+    if most > (report["cpu_cores"] or 1):
+        click.echo(f"  note: {most} ranks share {report['cpu_cores']} cores: the ratio includes "
+                   "their time-sharing, not only communication")

@@ -9,7 +9,6 @@ within a ``dp_shard`` group and replicates across ``dp_replicate`` groups; the m
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import attrs
@@ -52,8 +51,9 @@ class HsdpOptions:
     number of ranks."""
 
     dp_shard: int = 0
-    """Ranks that shard one copy of the parameters (usually the GPUs of a node); 0: the ranks per
-    node (torchrun's LOCAL_WORLD_SIZE), or every rank when that is unknown."""
+    """Ranks that shard one copy of the parameters (usually the GPUs of a node); 0: the ranks of
+    a node when the run has several nodes (all-gathers stay inside a node, one copy per node),
+    every rank on one node."""
 
     dp_replicate: int = 0
     """Copies of the sharded parameters, all-reduced across; 0: the number of ranks over
@@ -71,12 +71,15 @@ def _require_process_group(name: str, ctx: ParallelContext) -> None:
         )
 
 
-def hsdp_mesh_shape(options: HsdpOptions, world_size: int) -> tuple[int, int]:
-    """``(dp_replicate, dp_shard)`` from the options, checked against the number of ranks."""
+def hsdp_mesh_shape(options: HsdpOptions, ctx: ParallelContext) -> tuple[int, int]:
+    """``(dp_replicate, dp_shard)`` from the options, checked against the number of ranks;
+    without them, shard within a node and replicate across the nodes of the launch (on one
+    node: shard over every rank). Ranks are numbered node by node, so the mesh's ``dp_shard``
+    rows are the nodes."""
+    world_size = ctx.world_size
     shard, replicate = options.dp_shard, options.dp_replicate
     if not shard:
-        shard = (max(world_size // replicate, 1) if replicate else
-                 min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size))
+        shard = max(world_size // replicate, 1) if replicate else ctx.local_world_size
     replicate = replicate or max(world_size // shard, 1)
     if replicate * shard != world_size:
         raise GemConfigError(
@@ -96,7 +99,7 @@ class FullyShardedStrategy(DenseSharding):
     def mesh(self, ctx: ParallelContext, options: Any) -> tuple[DeviceMesh, bool]:
         if self.hybrid:
             opts = structure(HsdpOptions, dict(options), "parallel.dense")
-            shape = hsdp_mesh_shape(opts, ctx.world_size)
+            shape = hsdp_mesh_shape(opts, ctx)
             names = ("dp_replicate", "dp_shard")
         else:
             opts = structure(FsdpOptions, dict(options), "parallel.dense")

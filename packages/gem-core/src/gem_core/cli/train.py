@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import click
 
+from gem_core.cli.launch import Launch, check_launch, run_torchrun, train_arguments
 from gem_core.config import DEFAULT_PRESET, load_config
 from gem_core.kinds import KIND_TABLE
-from gem_core.logs import current_logging
 
 # Command-line shortcuts for the kinds' config keys (from the table of kinds); each is the same as
 # --set KEY=VALUE.
@@ -39,8 +37,18 @@ def backend_options(command: Callable) -> Callable:
 @backend_options
 @click.option("--nproc-per-node", default=1, show_default=True, type=click.IntRange(min=1),
               help="Ranks to launch on this node through torchrun (gloo on CPU, nccl on GPU).")
+@click.option("--nnodes", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Nodes of the run: run the same command on each (one torchrun agent per "
+                   "node); they meet at --rdzv-endpoint.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="With --nnodes N: torchrun's c10d rendezvous, a free port on a host every "
+                   "node reaches (usually the first node); the agent on HOST serves it.")
+@click.option("--rdzv-timeout", "rdzv_timeout_s", default=600, show_default=True,
+              type=click.IntRange(min=1),
+              help="With --nnodes N: seconds to wait for every node to join and for the "
+                   "endpoint to answer before failing.")
 @click.option("--max-restarts", default=0, show_default=True, type=click.IntRange(min=0),
-              help="With --nproc-per-node: times torchrun restarts a failed group.")
+              help="With --nproc-per-node or --nnodes: times torchrun restarts a failed group.")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="Run directory (default: runs/<preset>-<time>). Resumes from its latest "
                    "complete checkpoint.")
@@ -55,9 +63,13 @@ def backend_options(command: Callable) -> Callable:
                    "train.seed, [data] section or a data set rewritten in place); refused "
                    "otherwise.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train(preset, config_file, overrides, nproc_per_node, max_restarts, out, until_step,
-          fresh, allow_data_change, no_progress, **backend_choices) -> None:
+def train(preset, config_file, overrides, nproc_per_node, nnodes, rdzv_endpoint, rdzv_timeout_s,
+          max_restarts, out, until_step, fresh, allow_data_change, no_progress,
+          **backend_choices) -> None:
     """Train a GEM model. With no options: the default preset on generated data on CPU."""
+    launch = Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                    rdzv_timeout_s=rdzv_timeout_s, max_restarts=max_restarts)
+    check_launch(launch)
     all_overrides = list(overrides) + [f"{SHORTCUTS[k]}={v}" for k, v in backend_choices.items()
                                        if v]
     config = load_config(preset=preset, path=config_file, overrides=all_overrides)
@@ -65,9 +77,10 @@ def train(preset, config_file, overrides, nproc_per_node, max_restarts, out, unt
         out = str(Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(out).resolve()
 
-    if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
-        _launch(nproc_per_node, max_restarts, run_dir, preset, config_file, all_overrides, fresh,
-                until_step, allow_data_change)
+    if launch.needs_torchrun and "WORLD_SIZE" not in os.environ:
+        run_torchrun(launch, train_arguments(
+            run_dir=run_dir, preset=preset, config_file=config_file, overrides=all_overrides,
+            fresh=fresh, until_step=until_step, allow_data_change=allow_data_change))
         return  # rank 0 of the launched group printed the result
 
     from gem_core.cli.main import CATALOG
@@ -78,34 +91,6 @@ def train(preset, config_file, overrides, nproc_per_node, max_restarts, out, unt
                           allow_data_change=allow_data_change)
     if int(os.environ.get("RANK", "0")) == 0:
         _print_result(result.run_dir)
-
-
-def _launch(nproc: int, max_restarts: int, run_dir: Path, preset, config_file, overrides,
-            fresh: bool, until_step: int | None, allow_data_change: bool) -> None:
-    """Re-run this command under torchrun; every rank then joins the group from its environment."""
-    log_level, log_format = current_logging()  # from gem's options or train's
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "gem_core.cli.main", "--log-level", log_level, "--log-format", log_format,
-            "train", "--out", str(run_dir), "--no-progress"]
-    if preset:
-        args += ["--preset", preset]
-    if config_file:
-        args += ["--config", str(Path(config_file).resolve())]
-    for override in overrides:
-        args += ["--set", override]
-    if fresh:
-        args.append("--fresh")
-    if allow_data_change:
-        args.append("--allow-data-change")
-    if until_step:
-        args += ["--until-step", str(until_step)]
-    completed = subprocess.run(args, check=False)
-    if completed.returncode != 0:
-        raise click.ClickException(
-            f"torchrun with {nproc} ranks exited with status {completed.returncode}; "
-            "the ranks' errors are printed above"
-        )
 
 
 def _figure(value: float | None) -> str:

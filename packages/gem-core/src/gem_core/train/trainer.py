@@ -293,7 +293,9 @@ class _Trainer:
                       run_dir=self.run_dir.path)
         self.engine.train()
         while self.step < stop:
+            looped = time.perf_counter()  # the step as the loop sees it, batch fetch included
             record = self.steps.run_step(lambda batch: self._train_step(batch, peak))
+            record["loop_step_time_s"] = time.perf_counter() - looped
             if self.guard.must_roll_back:
                 self._roll_back()
                 bar.update_to(self.step)
@@ -473,8 +475,8 @@ class _Trainer:
         return {
             "run": {"name": self.config.name, "steps": self.step, "resumed_from": start_step,
                     "finished": self.step >= self.tc.steps,
-                    "world_size": self.ctx.world_size, "device": str(self.ctx.device),
-                    "wall_time_s": wall_s},
+                    "world_size": self.ctx.world_size, "nodes": self.ctx.num_nodes,
+                    "device": str(self.ctx.device), "wall_time_s": wall_s},
             "eval": {task: final[task] for task in self.schema.tasks},
             "eval_history": self.eval_history,
             "throughput": {
