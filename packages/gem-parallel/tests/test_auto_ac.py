@@ -1,5 +1,5 @@
 """The ``budget`` activation-checkpointing policy: the compiler recomputes under an activation
-memory budget. A smaller budget saves fewer activations and computes the same gradients; the
+memory budget. A small budget saves activations and computes the same gradients; the
 policy is refused without ``train.compile`` and its option is checked."""
 
 from __future__ import annotations
@@ -38,23 +38,23 @@ def _saved_bytes_and_grads(tower: SequenceTower, x, offsets, max_len):
 
 
 @pytest.mark.slow
-def test_a_smaller_budget_saves_less_and_computes_the_same_gradients():
+def test_a_small_budget_saves_activations_and_computes_the_same_gradients():
     use_inductor_cache(Path(__file__).resolve().parents[3] / ".cache" / "inductor")
     torch.manual_seed(0)
     tower = SequenceTower(16, 2, 1, 64, AttentionParams(causal=True, window=8), PaddedAttention())
     lengths = torch.tensor([7, 2, 12, 5])
     x, offsets = torch.randn(int(lengths.sum()), 16), offsets_from_lengths(lengths)
-    _, expected = _saved_bytes_and_grads(tower, x, offsets, 12)
-    saved = {}
-    for budget in (1.0, 0.2):
-        compiled = copy.deepcopy(tower)
-        settings = compiler_settings(BudgetCheckpointing(), {"memory_budget": budget})
-        assert settings == {"activation_memory_budget": budget}
-        compile_module(compiled.blocks[0], settings=settings)
-        saved[budget], grads = _saved_bytes_and_grads(compiled, x, offsets, 12)
-        for name, grad in expected.items():
-            torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
-    assert saved[0.2] < 0.8 * saved[1.0]
+    eager_saved, expected = _saved_bytes_and_grads(tower, x, offsets, 12)
+    compiled = copy.deepcopy(tower)
+    settings = compiler_settings(BudgetCheckpointing(), {"memory_budget": 0.2})
+    assert settings == {"activation_memory_budget": 0.2}
+    compile_module(compiled.blocks[0], settings=settings)
+    saved, grads = _saved_bytes_and_grads(compiled, x, offsets, 12)
+    for name, grad in expected.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    # The default partition (budget 1) keeps 0.93x of eager's activations at gem bench memory's
+    # shapes (docs/perf.md); budget 0.2 must keep far less.
+    assert saved < 0.5 * eager_saved
 
 
 def test_memory_budget_option_is_checked():
