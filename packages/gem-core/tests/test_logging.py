@@ -137,11 +137,11 @@ def test_the_launcher_passes_the_log_options_given_after_the_sub_command_to_ever
         restore_logging, tmp_path, monkeypatch):
     import subprocess
 
-    import gem_core.cli.train as train_cli
+    import gem_core.cli.launch as launch_cli
 
     launched = []
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(train_cli.subprocess, "run", lambda args, check: (
+    monkeypatch.setattr(launch_cli.subprocess, "run", lambda args, check: (
         launched.append(args), subprocess.CompletedProcess(args, 0))[1])
     result = CliRunner().invoke(cli, ["train", "--nproc-per-node", "2", "--out",
                                       str(tmp_path / "run"), "--log-level", "WARNING",
