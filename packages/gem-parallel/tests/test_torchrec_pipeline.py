@@ -129,6 +129,32 @@ def test_semi_sync_pipeline_learns(runs):
         assert evals[-1][task]["ne"] < evals[0][task]["ne"]
 
 
+@pytest.mark.slow
+def test_bench_pipeline_times_each_pipeline_against_none():
+    """``gem bench pipeline`` on one process (TorchRec in a group of one rank): the smallest
+    real runs, checked for what the report holds, not for a speedup (CPU figures are noise)."""
+    from click.testing import CliRunner
+
+    from gem_parallel.bench_pipeline import pipeline
+
+    result = CliRunner().invoke(pipeline, ["--ranks", "1", "--pipeline", "sparse-dist",
+                                           "--repeats", "1", "--steps", "4",
+                                           "--per-rank-batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["ranks"] == 1 and report["steps_untimed"] == 3
+    none, piped = report["pipelines"]
+    assert [none["pipeline"], piped["pipeline"]] == ["none", "sparse-dist"]
+    assert none["speedup_over_none"] == 1.0
+    assert piped["speedup_over_none"] == pytest.approx(
+        none["step_time_s_median"] / piped["step_time_s_median"])
+    for row in (none, piped):
+        assert len(row["step_time_s_runs"]) == 1 and row["step_time_s_median"] > 0
+        # The loop's step time holds the trainer's step and the batch fetch around it.
+        assert row["step_time_s_median"] >= row["trainer_step_time_s_median"]
+    assert piped["final_loss"] == none["final_loss"]  # the exact pipeline, one process too
+
+
 # -- refusals (no process group) ----------------------------------------------------------------
 
 def test_an_unknown_pipeline_is_refused_naming_the_choices():

@@ -186,6 +186,11 @@ def gem_register_cli_commands(register) -> None:
         description="scaling ratio and E2E MFU of gem train on 1, 2 and 4 CPU ranks",
     ))
     register(ImplementationSpec(
+        name="bench.pipeline", load=lazy("gem_parallel.bench_pipeline", "pipeline"),
+        description="step time of TorchRec-sharded training with and without its train "
+                    "pipelines",
+    ))
+    register(ImplementationSpec(
         name="bench.memory", load=lazy("gem_parallel.bench_memory", "memory"),
         description="Activation memory and recompute FLOPs with and without checkpointing.",
     ))
