@@ -79,7 +79,8 @@ if [[ -n "$missing" ]]; then
 fi
 
 # Optional packages of the E2E section: installed from the wheels when they are there; without
-# them the runs that need them fail on their own, each with the import error.
+# torchao the fp8-auto runs fail on their own, each with the import error; without tqdm and
+# tensorboard the runs log plain progress lines and write no TensorBoard events.
 optional=$("$PY" -c '
 import importlib.util
 print(" ".join(m for m in ("tqdm", "tensorboard", "torchao") if importlib.util.find_spec(m) is None))')

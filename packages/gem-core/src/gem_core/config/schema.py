@@ -327,6 +327,13 @@ class TrainConfig:
     log a line with step, loss, samples/s, MFU and ETA every this many seconds of wall time,
     in place of the progress bar; 0: no such lines."""
 
+    tensorboard: str = attrs.field(default="auto", validator=choice("auto", "on", "off"))
+    """TensorBoard event files in ``<run dir>/tensorboard/`` (the scalars of metrics.jsonl and
+    eval.jsonl). ``auto``: written when ``torch.utils.tensorboard`` imports (the ``tensorboard``
+    package: ``pip install 'gem-core[tensorboard]'``), otherwise one log line at start-up says
+    they are not and why; ``on``: the run stops at start-up if it cannot import; ``off``: none
+    are written."""
+
     eval_batch_size: int = attrs.field(default=1024, validator=greater_than(0))
     """Batch size of evaluation passes."""
 

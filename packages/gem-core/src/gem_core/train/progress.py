@@ -1,9 +1,10 @@
 """What a user watching a run sees, on rank 0 only.
 
-On a terminal, the progress bar. Anywhere else (a file, a pipe, a scheduler's log), where a bar
-would print nothing useful, a plain log line every ``train.log_every_s`` seconds of wall time:
-step and total, loss, samples/s, ETA and the MFU against this device's measured peak. The
-start-up block (what runs, and each backend with why it was chosen) is logged once.
+On a terminal, the progress bar (tqdm, an optional dependency). Anywhere else (a file, a pipe,
+a scheduler's log), where a bar would print nothing useful, or without tqdm, a plain log line
+every ``train.log_every_s`` seconds of wall time: step and total, loss, samples/s, ETA and the
+MFU against this device's measured peak. The start-up block (what runs, and each backend with
+why it was chosen) is logged once.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+def _tqdm_or_none() -> Any:
+    """tqdm's bar class, or ``None`` (logged once, with the reason) where tqdm, an optional
+    dependency, does not import: the plain lines then take the bar's place."""
+    try:
+        from tqdm import tqdm
+    except ImportError as error:
+        log.info("no progress bar: tqdm does not import (%s); a plain line every "
+                 "train.log_every_s seconds instead (pip install 'gem-core[progress]' for the "
+                 "bar)", error)
+        return None
+    return tqdm
+
+
 class Progress:
     """The bar on a terminal, else periodic log lines (``log_every_s``; 0: none); nothing on
     ranks other than 0 (``enabled`` false).
@@ -68,9 +82,8 @@ class Progress:
         if not enabled:
             return
         on_terminal = sys.stderr.isatty() if terminal is None else terminal
-        if bar and on_terminal:
-            from tqdm import tqdm
-
+        tqdm = _tqdm_or_none() if bar and on_terminal else None
+        if tqdm is not None:
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                             file=sys.stderr)
         else:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_core.config import GemConfig, to_toml, unstructure
-from gem_core.errors import GemRunError
+from gem_core.errors import GemConfigError, GemRunError
 from gem_core.train.environment import write_errors_named
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,42 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def tensorboard_writer_class(mode: str, *, announce: bool) -> Any:
+    """``SummaryWriter`` for ``train.tensorboard = mode``, or ``None`` when no events are to be
+    written: ``off``, or ``auto`` where ``torch.utils.tensorboard`` does not import (the
+    ``tensorboard`` package is an optional dependency), which one INFO line says with the
+    reason when ``announce`` (rank 0). ``on`` raises a GemConfigError when it does not import."""
+    if mode == "off":
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:
+        if mode == "on":
+            raise GemConfigError(
+                f"train.tensorboard is 'on' but torch.utils.tensorboard does not import "
+                f"({error}); install TensorBoard (pip install 'gem-core[tensorboard]') or set "
+                "train.tensorboard to 'auto' (events when it imports) or 'off'") from None
+        if announce:
+            log.info("TensorBoard events are not written: torch.utils.tensorboard does not "
+                     "import (%s); pip install 'gem-core[tensorboard]' to get them, or set "
+                     "train.tensorboard = 'off'. metrics.jsonl and eval.jsonl have every "
+                     "figure", error)
+        return None
+    return SummaryWriter
+
+
 class RunDirectory:
     """Writes the run directory; only rank 0 writes (``enabled``). TensorBoard event files go to
-    ``tensorboard/`` next to the JSON lines, with the same scalars."""
+    ``tensorboard/`` next to the JSON lines, with the same scalars, as ``tensorboard`` says
+    (``train.tensorboard``: see :func:`tensorboard_writer_class`, called here at start-up on
+    every rank, so ``on`` without TensorBoard stops every rank alike)."""
 
-    def __init__(self, path: Path, *, enabled: bool) -> None:
+    def __init__(self, path: Path, *, enabled: bool, tensorboard: str = "auto") -> None:
         self.path = Path(path)
         self.enabled = enabled
         self._writer = None
+        self._writer_class = (tensorboard_writer_class(tensorboard, announce=enabled)
+                              if enabled or tensorboard == "on" else None)
         if enabled:
             self.path.mkdir(parents=True, exist_ok=True)
 
@@ -72,12 +100,10 @@ class RunDirectory:
         """Start the event writer; events after ``first_step`` left by an earlier, interrupted
         run (every event when starting at step 0 without a checkpoint) are purged, so a
         resumed run's curves have no doubled tail."""
-        if self.enabled and self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
+        if self.enabled and self._writer is None and self._writer_class is not None:
             with write_errors_named("TensorBoard events", self.path / TENSORBOARD_DIR):
-                self._writer = SummaryWriter(str(self.path / TENSORBOARD_DIR),
-                                             purge_step=first_step + 1)
+                self._writer = self._writer_class(str(self.path / TENSORBOARD_DIR),
+                                                  purge_step=first_step + 1)
 
     def _scalars(self, prefix: str, record: dict[str, Any], step: int) -> None:
         if self._writer is None:

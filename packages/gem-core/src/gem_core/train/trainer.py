@@ -130,7 +130,8 @@ class _Trainer:
         self.allow_data_change = allow_data_change
         if self.tc.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.run_dir = RunDirectory(run_dir, enabled=ctx.is_main)
+        self.run_dir = RunDirectory(run_dir, enabled=ctx.is_main,
+                                    tensorboard=self.tc.tensorboard)
         if fresh:
             self.run_dir.start_fresh()
         self.backends: RunBackends = resolve_backends(config, plugins, ctx)
