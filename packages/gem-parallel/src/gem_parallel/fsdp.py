@@ -9,6 +9,7 @@ within a ``dp_shard`` group and replicates across ``dp_replicate`` groups; the m
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import attrs
@@ -34,6 +35,8 @@ from gem_core.model.interface import require_strategy_model
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 
 from gem_parallel.eval_replica import EvalReplica
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +104,9 @@ class FullyShardedStrategy(DenseSharding):
             opts = structure(HsdpOptions, dict(options), "parallel.dense")
             shape = hsdp_mesh_shape(opts, ctx)
             names = ("dp_replicate", "dp_shard")
+            if ctx.is_main:
+                log.info("hsdp mesh: %d replica(s) (dp_replicate) x %d shard(s) (dp_shard) over "
+                         "%d node(s) of %d rank(s)", *shape, ctx.num_nodes, ctx.local_world_size)
         else:
             opts = structure(FsdpOptions, dict(options), "parallel.dense")
             shape, names = (ctx.world_size,), ("dp_shard",)
