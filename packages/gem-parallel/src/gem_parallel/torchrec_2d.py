@@ -265,9 +265,9 @@ def local_shard_bytes(sharded: Any) -> dict[str, int]:
     return {"embedding_params": weights, "embedding_optimizer": states}
 
 
-def gather_shard_bytes(collection: Any, world_size: int) -> list[dict[str, int]]:
+def gather_shard_bytes(sharded: Any, world_size: int) -> list[dict[str, int]]:
     """:func:`local_shard_bytes` of every rank, in rank order (collective)."""
-    mine = local_shard_bytes(collection._sharded)
+    mine = local_shard_bytes(sharded)
     if world_size == 1:
         return [mine]
     everyone: list[Any] = [None] * world_size
@@ -275,10 +275,9 @@ def gather_shard_bytes(collection: Any, world_size: int) -> list[dict[str, int]]
     return everyone
 
 
-def run_report(layout: SparseLayout, collection: Any) -> dict[str, Any]:
+def run_report(layout: SparseLayout, replicas: ReplicaSync | None) -> dict[str, Any]:
     """``summary.json``'s ``embedding_sharding.sparse_layout``: the layout, and what this rank
-    averaged (bytes per sync, syncs so far)."""
-    replicas = collection._replicas
+    averaged (bytes per sync, syncs so far; none with one group)."""
     return {**layout.describe(),
             "sync_bytes_per_rank": replicas.bytes_per_sync if replicas is not None else 0,
             "syncs": replicas.syncs if replicas is not None else 0}
@@ -296,4 +295,5 @@ def with_replica_sync(estimate: Estimate, layout: SparseLayout) -> Estimate:
         estimate,
         communication={**estimate.communication, "embedding_sync": per_step},
         details={**estimate.details, "sparse_layout": {
-            **layout.describe(), "sync_bytes_per_rank": synced}})
+            **{k: v for k, v in layout.describe().items() if k != "group_ranks"},
+            "sync_bytes_per_rank": synced}})

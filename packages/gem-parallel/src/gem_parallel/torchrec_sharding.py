@@ -502,7 +502,8 @@ class TorchRecSharding(EmbeddingSharding):
         model.embeddings = sharded
         self.plan, self.options = sharded.plan, opts
         self.layout, self._collection = layout, sharded
-        self.shard_bytes = torchrec_2d.gather_shard_bytes(sharded, ctx.world_size)
+        self.shard_bytes = torchrec_2d.gather_shard_bytes(sharded.sharded_modules(),
+                                                          ctx.world_size)
         if ctx.is_main and layout is not None:
             log.info("torchrec layout 2d: %d sharding group(s) of %d ranks %s, replicas "
                      "averaged every %d step(s)", layout.groups, layout.group_size,
@@ -569,5 +570,5 @@ class TorchRecSharding(EmbeddingSharding):
                 # Measured: bytes of every rank's shards (weights, fused-optimizer state).
                 "shard_bytes_per_rank": self.shard_bytes,
                 **({} if self.layout is None else
-                   {"sparse_layout": torchrec_2d.run_report(self.layout, self._collection)}),
+                   {"sparse_layout": torchrec_2d.run_report(self.layout, self._collection._replicas)}),
                 **({} if self.pipeline is None else {"pipeline": self.pipeline.summary()})}
