@@ -46,6 +46,19 @@ def test_gem_plugins_lists_the_third_party_backend_and_command(gem, plugin_env):
     assert broken["gem_broken"]["package"] == "gem-broken-plugin"
 
 
+def test_the_installed_example_passes_its_conformance_tests(plugin_env):
+    """The README's `pytest examples/gem-example-plugin/tests` with the plugin installed: the
+    shared attention suite, whose undeclared-bias check needs the contract's whole signature
+    and its relative_bias error."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(EXAMPLE / "tests"), "-v", "-p", "no:cacheprovider"],
+        env={**os.environ, **plugin_env}, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    for check in ("test_undeclared_relative_bias_raises_naming_it",
+                  "test_undeclared_capabilities_raise_naming_them", "test_self_attention"):
+        assert f"{check} PASSED" in result.stdout, result.stdout[-3000:]
+
+
 def test_third_party_command_runs(gem, plugin_env):
     result = gem("example", "--json", env=plugin_env)
     assert result.returncode == 0, result.stderr

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gem_core.attention import AttentionParams, validate_attention_inputs
+from gem_core.attention import AttentionParams, RelativeBias, validate_attention_inputs
+from gem_core.attention.api import reject_unsupported_bias
 from gem_core.attention.masks import self_attention_mask
 from gem_core.contracts import AttentionBackend
 
@@ -14,7 +15,11 @@ class SdpaAttention(AttentionBackend):
     name = "example-sdpa"
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params: AttentionParams,
-                 num_targets=None, max_q_len=None, max_kv_len=None):
+                 num_targets=None, max_q_len=None, max_kv_len=None,
+                 bias: RelativeBias | None = None):
+        # The whole signature of the contract: a bias this backend does not declare
+        # (no relative_bias in its capabilities) is refused by name, never ignored.
+        reject_unsupported_bias(self.name, bias)
         if params.normalization != "softmax":
             raise ValueError(f"example-sdpa supports softmax attention only, not "
                              f"{params.normalization!r}; choose another --attention backend")
