@@ -1,13 +1,20 @@
 """``gem train --preset tiny-moe`` with expert parallelism (``ep``, ``deepspeed-moe``) on 1, 2
 and 4 CPU ranks: same losses, gradient norms, expert loads and dropped tokens as data parallelism
 (``ddp``, every expert on every rank) or one process over the same batches; a stopped ``ep`` run
-resumes on its trajectory."""
+resumes on its trajectory.
+
+Starting torchrun and its ranks costs more than these short runs: the runs that share a world
+size train one after another in one launch (:mod:`gem_core.testing.sequential_runs`), and the
+one-process ``ep`` runs train in this process. DeepSpeed keeps its groups from one run to the
+next, so each ``deepspeed-moe`` run is a ``gem train`` of its own."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +22,19 @@ from pathlib import Path
 import pytest
 from gem_core.testing.processes import run_process_group
 
-SMALL = ["--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
-         "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
-         "--set", "train.eval_every=0", "--set", "train.checkpoint_every=3",
-         "--set", "data.max_seq_len=48", "--no-progress"]
+SMALL_SETS = ["train.steps=6", "train.batch_size=64", "data.eval_rows=256",
+              "train.eval_batch_size=256", "train.warmup_steps=2", "train.eval_every=0",
+              "train.checkpoint_every=3", "data.max_seq_len=48"]
+SMALL = [*(arg for key in SMALL_SETS for arg in ("--set", key)), "--no-progress"]
 # Same batches and math; only float32 summation order differs (all-to-all vs local experts,
 # reduce-scatter vs all-reduce).
 LOSS_RTOL = 1e-5
 
 
-def gem(*args: str, timeout: float = 240,
+def gem(*args: str, timeout: float = 600,
         env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
-    """``gem ARGS`` in a subprocess; ``env`` adds variables to this one's (None removes one)."""
+    """``gem ARGS`` in a subprocess; ``env`` adds variables to this one's (None removes one).
+    The timeout is for a hang: a loaded CI machine takes minutes to start a few ranks."""
     merged = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env = {k: v for k, v in merged.items() if v is not None}
     return run_process_group([sys.executable, "-m", "gem_core.cli.main", *args],
@@ -65,64 +73,97 @@ def _assert_same_training(got_dir: Path, want_dir: Path) -> None:
 # DeepSpeed's MoE runs only without a capacity limit on jagged batches (see deepspeed_moe);
 # its load-balancing loss differs from gem's (first choices only), so it is off: then ddp, ep
 # and deepspeed-moe all compute the same function.
-NO_DROP = ["--set", "model.moe.capacity_factor=0", "--set", "model.moe.aux_loss_weight=0"]
+NO_DROP_SETS = ["model.moe.capacity_factor=0", "model.moe.aux_loss_weight=0"]
+NO_DROP = [arg for key in NO_DROP_SETS for arg in ("--set", key)]
+EXPERT_FSDP = ["parallel.dense.ep_size=1", "parallel.dense.expert_fsdp=true"]
+EP_SIZE_2 = ["parallel.dense.ep_size=2"]
+
+
+def _train_in_sequence(tmp: Path, ranks: int,
+                       runs: list[tuple[str, str, list[str], int | None]]) -> str:
+    """Train ``runs`` (run directory name under ``tmp``, sharding, config overrides, until step)
+    one after another on ``ranks`` ranks of one torchrun launch; returns its stderr."""
+    spec = [{"out": str(tmp / name), "preset": "tiny-moe",
+             "overrides": [*SMALL_SETS, f"backends.dense_sharding={sharding}", *sets],
+             "until_step": until_step} for name, sharding, sets, until_step in runs]
+    (tmp / "runs.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_process_group(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc-per-node={ranks}", "-m", "gem_core.testing.sequential_runs",
+         str(tmp / "runs.json")], timeout=1200, env=env)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return result.stderr
+
+
+def _assert_resumed_at_step_3(stderr: str, run_dir: Path) -> None:
+    assert re.search(rf"resumed from {re.escape(str(run_dir))}/checkpoints/\S+ at step 3\b",
+                     stderr), f"{run_dir} did not resume at step 3"
 
 
 @pytest.fixture(scope="module")
-def ddp_no_drop(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    result = _train(out, 2, "ddp", *NO_DROP)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def two_ranks(tmp_path_factory) -> tuple[Path, str]:
+    """One launch of 2 ranks: ``ddp`` (the reference), ``ep`` stopped at step 3 and resumed,
+    the same with ``ep_size`` 1 and expert_fsdp; all without drops. (directory, stderr)."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    stderr = _train_in_sequence(tmp, 2, [
+        ("ddp", "ddp", NO_DROP_SETS, None),
+        ("ep", "ep", NO_DROP_SETS, 3), ("ep", "ep", NO_DROP_SETS, None),
+        ("ep_fsdp", "ep", [*NO_DROP_SETS, *EXPERT_FSDP], 3),
+        ("ep_fsdp", "ep", [*NO_DROP_SETS, *EXPERT_FSDP], None)])
+    return tmp, stderr
+
+
+@pytest.fixture(scope="module")
+def ddp_no_drop(two_ranks) -> Path:
+    return two_ranks[0] / "ddp"
 
 
 @pytest.mark.distributed
-def test_ep_on_two_ranks_trains_and_resumes_like_data_parallel(tmp_path, ddp_no_drop):
-    ep = tmp_path / "ep"
-    result = _train(ep, 2, "ep", *NO_DROP, "--until-step", "3")
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _train(ep, 2, "ep", *NO_DROP)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stderr
+def test_ep_on_two_ranks_trains_and_resumes_like_data_parallel(two_ranks, ddp_no_drop):
+    tmp, stderr = two_ranks
+    ep = tmp / "ep"
+    _assert_resumed_at_step_3(stderr, ep)
     _assert_same_training(ep, ddp_no_drop)
     summary = json.loads((ep / "summary.json").read_text())
     assert summary["backends"]["dense_sharding"]["name"] == "ep"
     assert summary["run"]["world_size"] == 2
 
 
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> Path:
+    """One launch of 4 ranks: ``ddp`` and ``ep`` with ``ep_size`` 2 (2 expert copies), with
+    and without expert_fsdp, at the preset's capacity (drops); ``ep`` at ep_size 4 without."""
+    tmp = tmp_path_factory.mktemp("four_ranks")
+    _train_in_sequence(tmp, 4, [
+        ("ddp", "ddp", [], None), ("ep", "ep", EP_SIZE_2, None),
+        ("ep_fsdp", "ep", [*EP_SIZE_2, "parallel.dense.expert_fsdp=true"], None),
+        ("ep_4_no_drop", "ep", NO_DROP_SETS, None)])
+    return tmp
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_ep_on_four_ranks_with_two_expert_copies_drops_like_data_parallel(tmp_path):
+def test_ep_on_four_ranks_with_two_expert_copies_drops_like_data_parallel(four_ranks):
     """4 ranks as 2 copies (edp) of ep 2, with the preset's capacity: tokens are dropped and
     counted exactly as with ddp (capacity is per rank in both)."""
-    ddp, ep, ep_fsdp = tmp_path / "ddp", tmp_path / "ep", tmp_path / "ep_fsdp"
-    result = _train(ddp, 4, "ddp")
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _train(ep, 4, "ep", "--set", "parallel.dense.ep_size=2")
-    assert result.returncode == 0, result.stderr[-3000:]
+    ddp, ep, ep_fsdp = four_ranks / "ddp", four_ranks / "ep", four_ranks / "ep_fsdp"
     _assert_same_training(ep, ddp)
     assert json.loads((ep / "summary.json").read_text())["moe"]["dropped_tokens"] > 0
     # The same with each rank's 2 experts FSDP-sharded over their 2 copies (expert_fsdp): the
     # all-to-all and the expert all-gathers / reduce-scatters in one run.
-    result = _train(ep_fsdp, 4, "ep", "--set", "parallel.dense.ep_size=2",
-                    "--set", "parallel.dense.expert_fsdp=true")
-    assert result.returncode == 0, result.stderr[-3000:]
     _assert_same_training(ep_fsdp, ddp)
 
 
 @pytest.mark.distributed
-def test_ep_with_experts_fsdp_sharded_over_their_copies_trains_and_resumes(tmp_path,
+def test_ep_with_experts_fsdp_sharded_over_their_copies_trains_and_resumes(two_ranks,
                                                                            ddp_no_drop):
     """2 ranks, ep_size 1 and expert_fsdp: every rank has all 4 experts in its layers, but
     stores half of each stack (FSDP over the 2 copies); stopped at step 3 and resumed (the
     checkpoint gathers the shards, loading scatters them back)."""
-    ep = tmp_path / "ep"
-    fsdp = ("--set", "parallel.dense.ep_size=1", "--set", "parallel.dense.expert_fsdp=true")
-    result = _train(ep, 2, "ep", *NO_DROP, *fsdp, "--until-step", "3")
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _train(ep, 2, "ep", *NO_DROP, *fsdp)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stderr
+    tmp, stderr = two_ranks
+    ep = tmp / "ep_fsdp"
+    _assert_resumed_at_step_3(stderr, ep)
     _assert_same_training(ep, ddp_no_drop)
 
 
@@ -186,15 +227,13 @@ def test_deepspeed_moe_trains_tiny_moe_like_data_parallel(tmp_path, ddp_no_drop)
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_deepspeed_moe_on_four_ranks_matches_one_process(tmp_path):
+def test_deepspeed_moe_on_four_ranks_matches_one_process(tmp_path, none_no_drop):
     """4 ranks, DeepSpeed expert groups of 2 (two copies of every expert)."""
-    one, ds = tmp_path / "one", tmp_path / "ds"
-    result = gem("train", "--preset", "tiny-moe", "--out", str(one), *NO_DROP, *SMALL)
-    assert result.returncode == 0, result.stderr[-3000:]
+    ds = tmp_path / "ds"
     result = _train(ds, 4, "deepspeed-moe", *NO_DROP, "--set", "parallel.dense.ep_size=2",
                     env=DS_ENV)
     assert result.returncode == 0, result.stderr[-3000:]
-    _assert_same_training(ds, one)
+    _assert_same_training(ds, none_no_drop)
 
 
 @pytest.mark.distributed
@@ -302,24 +341,41 @@ def _assert_same_losses(got_dir: Path, want_dir: Path, rel: float) -> None:
         assert summary["eval"][task]["ne"] == pytest.approx(report["ne"], rel=1e-6)
 
 
+def _train_in_this_process(out: Path, sharding: str, *sets: str,
+                           until_step: int | None = None) -> None:
+    """What ``gem train --preset tiny-moe`` runs in one process, without starting one: on one
+    thread, like the subprocesses (OMP_NUM_THREADS=1), so float32 sums run in their order."""
+    import torch
+
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+    from gem_core.train import train
+
+    config = load_config(preset="tiny-moe", overrides=[
+        *SMALL_SETS, f"backends.dense_sharding={sharding}", *sets])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(config, build_plugins(), out, progress=False, until_step=until_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def none_no_drop(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("none") / "run"
-    result = _train(out, 1, "none", *NO_DROP)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _train_in_this_process(out, "none", *NO_DROP_SETS)
     return out
 
 
-def test_ep_on_one_process_trains_and_resumes_like_no_sharding(tmp_path):
+def test_ep_on_one_process_trains_and_resumes_like_no_sharding(tmp_path, caplog):
     """The preset as it is (capacity 1.25, load-balancing loss on): same drops, same losses."""
     none, ep = tmp_path / "none", tmp_path / "ep"
-    result = _train(none, 1, "none")
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _train(ep, 1, "ep", "--until-step", "3")
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _train(ep, 1, "ep")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stderr
+    _train_in_this_process(none, "none")
+    _train_in_this_process(ep, "ep", until_step=3)
+    with caplog.at_level(logging.INFO, logger="gem_core.train.trainer"):
+        _train_in_this_process(ep, "ep")
+    _assert_resumed_at_step_3(caplog.text, ep)
     records = _assert_moe_run(ep, strategy="ep", world_size=1)
     assert sum(r["moe_dropped_tokens"] for r in records) > 0
     _assert_same_losses(ep, none, ONE_PROCESS_RTOL)
@@ -338,13 +394,11 @@ def test_deepspeed_moe_on_one_process_trains_like_no_sharding(tmp_path, none_no_
 
 
 @pytest.mark.distributed
-def test_ep_on_four_ranks_holds_one_expert_each(tmp_path, none_no_drop):
-    """``--nproc-per-node 4 --sharding ep``: ep_size 4, one of tiny-moe's 4 experts per rank.
+def test_ep_on_four_ranks_holds_one_expert_each(four_ranks, none_no_drop):
+    """4 ranks of ``ep``: ep_size 4, one of tiny-moe's 4 experts per rank.
     Without a capacity limit (and aux loss) the function does not depend on how the batch is
     split, so the losses and loads equal one process's, up to float32 summation order."""
-    ep = tmp_path / "ep"
-    result = _train(ep, 4, "ep", *NO_DROP)
-    assert result.returncode == 0, result.stderr[-3000:]
+    ep = four_ranks / "ep_4_no_drop"
     _assert_moe_run(ep, strategy="ep", world_size=4)
     want, got = _records(none_no_drop), _records(ep)
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=LOSS_RTOL)
