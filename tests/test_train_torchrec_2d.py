@@ -48,11 +48,13 @@ def runs(gem, tmp_path_factory) -> dict[str, Path]:
                  *RUN, *TWO_D, "--set", "parallel.embedding.sharding_group_size=2",
                  "--until-step", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    two_d_log = result.stderr
     shutil.copytree(two_d, resumed)
     result = gem("train", "--out", str(resumed), *RUN, *TWO_D,
                  "--set", "parallel.embedding.sharding_group_size=1")
     assert result.returncode == 0, result.stderr[-3000:]
-    return {"one": one, "two_d": two_d, "resumed": resumed, "resume_log": result.stderr}
+    return {"one": one, "two_d": two_d, "resumed": resumed, "two_d_log": two_d_log,
+            "resume_log": result.stderr}
 
 
 @pytest.mark.distributed
@@ -64,6 +66,8 @@ def test_two_groups_of_two_train_as_one_process(runs):
     layout = report["sparse_layout"]
     # TorchRec's strided groups: the replicas of a shard are neighbouring ranks.
     assert layout["group_ranks"] == [[0, 2], [1, 3]]
+    assert ("torchrec layout 2d: 2 sharding group(s) of 2 ranks [[0, 2], [1, 3]], replicas "
+            "averaged every 1 step(s)") in runs["two_d_log"]
     assert (layout["sharding_group_size"], layout["sharding_groups"]) == (2, 2)
     # Rank 0's plan places every shard on its group's ranks; something is split over both.
     ranks = [set(info["ranks"]) for info in report["plan"].values()]
@@ -95,6 +99,7 @@ def test_two_d_checkpoint_resumes_on_one_process(runs):
     assert summary["run"]["resumed_from"] == 2 and summary["run"]["finished"]
     assert summary["run"]["world_size"] == 1
     assert "resharded from 4 to 1 ranks" in runs["resume_log"]
+    assert "1 sharding group(s) of 1 ranks [[0]], no replicas" in runs["resume_log"]
     assert summary["embedding_sharding"]["sparse_layout"]["sharding_groups"] == 1
     assert _losses(runs["resumed"]) == pytest.approx(_losses(runs["one"]), rel=LOSS_RTOL)
 

@@ -505,9 +505,10 @@ class TorchRecSharding(EmbeddingSharding):
         self.shard_bytes = torchrec_2d.gather_shard_bytes(sharded.sharded_modules(),
                                                           ctx.world_size)
         if ctx.is_main and layout is not None:
-            log.info("torchrec layout 2d: %d sharding group(s) of %d ranks %s, replicas "
-                     "averaged every %d step(s)", layout.groups, layout.group_size,
-                     layout.group_ranks(), layout.sync_every)
+            log.info("torchrec layout 2d: %d sharding group(s) of %d ranks %s, %s",
+                     layout.groups, layout.group_size, layout.group_ranks(),
+                     f"replicas averaged every {layout.sync_every} step(s)" if layout.groups > 1
+                     else "no replicas (one group is the model_parallel layout)")
         if ctx.is_main:
             for table, info in sharded.plan.items():
                 log.info("torchrec plan: table %s %s on ranks %s (shards %s)", table,
