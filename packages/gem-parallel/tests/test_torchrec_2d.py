@@ -97,3 +97,17 @@ def test_gem_plan_prints_the_2d_layout():
     assert result.exit_code == 0, result.output
     assert "2D sparse layout: 2 sharding group(s) of 2 ranks; each rank averages" in result.output
     assert "embedding sync" in result.output
+
+
+@pytest.mark.parametrize("every, averaged_before", [(1, [2, 3, 4, 5, 6, 7]), (3, [4, 7])])
+def test_replicas_are_averaged_after_every_sync_every_steps(every, averaged_before):
+    from gem_parallel.torchrec_2d import SyncSchedule
+
+    schedule = SyncSchedule(every=every)
+    assert not schedule.pending  # nothing to average before the first step
+    due = [step for step in range(1, 8) if schedule.step_starts()]
+    assert due == averaged_before
+    # Step 7 ran since: a checkpoint or evaluation averages first, and then nothing is pending.
+    assert schedule.pending
+    schedule.synced()
+    assert not schedule.pending and not schedule.step_starts()

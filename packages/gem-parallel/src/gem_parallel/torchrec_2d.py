@@ -194,13 +194,39 @@ class TwoDimGroups:
                         shard.placement = where(shard.placement.rank())
 
 
+@attrs.define(kw_only=True)
+class SyncSchedule:
+    """When the replicas are averaged: after every ``every``-th training step, at the start of
+    the next one (before its lookups), and before the tables are read whole (checkpoints,
+    evaluation) if a step ran since the last average."""
+
+    every: int = attrs.field(validator=attrs.validators.ge(1))
+    """Steps between two averages."""
+
+    steps_since_sync: int = 0
+    """Training steps started since the replicas were last equal."""
+
+    def step_starts(self) -> bool:
+        """Count a training step that starts now; True when the replicas must be averaged
+        before it (``every`` steps ran since the last average)."""
+        due = self.steps_since_sync >= self.every
+        self.steps_since_sync = 1 if due else self.steps_since_sync + 1
+        return due
+
+    @property
+    def pending(self) -> bool:
+        """Whether a step ran since the replicas were last equal."""
+        return self.steps_since_sync > 0
+
+    def synced(self) -> None:
+        self.steps_since_sync = 0
+
+
 class ReplicaSync:
     """Averages this rank's shards with their replicas in the other groups (collective over
-    the replica group: every rank calls it at the same points). Counts training steps through
-    :meth:`before_training_step` (the collection calls it at the start of every training
-    forward, one per step): the replicas are averaged after every ``sync_every``-th step,
-    before the next one's lookups, and before anything reads the tables as a whole
-    (:meth:`sync_pending`: checkpoints, evaluation)."""
+    the replica group: every rank calls it at the same points), when :class:`SyncSchedule`
+    says: the collection calls :meth:`before_training_step` at the start of every training
+    forward (one per step) and :meth:`sync_pending` before the tables are read whole."""
 
     def __init__(self, sharded: Any, groups: TwoDimGroups) -> None:
         self.layout = groups.layout
@@ -211,7 +237,7 @@ class ReplicaSync:
                         for shard in weight.local_shards()]
         self.states = [shard.tensor for states in torchrec_state.optimizer_states(sharded).values()
                        for state in states.values() for shard in state.local_shards()]
-        self.steps_since_sync = 0
+        self.schedule = SyncSchedule(every=self.layout.sync_every)
         self.syncs = 0
 
     @property
@@ -225,21 +251,25 @@ class ReplicaSync:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
     def before_training_step(self) -> None:
-        if self.steps_since_sync >= self.layout.sync_every:
-            self.sync()
-        self.steps_since_sync += 1
+        if self.schedule.step_starts():
+            self._average()
 
     def sync_pending(self) -> None:
         """Average the replicas if a step ran since the last average."""
-        if self.steps_since_sync:
+        if self.schedule.pending:
             self.sync()
 
     def mark_synced(self) -> None:
         """The replicas were made equal otherwise (loaded from one checkpoint)."""
-        self.steps_since_sync = 0
+        self.schedule.synced()
+
+    def sync(self) -> None:
+        """Average the replicas now."""
+        self._average()
+        self.schedule.synced()
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def _average(self) -> None:
         replicas = self.layout.groups
         if replicas > 1:
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -250,7 +280,6 @@ class ReplicaSync:
                 self._pg.allreduce_coalesced(tensors, dist.AllreduceCoalescedOptions()).wait()
                 for tensor in tensors:
                     tensor.div_(replicas)
-        self.steps_since_sync = 0
         self.syncs += 1
 
 
