@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from torch import nn
@@ -85,13 +85,27 @@ class Engine:
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer}
 
-    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+    def load_sharded_state_dict(self, state: dict[str, Any], *,
+                                stateless: Collection[str] = ()) -> None:
         """Apply a ``sharded_state_dict()`` that DCP has filled from a checkpoint. Every rank
-        calls it."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        calls it.
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        ``stateless``: parameters (by name) the checkpoint holds no optimizer state for, whose
+        entries the caller has taken out of ``state["optimizer"]["state"]``. AdamW creates a
+        parameter's state at its first gradient, so a parameter that had none when the
+        checkpoint was written (a table no batch looked up yet) had none; it stays without
+        state here, as in the run that wrote the checkpoint, so its first update is the same."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        # What set_state_dict does, in its order, with a non-strict optimizer only when
+        # parameters are meant to be left without state (strict refuses any missing entry).
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                 options=StateDictOptions(strict=not stateless))
+        set_model_state_dict(self.model, state["model"])
 
     def state_dict(self) -> dict[str, Any]:
         """Full (unsharded) model and optimizer state, meaningful on rank 0: the checkpoint

@@ -267,12 +267,13 @@ class Checkpointer:
                 module.checkpoint_loaded()
             return
         sharded = self.engine.sharded_state_dict()
+        stateless = drop_unsaved_optimizer_state(sharded, path / ENGINE_DIR)
         attached = sharded_modules.attach(sharded, sharded_modules.collect(self.sharded_modules))
         sharded_modules.check_saved_shapes(path / ENGINE_DIR, state, attached)
         try:
             self._load_dcp(sharded, path / ENGINE_DIR)
             sharded_modules.detach(sharded, attached)
-            self.engine.load_sharded_state_dict(sharded)
+            self.engine.load_sharded_state_dict(sharded, stateless=stateless)
         except GemCheckpointError:
             raise
         except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as error:
@@ -306,6 +307,24 @@ class Checkpointer:
             # Checkpoints that failed verification when this run looked for one to load.
             "damaged": self.damaged, "verify_s": self.verify_s,
         }
+
+
+def drop_unsaved_optimizer_state(state: dict[str, Any], directory: Path) -> list[str]:
+    """Take out of an engine's ``{"model", "optimizer"}`` loading template the optimizer state
+    of every parameter that the DCP checkpoint in ``directory`` holds none of, and return those
+    parameters' names.
+
+    AdamW creates a parameter's state at its first gradient, so a checkpoint has none for a
+    parameter that had not had one yet; the template (``get_state_dict`` of a fresh optimizer)
+    has state for every parameter, which DCP would refuse as a missing key. A parameter with
+    only part of its state saved is left in, so DCP names what is missing."""
+    saved = checkpoint_io.read_dcp_metadata(directory).state_dict_metadata  # nothing unpickled
+    optimizer_state = state["optimizer"].get("state", {})
+    stateless = [name for name, values in optimizer_state.items()
+                 if not any(f"optimizer.state.{name}.{key}" in saved for key in values)]
+    for name in stateless:
+        del optimizer_state[name]
+    return stateless
 
 
 def _reason(error: BaseException) -> str:
