@@ -1,14 +1,16 @@
 """``gem bench compile``: the training step eager and compiled (``train.compile``), side by side.
 
-Registered as ``bench.compile``. Three copies of the configured model (same seed, so the same
+Registered as ``bench.compile``. Copies of the configured model (same seed, so the same
 weights) train on the same batches of the configured data, interleaved step by step so that
 machine load hits each alike: eager on the backend ``auto`` picks for an eager run on this device
-(``blocked`` on CPU with gem-kernels installed), eager on ``padded`` (the backend a compiled CPU
-run uses, so the pair isolates the compiler), and compiled on ``padded``. A step is forward, loss,
-backward and the AdamW step. The compiled model's first step compiles it (its compile time is
-counted by dynamo's compile-event hooks); every row's first step is left out of the timing, the
-rest are reported as the median over ``--repeats`` batches. The compiled and eager ``padded``
-losses are compared on every batch (they differ only by float rounding).
+(``blocked`` on CPU with gem-kernels installed), eager on ``padded`` (gem-core's backend that
+traces whole), compiled on ``padded``, and compiled on the backend ``auto`` picks for a compiled
+run (``blocked`` with gem-kernels, through its custom op; the row is left out when that is
+``padded``), each compiled row next to the same backend eager. A step is forward, loss, backward
+and the AdamW step. A compiled model's first step compiles it (its compile time is counted by
+dynamo's compile-event hooks); every row's first step is left out of the timing, the rest are
+reported as the median over ``--repeats`` batches. Each compiled row's losses are compared with
+its eager twin's on every batch (they differ only by float rounding).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class _Row:
         self.optimizer = make_adamw(config.train)(model)
         self.times: list[float] = []
         self.losses: list[float] = []
+        # Compile seconds and frames compiled during the first step, and during the later ones.
+        self.first_compile = {"seconds": 0.0, "frames": 0}
+        self.later_compile = {"seconds": 0.0, "frames": 0}
 
     def step(self, batch, tasks) -> float:
         started = time.perf_counter()
@@ -62,9 +67,28 @@ class _Row:
                 "step_times_s": timed}
 
 
+def _compiled_against_eager(rows: dict[str, "_Row"], report: dict[str, Any]) -> dict[str, Any]:
+    """Per compiled row: speedup over the same backend eager and over the fastest eager row,
+    and the largest relative loss difference from its eager twin."""
+    median = {name: entry["step_time_s_median"] for name, entry in report.items()}
+    fastest = min((name for name in rows if name.startswith("eager-")), key=median.get)
+    out = {}
+    for name, row in rows.items():
+        if not name.startswith("compiled-"):
+            continue
+        twin = "eager-" + name.removeprefix("compiled-")
+        out[name] = {
+            "speedup_vs_eager_same_backend": median[twin] / median[name],
+            "fastest_eager": fastest,
+            "speedup_vs_fastest_eager": median[fastest] / median[name],
+            "loss_max_relative_difference_vs_eager": max(
+                abs(a - b) / abs(b) for a, b in zip(row.losses, rows[twin].losses))}
+    return out
+
+
 def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
-    """Eager (``auto`` backend), eager ``padded`` and compiled ``padded`` step times of
-    ``repeats`` + 1 batches of ``batch_size`` rows."""
+    """Eager (``auto`` backend), eager ``padded``, compiled ``padded`` and compiled (``auto``
+    backend of a compiled run) step times of ``repeats`` + 1 batches of ``batch_size`` rows."""
     if config.train.compile_cache:
         use_inductor_cache(Path(config.train.compile_cache))
     plugins = build_plugins()
@@ -73,6 +97,7 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
     batches = [next(batches) for _ in range(repeats + 1)]
     tasks = source.schema.tasks
     auto = plugins.resolve("attention", "auto", AutoContext(device="cpu"))
+    auto_compiled = plugins.resolve("attention", "auto", AutoContext(device="cpu", compile=True))
 
     def model(attention) -> torch.nn.Module:
         torch.manual_seed(config.train.seed)
@@ -84,19 +109,31 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
             "eager-padded": _Row(copy.deepcopy(padded), config)}
     compile_model(padded, ctx=ParallelContext(), config=config)
     rows["compiled-padded"] = _Row(padded, config)
+    compiled_name = auto_compiled.spec.name
+    if compiled_name != "padded":
+        if compiled_name != auto.spec.name:
+            rows[f"eager-{compiled_name}"] = _Row(model(auto_compiled.impl), config)
+        compiled_auto = model(auto_compiled.impl)
+        compile_model(compiled_auto, ctx=ParallelContext(), config=config)
+        rows[f"compiled-{compiled_name}"] = _Row(compiled_auto, config)
     with CompileTracker() as tracker:
         for index, batch in enumerate(batches):
             for row in rows.values():
+                # The hooks count every compiled model together: each row reads its own step's.
+                seconds, frames = tracker.seconds, tracker.frames
                 row.step(batch, tasks)
-            if index == 0:
-                first_compile_s, first_frames = tracker.seconds, tracker.frames
+                counts = row.first_compile if index == 0 else row.later_compile
+                counts["seconds"] += tracker.seconds - seconds
+                counts["frames"] += tracker.frames - frames
     compiled, same_backend = rows["compiled-padded"], rows["eager-padded"]
     report = {name: row.report() for name, row in rows.items()}
-    report["compiled-padded"].update({
-        "compile_s": first_compile_s,
-        "frames_compiled": first_frames,
-        "compiled_after_first_step": tracker.frames - first_frames,
-        "compile_s_after_first_step": tracker.seconds - first_compile_s})
+    for name, row in rows.items():
+        if name.startswith("compiled-"):
+            report[name].update({
+                "compile_s": row.first_compile["seconds"],
+                "frames_compiled": row.first_compile["frames"],
+                "compiled_after_first_step": row.later_compile["frames"],
+                "compile_s_after_first_step": row.later_compile["seconds"]})
     median = {name: entry["step_time_s_median"] for name, entry in report.items()}
     tokens = [int(batch.num_events) for batch in batches[1:]]
     return {
@@ -107,7 +144,9 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
         "threads": torch.get_num_threads(), "compile_mode": config.train.compile_mode,
         "inductor_cache_dir": inductor_cache_in_use(),
         "eager_auto_attention": auto.spec.name,
+        "compiled_auto_attention": auto_compiled.spec.name,
         "rows": report,
+        "compiled": _compiled_against_eager(rows, report),
         "speedup_vs_eager_auto": median[f"eager-{auto.spec.name}"] / median["compiled-padded"],
         "speedup_vs_eager_padded": median["eager-padded"] / median["compiled-padded"],
         "loss_max_relative_difference_vs_eager_padded": max(
@@ -139,6 +178,8 @@ def bench_compile(preset, config_file, overrides, batch_size, repeats, as_json) 
         extra = (f", compile {entry['compile_s']:.1f} s" if "compile_s" in entry else "")
         click.echo(f"{name:>16}: median step {entry['step_time_s_median'] * 1e3:8.1f} ms, first "
                    f"step {entry['first_step_s']:.2f} s{extra}")
-    click.echo(f"compiled is {report['speedup_vs_eager_auto']:.2f}x eager "
-               f"{report['eager_auto_attention']} and {report['speedup_vs_eager_padded']:.2f}x "
-               f"eager padded; losses agree to {report['loss_max_relative_difference_vs_eager_padded']:.1e}")
+    for name, entry in report["compiled"].items():
+        click.echo(f"{name} is {entry['speedup_vs_eager_same_backend']:.2f}x the same backend "
+                   f"eager and {entry['speedup_vs_fastest_eager']:.2f}x the fastest eager row "
+                   f"({entry['fastest_eager']}); losses agree to "
+                   f"{entry['loss_max_relative_difference_vs_eager']:.1e}")

@@ -10,6 +10,9 @@ and a windowed tile reads about ``block_q + window`` keys, not its whole history
 softmax takes a second path: whole samples grouped by length through SDPA's ``is_causal``
 kernel, which needs no mask tensor.
 
+Under ``torch.compile`` each call is one custom op (:mod:`gem_kernels.attention.blocked_op`)
+running this same code, so a compiled block keeps one graph.
+
 Autograd differentiates it and there is no custom kernel, so it runs wherever PyTorch does. It is
 the fast CPU backend (``auto`` there): a few dozen batched fused calls per layer, where
 per-sample backends pay a call per sample and padded SDPA pays for the padding. Measured figures
@@ -27,6 +30,7 @@ from gem_core.attention.api import AttentionParams
 from gem_core.attention.masks import visible
 from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
                                               relative_bias_values)
+from gem_kernels.attention.blocked_op import blocked_attention_op
 from gem_kernels.attention.common import checked_inputs
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -47,13 +51,19 @@ def auto_block(total_tokens: int, samples_with_tokens: int, window: int | None =
 class _GatherTiles(torch.autograd.Function):
     """``tiles.index_select(0, index)`` whose backward is one ``index_add_`` of the contiguous
     gradient: on a CPU several times faster than autograd's own backward of index_select (an
-    element-wise scatter), which was a fifth of this backend's time."""
+    element-wise scatter), which was a fifth of this backend's time. Forward and context set-up
+    are separate so that :func:`torch.func.vjp` can differentiate it (the compiled path's
+    backward, :mod:`gem_kernels.attention.blocked_op`)."""
 
     @staticmethod
-    def forward(ctx, tiles: Tensor, index: Tensor) -> Tensor:
+    def forward(tiles: Tensor, index: Tensor) -> Tensor:
+        return tiles.index_select(0, index)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        tiles, index = inputs
         ctx.save_for_backward(index)
         ctx.num_tiles = tiles.shape[0]
-        return tiles.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
@@ -274,6 +284,12 @@ class BlockedAttention(AttentionBackend):
 
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params, num_targets=None,
                  max_q_len=None, max_kv_len=None, bias=None):
+        if torch.compiler.is_compiling():
+            # One opaque custom op instead of a graph break at the tile loop; the op validates
+            # its inputs when it runs.
+            return blocked_attention_op(q, k, v, q_offsets, kv_offsets, params=params,
+                                        num_targets=num_targets, block_q=self.block_q,
+                                        block_k=self.block_k, bias=bias)
         return blocked_attention(q, k, v, q_offsets, kv_offsets, params=params,
                                  num_targets=num_targets, block_q=self.block_q,
                                  block_k=self.block_k, bias=bias)
