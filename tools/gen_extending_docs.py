@@ -32,7 +32,7 @@ REGION = re.compile(
 READS: dict[str, tuple[tuple[str, str], ...]] = {
     "attention": (("gem_core.attention.api", "AttentionParams"),),
     "norm": (),
-    "embedding": (("gem_core.embedding", "EmbeddingTableConfig"),),
+    "embedding": (("gem_core.embedding_tables", "EmbeddingTableConfig"),),
     "model": (("gem_core.contracts", "RankingModel"),
               ("gem_core.model.interface", "StrategyModel")),
     "dense_sharding": (("gem_core.engine", "Engine"), ("gem_core.distributed", "ParallelContext")),

@@ -109,7 +109,7 @@ def test_inference_accepts_what_has_no_backward():
 
 
 def _SingleProcess():
-    from gem_core.engine import SingleProcess
+    from gem_core.single_process import SingleProcess
 
     return SingleProcess()
 

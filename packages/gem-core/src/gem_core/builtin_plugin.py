@@ -88,7 +88,7 @@ def gem_register_embedding_backends(register) -> None:
 
 
 def _single_process():
-    from gem_core.engine import SingleProcess
+    from gem_core.single_process import SingleProcess
 
     return SingleProcess()
 

@@ -16,6 +16,9 @@ SOFTMAX = "softmax"
 SILU = "silu"
 """The backend computes HSTU's pointwise SiLU attention, ``silu(scale * q.k) / n``."""
 
+NORMALIZATIONS: tuple[str, ...] = (SOFTMAX, SILU)
+"""Every attention normalisation (``model.normalization``); a backend declares those it computes."""
+
 RELATIVE_BIAS = "relative_bias"
 """The backend adds HSTU's relative attention bias (``bias=RelativeBias(...)``), with gradients
 for its weights."""

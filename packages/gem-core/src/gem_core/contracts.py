@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from gem_core.attention.relative_bias import RelativeBias
     from gem_core.batch import JaggedBatch
     from gem_core.distributed import ParallelContext
-    from gem_core.embedding import EmbeddingTableConfig
+    from gem_core.embedding_tables import EmbeddingTableConfig
     from gem_core.engine import Engine
     from gem_core.plan_estimate import Estimate, PlanFacts
     from gem_core.schema import FeatureSchema
@@ -175,10 +175,7 @@ class EmbeddingSharding(abc.ABC):
         """How the trainer's steps get their batches from ``stream`` once ``model`` (unwrapped,
         after :meth:`apply`) is built: e.g. a pipeline that distributes the sparse inputs of the
         next batch while this one computes. ``options``: ``[parallel.embedding]``. The default
-        runs each step on the stream's next batch, nothing ahead
-        (:class:`gem_core.train.step_pipeline.PlainSteps`)."""
-        from gem_core.train.step_pipeline import PlainSteps
-
+        runs each step on the stream's next batch, nothing ahead (:class:`PlainSteps`)."""
         return PlainSteps(stream)
 
 
@@ -281,6 +278,20 @@ class TrainStream(abc.ABC):
         """Stop and join any background work (e.g. threads reading ahead) and release files.
         The trainer calls it when the run ends, successfully or not, before the process group
         is destroyed; a stream without background work does nothing (this default)."""
+
+
+class PlainSteps(StepRunner):
+    """The default :class:`StepRunner`: each step on the stream's next batch; nothing is fetched
+    ahead, so the data position is the stream's own."""
+
+    def __init__(self, stream: TrainStream) -> None:
+        self.stream = stream
+
+    def run_step(self, step: Callable[[JaggedBatch], dict[str, Any]]) -> dict[str, Any]:
+        return step(next(self.stream))
+
+    def data_position(self) -> dict[str, Any]:
+        return self.stream.state_dict()
 
 
 class DataSource(abc.ABC):

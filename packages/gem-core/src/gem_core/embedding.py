@@ -1,57 +1,32 @@
-"""Embedding tables: their configuration and the reference (plain PyTorch) backend."""
+"""The reference (plain PyTorch) embedding backend and the start-up check of the embedding choice.
+
+The tables' configuration lives in :mod:`gem_core.embedding_tables` (a data module the contracts
+can name without importing a backend); ``EmbeddingTableConfig`` and ``check_ids`` are importable
+from here too."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-import attrs
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER
 from gem_core.config.schema import EmbeddingOptimizerConfig, ModelConfig
-from gem_core.config.validators import choice, greater_than
 from gem_core.contracts import EmbeddingBackend
+from gem_core.embedding_tables import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
-from gem_core.schema import EmbeddingTable
 
 if TYPE_CHECKING:
     from gem_core.registry import ImplementationSpec
 
+__all__ = ["EmbeddingTableConfig", "ReferenceEmbeddingBackend", "ReferenceEmbeddingCollection",
+           "check_fused_optimizer", "check_ids"]
+
 SINGLE_PROCESS_EMBEDDING_SHARDING = "replicated"
 """The embedding sharding that leaves ``model.embeddings`` as its backend built it (one rank)."""
 
-
-@attrs.frozen(kw_only=True)
-class EmbeddingTableConfig:
-    """One embedding table and the features looked up in it."""
-
-    name: str
-    """Table name (unique in the model)."""
-
-    num_embeddings: int = attrs.field(validator=greater_than(0))
-    """Rows of the table: valid ids are ``0 .. num_embeddings - 1``."""
-
-    dim: int = attrs.field(validator=greater_than(0))
-    """Width of each row."""
-
-    pooling: str = attrs.field(default="sum", validator=choice("sum", "mean", "none"))
-    """``none``: one vector per id (sequences); ``sum``/``mean``: one vector per bag."""
-
-    features: tuple[str, ...] = attrs.field(converter=tuple)
-    """Feature names whose ids index this table."""
-
-    managed: EmbeddingTable | None = None
-    """The declared table when its id policy is ``managed``: its features then reach the backend
-    as raw 64-bit ids, which the backend's managed-collision remapper turns into rows (with the
-    table's eviction settings). Only backends that declare the ``managed_ids`` capability
-    (:data:`gem_core.ids.MANAGED_IDS`) accept such a table."""
-
-    optimizer: EmbeddingOptimizerConfig = attrs.field(factory=EmbeddingOptimizerConfig)
-    """How a backend with the :data:`FUSED_OPTIMIZER` capability trains this table
-    (``[model.embedding_optimizer]``); other backends leave the table to the dense optimizer."""
 
 
 def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
@@ -82,24 +57,6 @@ def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
             f"the embedding backend {embedding.name!r} keeps its tables and fused optimizer in "
             f"one process; embedding sharding {embedding_sharding.name!r} would replace them; "
             f"use --embedding-sharding {SINGLE_PROCESS_EMBEDDING_SHARDING} (or auto)")
-
-
-def check_ids(ids: Tensor, table: EmbeddingTableConfig, feature: str) -> None:
-    """Raise ValueError naming table, feature and the first id outside the table."""
-    if ids.numel() == 0:
-        return
-    bad = (ids < 0) | (ids >= table.num_embeddings)
-    if torch.compiler.is_compiling():
-        # A captured graph (torch.export, AOTInductor) cannot branch on values: it asserts.
-        torch._assert_async(~bad.any(), f"embedding table {table.name!r}, feature {feature!r}: "
-                            f"an id is outside [0, {table.num_embeddings})")
-        return
-    if bool(bad.any()):
-        first = int(ids[bad][0])
-        raise ValueError(
-            f"embedding table {table.name!r}, feature {feature!r}: id {first} is outside "
-            f"[0, {table.num_embeddings}) ({int(bad.sum())} such ids)"
-        )
 
 
 class ReferenceEmbeddingCollection(nn.Module):

@@ -7,7 +7,6 @@ from typing import Any, Callable, Collection
 import torch
 from torch import nn
 
-from gem_core.contracts import DenseSharding
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 """Builds the optimizer for a (wrapped or sharded) module; strategies call it after wrapping."""
@@ -120,34 +119,6 @@ class Engine:
         """Written to ``summary.json`` under ``dense_sharding`` (e.g. expert parallelism's
         all-to-all bytes per step); nothing by default."""
         return {}
-
-
-class SingleProcess(DenseSharding):
-    """The ``none`` dense strategy: one process, no wrapping."""
-
-    def apply(self, model: nn.Module, *, ctx, make_optimizer: Callable, precision,
-              options) -> Engine:
-        from gem_core.precision import reject_options
-
-        reject_options("dense_sharding 'none'", options)
-        if ctx.world_size > 1:
-            raise RuntimeError(
-                f"dense_sharding 'none' runs one process but this run has {ctx.world_size} ranks; "
-                "choose a data-parallel strategy (e.g. --sharding ddp from gem-parallel)"
-            )
-        return Engine(model, make_optimizer(model))
-
-    def plan_estimate(self, facts, options):
-        """Everything on the one rank; nothing sent."""
-        from gem_core.plan_estimate import Estimate, adam_memory
-        from gem_core.precision import reject_options
-
-        reject_options("dense_sharding 'none'", options)
-        if facts.world_size > 1:
-            raise ValueError(f"dense_sharding 'none' runs one process; the layout has "
-                             f"{facts.world_size} GPUs")
-        return Estimate(memory=adam_memory("dense", facts.dense_parameters),
-                        communication={"dense": 0})
 
 
 def local_cpu_copy(value: Any) -> Any:

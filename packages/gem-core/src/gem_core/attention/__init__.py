@@ -8,9 +8,9 @@
 Backends are registered through ``gem_register_attention_backends``; ``reference`` lives here.
 """
 
+from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import (
     ATTENTION_CAPABILITIES,
-    AttentionBackend,
     AttentionParams,
     TORCH_COMPILE,
     TORCH_EXPORT,

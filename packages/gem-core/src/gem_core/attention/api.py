@@ -9,11 +9,9 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core import contracts
-from gem_core.attention.choice import NORMALIZATIONS
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import check_offsets
-from gem_core.capabilities import TORCH_COMPILE, TORCH_EXPORT
+from gem_core.capabilities import NORMALIZATIONS, TORCH_COMPILE, TORCH_EXPORT
 
 Normalization = Literal["softmax", "silu"]
 
@@ -55,8 +53,6 @@ class AttentionParams:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-AttentionBackend = contracts.AttentionBackend
-"""The contract of kind ``attention`` (:class:`gem_core.contracts.AttentionBackend`)."""
 
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from gem_core.errors import GemConfigError
-from gem_core.capabilities import RELATIVE_BIAS, SILU, SOFTMAX
+from gem_core.capabilities import NORMALIZATIONS, RELATIVE_BIAS, SOFTMAX
 
 if TYPE_CHECKING:
     from gem_core.config import ModelConfig
     from gem_core.registry import ImplementationSpec
 
-NORMALIZATIONS: tuple[str, ...] = (SOFTMAX, SILU)
 
 
 def attention_needs(model: ModelConfig) -> dict[str, str]:

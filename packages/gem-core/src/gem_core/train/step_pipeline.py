@@ -1,5 +1,5 @@
 """How the trainer's steps get their batches: one at a time from the training stream
-(:class:`PlainSteps`, the default), or through a pipeline an embedding-sharding strategy builds
+(:class:`gem_core.contracts.PlainSteps`, the default), or through a pipeline an embedding-sharding strategy builds
 (:meth:`gem_core.contracts.EmbeddingSharding.step_runner`, e.g. TorchRec's train pipelines, which
 distribute the sparse inputs of the next batch while this one computes).
 
@@ -12,25 +12,12 @@ at the first untrained batch and the batches that were only prefetched are fetch
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import attrs
 
 from gem_core.batch import JaggedBatch
-from gem_core.contracts import StepRunner, TrainStream
-
-
-class PlainSteps(StepRunner):
-    """Each step on the stream's next batch; nothing is fetched ahead."""
-
-    def __init__(self, stream: TrainStream) -> None:
-        self.stream = stream
-
-    def run_step(self, step: Callable[[JaggedBatch], dict[str, Any]]) -> dict[str, Any]:
-        return step(next(self.stream))
-
-    def data_position(self) -> dict[str, Any]:
-        return self.stream.state_dict()
+from gem_core.contracts import TrainStream
 
 
 @attrs.frozen(kw_only=True)
