@@ -25,11 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.masks import visible
-from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
-                                              relative_bias_values)
+from gem_core.attention.relative_bias import RelativeBias, bias_positions, relative_bias_values
+from gem_core.contracts import AttentionBackend
 from gem_kernels.attention.blocked_op import blocked_attention_op
 from gem_kernels.attention.common import checked_inputs
 
