@@ -381,14 +381,19 @@ def test_ep_on_one_process_trains_and_resumes_like_no_sharding(tmp_path, caplog)
     _assert_same_losses(ep, none, ONE_PROCESS_RTOL)
 
 
-def test_deepspeed_moe_on_one_process_trains_like_no_sharding(tmp_path, none_no_drop):
-    """No launcher, no RANK/MASTER_ADDR/...: the strategy brings its own one-rank group."""
+def test_deepspeed_moe_on_one_process_trains_like_no_sharding(tmp_path, none_no_drop,
+                                                             monkeypatch):
+    """No launcher, no RANK/MASTER_ADDR/...: the strategy brings its own one-rank group, and
+    ends it with the run (trained in this process, which the tests after this one share)."""
+    import torch.distributed as dist
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)  # and LOCAL_RANK, which DeepSpeed sets, after
+    for name, value in DS_ENV.items():
+        monkeypatch.setenv(name, value)
     ds = tmp_path / "ds"
-    no_launcher = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                 "MASTER_PORT"))
-    result = gem("train", "--preset", "tiny-moe", "--out", str(ds), "--sharding",
-                 "deepspeed-moe", *NO_DROP, *SMALL, env={**no_launcher, **DS_ENV})
-    assert result.returncode == 0, result.stderr[-3000:]
+    _train_in_this_process(ds, "deepspeed-moe", *NO_DROP_SETS)
+    assert not dist.is_initialized()
     _assert_moe_run(ds, strategy="deepspeed-moe", world_size=1)
     _assert_same_losses(ds, none_no_drop, ONE_PROCESS_RTOL)
 
