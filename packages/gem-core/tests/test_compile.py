@@ -15,8 +15,7 @@ import torch
 from gem_core.attention import AttentionParams
 from gem_core.attention.bucketed import BucketedAttention
 from gem_core.attention.padded import PaddedAttention
-from gem_core.compile import (CompiledForward, check_compile_setup, compile_model,
-                              compiled_units)
+from gem_core.compile import CompiledForward, check_compile_setup, compile_model, compiled_units
 from gem_core.config import load_config
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
@@ -112,6 +111,11 @@ def test_backend_without_torch_compile_is_refused_by_name():
                                              r"padded"):
         check_compile_setup(config, attention_spec=by_name["bucketed"], installed=installed)
     check_compile_setup(config, attention_spec=by_name["padded"], installed=installed)
+    # The relative bias cannot be traced yet: refused at start-up, not at the first step.
+    biased = load_config(preset="tiny", overrides=["train.compile=true",
+                                                   "model.relative_bias=true"])
+    with pytest.raises(GemConfigError, match="model.relative_bias"):
+        check_compile_setup(biased, attention_spec=by_name["padded"], installed=installed)
 
 
 def test_reduce_overhead_is_refused_on_cpu():

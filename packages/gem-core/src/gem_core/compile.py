@@ -32,13 +32,12 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from gem_core.config import GemConfig
 from gem_core.capabilities import TORCH_COMPILE
+from gem_core.config import GemConfig
 from gem_core.contracts import ActivationCheckpointing
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
-
 
 #: ``train.compile_mode`` -> ``torch.compile``'s ``mode``.
 TORCH_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduce-overhead",
@@ -51,6 +50,13 @@ def check_compile_setup(config: GemConfig, *, attention_spec: Any, installed: li
     block, naming it and the installed backends that trace whole."""
     if not config.train.compile:
         return
+    if config.model.relative_bias:
+        # Each block builds a frozen attrs RelativeBias inside its forward, and dynamo cannot
+        # trace attrs' object.__setattr__: every backend would fail at the first step instead.
+        raise GemConfigError(
+            "train.compile does not support model.relative_bias yet (the bias object is built "
+            "inside the compiled block, which torch.compile cannot trace); set "
+            "train.compile=false or model.relative_bias=false")
     if TORCH_COMPILE not in attention_spec.capabilities:
         able = sorted(spec.name for spec in installed if TORCH_COMPILE in spec.capabilities)
         raise GemConfigError(
