@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from gem_core.testing.processes import run_process_group
 
 RUN = ["--preset", "tiny", "--embedding-sharding", "torchrec",
@@ -163,6 +164,7 @@ def test_agents_with_different_nnodes_fail_with_a_clear_error(tmp_path):
 ])
 def test_launch_options_are_checked_before_anything_starts(tmp_path, arguments, message):
     from click.testing import CliRunner
+
     from gem_core.cli.main import cli
 
     result = CliRunner().invoke(cli, ["train", "--out", str(tmp_path / "run"), *arguments])

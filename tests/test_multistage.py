@@ -84,8 +84,8 @@ def test_export_refuses_a_single_stage_run(tmp_path):
 
 
 def test_cached_ranker_needs_embeddings_in_the_data():
-    from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.attention.bucketed import BucketedAttention
+    from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
 
     config = load_config(overrides=[*MODEL, "model.user_embeddings=cached", *SMALL])

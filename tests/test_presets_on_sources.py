@@ -23,6 +23,7 @@ SOURCES = ["synthetic", "synthetic-ads", "movielens-100k", "parquet"]
 @pytest.fixture(scope="module")
 def data_dirs(tmp_path_factory) -> dict[str, Path]:
     from click.testing import CliRunner
+
     from gem_data.cli import data_group
 
     root = tmp_path_factory.mktemp("sources")

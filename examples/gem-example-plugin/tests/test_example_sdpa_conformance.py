@@ -6,9 +6,9 @@ registration's declared capabilities: ``pytest examples/gem-example-plugin/tests
 from __future__ import annotations
 
 import torch
+from gem_example_plugin.attention import SdpaAttention
 
 from gem_core.testing import AttentionConformance
-from gem_example_plugin.attention import SdpaAttention
 
 
 class TestExampleSdpaConformance(AttentionConformance):

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from gem_core.attention.reference import ReferenceAttention
-from gem_core.testing.models import small_model, synthetic_batch
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.heads import product_logit
 from gem_core.model.target_attention import gather_keys
 from gem_core.model.wukong import WukongInteraction
+from gem_core.testing.models import small_model, synthetic_batch
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.model.moe import MixtureOfExperts, auxiliary_losses, step_stats, \
-    summarize_step_stats
+from gem_core.model.moe import MixtureOfExperts, auxiliary_losses, step_stats, summarize_step_stats
 from gem_core.model.moe_router import expert_capacity
 
 

@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from gem_core.config import MoeConfig, load_config
 from gem_core.errors import GemConfigError
 from gem_core.flops import TRAIN_FACTOR
-from gem_core.testing.models import small_model, synthetic_batch
 from gem_core.model.moe import MixtureOfExperts, moe_layers
+from gem_core.testing.models import small_model, synthetic_batch
 from gem_core.train.loss import mean_loss
 
 # capacity_factor 0: nothing dropped, so every routed assignment is computed and counted.

@@ -11,8 +11,14 @@ from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.model.features import pool_rows
 from gem_core.model.tokens import positions_from_end
-from gem_core.schema import (ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature,
-                             schema_from_dict, schema_to_dict)
+from gem_core.schema import (
+    ContextFeature,
+    EmbeddingTable,
+    FeatureSchema,
+    SequenceFeature,
+    schema_from_dict,
+    schema_to_dict,
+)
 from gem_core.testing.models import small_model, synthetic_batch
 from gem_core.train.loss import task_loss_sums
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gem_core.contracts import TrainStream
-from gem_core.contracts import PlainSteps
+from gem_core.contracts import PlainSteps, TrainStream
 from gem_core.train.step_pipeline import PositionedBatches
 
 

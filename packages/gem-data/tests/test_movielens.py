@@ -15,6 +15,7 @@ from gem_core.errors import GemDataError
 from gem_data.movielens import build_impressions, read_movielens
 from gem_data.testing import GENRES, write_movielens_sample
 
+
 @pytest.fixture
 def grouplens(tmp_path):
     d = tmp_path / "ml-100k"

@@ -12,7 +12,6 @@ from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged, check_offsets, gather_rows, lengths_from_offsets, row_ids
 from gem_core.schema import FeatureSchema, SequenceFeature
 
-
 Ids = Union[Tensor, Jagged]
 """The ids of one categorical feature over a batch's events or candidates: a ``(rows,)`` int64
 tensor (single-valued: one id per event or candidate) or a :class:`Jagged` with one row per event

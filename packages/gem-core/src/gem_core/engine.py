@@ -7,7 +7,6 @@ from typing import Any, Callable, Collection
 import torch
 from torch import nn
 
-
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 """Builds the optimizer for a (wrapped or sharded) module; strategies call it after wrapping."""
 

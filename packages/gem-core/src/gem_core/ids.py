@@ -10,14 +10,14 @@ and masked (logical) right shifts, which is the same bit pattern as uint64 arith
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from typing import TYPE_CHECKING
-
-from gem_core.errors import GemConfigError
 from gem_core.capabilities import MANAGED_IDS
+from gem_core.errors import GemConfigError
 from gem_core.schema import EmbeddingTable, FeatureSchema
 
 if TYPE_CHECKING:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gem_core.config import GemConfig
 from torch import nn
 
 from gem_core.compile import compile_model, compiler_settings
+from gem_core.config import GemConfig
 from gem_core.contracts import ActivationCheckpointing, DenseSharding, EmbeddingSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Mapping
 
-from gem_core import contracts
-from gem_core.errors import GemConfigError
-
 from torch import nn
 
+from gem_core import contracts
+from gem_core.errors import GemConfigError
 
 PrecisionRecipe = contracts.PrecisionRecipe
 """The contract of kind ``precision`` (:class:`gem_core.contracts.PrecisionRecipe`)."""

@@ -8,8 +8,15 @@ from typing import Any, Callable
 
 import attrs
 
-from gem_core.capabilities import (FUSED_OPTIMIZER, MANAGED_IDS, RELATIVE_BIAS, SILU, SOFTMAX,
-                                   TORCH_COMPILE, TORCH_EXPORT)
+from gem_core.capabilities import (
+    FUSED_OPTIMIZER,
+    MANAGED_IDS,
+    RELATIVE_BIAS,
+    SILU,
+    SOFTMAX,
+    TORCH_COMPILE,
+    TORCH_EXPORT,
+)
 from gem_core.contracts import check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import KIND_TABLE, kind_named

@@ -23,8 +23,7 @@ from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
 from gem_core.plugins import GemPlugins, build_plugins
-from gem_core.schema import (TEACHER_FIELDS, FeatureSchema, schema_to_dict,
-                              without_teacher_signals)
+from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, without_teacher_signals
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.resume import MODEL_FORMAT

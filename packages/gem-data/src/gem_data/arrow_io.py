@@ -20,7 +20,6 @@ from gem_core.batch import JaggedBatch
 from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.schema import FeatureSchema, SequenceFeature
-
 from gem_data import format as fmt
 
 _INT32_MAX = 2**31 - 1

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 from gem_core.errors import GemDataError
 from gem_core.ids import collision_report
 from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
-
 from gem_data import format as fmt
 from gem_data.arrow_io import ids_as_int64, list_child, numpy_view, single_array
 from gem_data.dataset import DatasetReader, open_parquet, split_units

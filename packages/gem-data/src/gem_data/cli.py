@@ -147,7 +147,6 @@ def schema_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the schema as JSON.")
 def schema_check_command(file: str, as_json: bool) -> None:
     from gem_core.schema import schema_to_dict
-
     from gem_data.check import load_schema_file, schema_to_toml
 
     try:

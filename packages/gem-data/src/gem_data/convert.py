@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 
 from gem_core.errors import GemDataError
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
-
 from gem_data import format as fmt
 from gem_data.arrow_io import list_parts, scalar_parts, single_array
 from gem_data.manifest import MANIFEST_NAME, Manifest

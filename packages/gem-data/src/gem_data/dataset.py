@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 
 from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
-
 from gem_data import format as fmt
 from gem_data.arrow_io import ids_as_int64
 from gem_data.manifest import (

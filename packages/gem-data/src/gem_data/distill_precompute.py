@@ -32,7 +32,6 @@ from gem_core.distill.setup import read_teacher_config
 from gem_core.distill.teacher import Teacher, open_teacher
 from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema, without_teacher_signals
-
 from gem_data import format as fmt
 from gem_data.arrow_io import table_to_batch
 from gem_data.batch_ops import slice_batch

@@ -38,7 +38,6 @@ from gem_core.metrics import task_report
 from gem_core.model.gem import GEMModel
 from gem_core.serving.programs import ranker_model
 from gem_core.trained_run import load_run
-
 from gem_data.batch_ops import events_before
 from gem_data.writer import DatasetWriter
 

@@ -27,7 +27,6 @@ import pyarrow as pa
 from gem_core.batch import JaggedBatch
 from gem_core.contracts import TrainStream
 from gem_core.errors import GemDataError
-
 from gem_data.arrow_io import table_to_batch
 from gem_data.batch_ops import RowGather, concat_batches, slice_batch
 from gem_data.dataset import DatasetReader, Unit

@@ -20,7 +20,6 @@ import attrs
 
 from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
-
 from gem_data.format import FORMAT_VERSION
 
 MANIFEST_NAME = "manifest.json"

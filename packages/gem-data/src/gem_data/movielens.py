@@ -26,7 +26,6 @@ from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 
-
 if TYPE_CHECKING:
     from gem_data.manifest import Manifest
 

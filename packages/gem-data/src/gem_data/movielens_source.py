@@ -12,7 +12,6 @@ import attrs
 
 from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, between
-
 from gem_data.fetch import default_cache, fetch_movielens, movielens_raw_dir
 from gem_data.manifest import MANIFEST_NAME
 from gem_data.movielens import write_movielens

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gem_core import hookimpl
-from gem_core.registry import lazy, ImplementationSpec
+from gem_core.registry import ImplementationSpec, lazy
 
 
 def _load_parquet() -> Any:

@@ -36,7 +36,6 @@ from gem_core.errors import GemDataError
 from gem_core.metrics import task_report
 from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
 from gem_core.serving.inputs import batch_inputs
-
 from gem_data.loader import ParquetStream
 from gem_data.sources import ParquetSource
 

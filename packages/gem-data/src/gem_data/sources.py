@@ -29,7 +29,6 @@ from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, choice, greater_than
 from gem_core.data.api import Balancer, DataSource, local_share
 from gem_core.errors import GemDataError
-
 from gem_data.batch_ops import slice_batch
 from gem_data.dataset import DatasetReader, Unit, split_units, warn_without_digests
 from gem_data.loader import ParquetStream

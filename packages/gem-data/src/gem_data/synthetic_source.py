@@ -18,7 +18,6 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.data.api import Balancer, DataSource, IndexedStream
-
 from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
 
 

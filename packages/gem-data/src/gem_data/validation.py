@@ -40,7 +40,6 @@ import pyarrow as pa
 from gem_core.config.validators import choice
 from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
-
 from gem_data import format as fmt
 from gem_data.arrow_io import (
     gather_jagged,

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 from gem_core.batch import JaggedBatch
 from gem_core.errors import GemDataError
 from gem_core.schema import FeatureSchema
-
 from gem_data import format as fmt
 from gem_data.arrow_io import batch_to_table
 from gem_data.manifest import FileEntry, Manifest, with_digests, write_manifest

@@ -22,7 +22,6 @@ import torch
 
 from gem_core.data.api import contiguous_balancer
 from gem_core.train.trainer import sample_costs
-
 from gem_parallel.balance import imbalance, karmarkar_karp_balancer, lpt_balancer
 
 BALANCERS: dict[str, Callable] = {"contiguous": contiguous_balancer, "lpt": lpt_balancer,

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.distributed import ParallelContext
 from gem_core.compile import inductor_cache_in_use
+from gem_core.distributed import ParallelContext
 from gem_core.train.loss import mean_loss
 
 POLICIES: dict[str, dict[str, Any]] = {

@@ -24,7 +24,6 @@ import click
 import torch
 
 from gem_core.model.moe import MixtureOfExperts
-
 from gem_parallel.plan import moe_all_to_all_bytes
 
 LAYER = dict(kind="swiglu", dim=64, hidden=128, experts=8, top_k=2, capacity_factor=1.25)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import click
+
 from gem_core.testing.processes import run_process_group
 
 

@@ -46,9 +46,13 @@ from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe import LastForward, MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
-from gem_core.plan_estimate import (Estimate, PlanFacts, adam_memory, moe_all_to_all_bytes,
-                                    ring_fraction)
-
+from gem_core.plan_estimate import (
+    Estimate,
+    PlanFacts,
+    adam_memory,
+    moe_all_to_all_bytes,
+    ring_fraction,
+)
 from gem_parallel.deepspeed_zero import (
     DeepSpeedEngine,
     deepspeed_config,

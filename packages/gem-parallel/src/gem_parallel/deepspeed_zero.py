@@ -21,8 +21,8 @@ from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 from gem_core.precision import reject_options
-
 from gem_parallel.eval_replica import EvalReplica
+
 
 def deepspeed_config(stage: int, *, world_size: int, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed config: ZeRO ``stage``, one micro-batch per step (the trainer forms the

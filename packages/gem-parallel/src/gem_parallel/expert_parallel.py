@@ -48,10 +48,15 @@ from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe import MixtureOfExperts
-from gem_core.plan_estimate import (Estimate, MemoryRow, PlanFacts, adam_memory,
-                                    moe_all_to_all_bytes, ring_fraction)
 from gem_core.model.moe_experts import ExpertMLPs
-
+from gem_core.plan_estimate import (
+    Estimate,
+    MemoryRow,
+    PlanFacts,
+    adam_memory,
+    moe_all_to_all_bytes,
+    ring_fraction,
+)
 from gem_parallel.eval_replica import EvalReplica
 
 

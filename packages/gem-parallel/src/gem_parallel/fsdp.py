@@ -33,7 +33,6 @@ from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.interface import require_strategy_model
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
-
 from gem_parallel.eval_replica import EvalReplica
 
 log = logging.getLogger(__name__)

@@ -27,13 +27,19 @@ import torch
 from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend
-from gem_core.model.features import FeatureLookup
 from gem_core.model.building import build_checked
+from gem_core.model.features import FeatureLookup
 from gem_core.model.interface import require_strategy_model
 from gem_core.model.summary import parameter_counts
 from gem_core.norm import ReferenceNorm
-from gem_core.plan_estimate import (MEMORY_CATEGORIES, Estimate, MoeLayerFacts, PlanFacts,
-                                    TableFacts, moe_all_to_all_bytes)
+from gem_core.plan_estimate import (
+    MEMORY_CATEGORIES,
+    Estimate,
+    MoeLayerFacts,
+    PlanFacts,
+    TableFacts,
+    moe_all_to_all_bytes,
+)
 from gem_core.plugins import GemPlugins
 from gem_core.schema import EmbeddingTable, FeatureSchema
 

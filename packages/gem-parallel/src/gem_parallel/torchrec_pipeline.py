@@ -50,6 +50,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
+from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward
+from torchrec.distributed.train_pipeline.train_pipelines import (
+    TrainPipelineSemiSync,
+    TrainPipelineSparseDist,
+)
+from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup, _wait_for_events
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+from torchrec.streamable import Pipelineable
 
 from gem_core.batch import JaggedBatch
 from gem_core.contracts import StepRunner, TrainStream
@@ -60,13 +68,6 @@ from gem_core.jagged import Jagged
 from gem_core.model.features import FeatureLookup
 from gem_core.schema import FeatureSchema
 from gem_core.train.step_pipeline import PositionedBatch, PositionedBatches
-
-from torchrec.distributed.train_pipeline.train_pipelines import (TrainPipelineSemiSync,
-                                                               TrainPipelineSparseDist)
-from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward
-from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup, _wait_for_events
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
-from torchrec.streamable import Pipelineable
 
 log = logging.getLogger(__name__)
 

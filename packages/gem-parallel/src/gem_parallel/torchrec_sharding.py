@@ -82,16 +82,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.contracts import (EmbeddingSharding, LearningRateFollower, ShardedModule,
-                               StepRunner, TrainStream)
+from gem_core.contracts import (
+    EmbeddingSharding,
+    LearningRateFollower,
+    ShardedModule,
+    StepRunner,
+    TrainStream,
+)
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.embedding import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
+from gem_core.plan_estimate import (
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    PARAMETERS,
+    Estimate,
+    MemoryRow,
+    PlanFacts,
+)
 from gem_core.schema import FeatureSchema
-from gem_core.plan_estimate import (GRADIENTS, OPTIMIZER_STATE, PARAMETERS, Estimate, MemoryRow,
-                                    PlanFacts)
 from gem_parallel import torchrec_2d, torchrec_state
+from gem_parallel.torchrec_2d import ReplicaSync, TwoDimGroups
 from gem_parallel.torchrec_managed import ManagedEmbeddingCollection, remap_features
 from gem_parallel.torchrec_plan import (
     TorchRecOptions,
@@ -101,7 +113,6 @@ from gem_parallel.torchrec_plan import (
     planner_constraints,
 )
 from gem_parallel.torchrec_plan import sharders as torchrec_sharders
-from gem_parallel.torchrec_2d import ReplicaSync, TwoDimGroups
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from torch import nn
 from gem_core.contracts import PrecisionRecipe
 from gem_core.errors import GemConfigError
 from gem_precision.activation_stash import ActivationStash
-from gem_precision.calibration import LossFn, LayerMeasure, measure_layers
+from gem_precision.calibration import LayerMeasure, LossFn, measure_layers
 from gem_precision.float8 import emulate_on, float8_config
 from gem_precision.fp8 import finish_conversion
 from gem_precision.layer_table import LayerRow, LayerTable, sort_rows

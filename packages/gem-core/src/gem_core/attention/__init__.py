@@ -8,16 +8,16 @@
 Backends are registered through ``gem_register_attention_backends``; ``reference`` lives here.
 """
 
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import (
     ATTENTION_CAPABILITIES,
-    AttentionParams,
     TORCH_COMPILE,
     TORCH_EXPORT,
+    AttentionParams,
     validate_attention_inputs,
 )
 from gem_core.attention.reference import reference_attention
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
+from gem_core.contracts import AttentionBackend
 
 __all__ = [
     "ATTENTION_CAPABILITIES",

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
-from gem_core.jagged import check_offsets
 from gem_core.capabilities import NORMALIZATIONS, TORCH_COMPILE, TORCH_EXPORT
+from gem_core.jagged import check_offsets
 
 Normalization = Literal["softmax", "silu"]
 

@@ -18,9 +18,8 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
 from gem_core.attention.masks import self_attention_masks
+from gem_core.attention.relative_bias import RelativeBias, bias_positions, relative_bias_values
 from gem_core.contracts import AttentionBackend
-from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
-                                              relative_bias_values)
 from gem_core.jagged import lengths_from_offsets
 
 

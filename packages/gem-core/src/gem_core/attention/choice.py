@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from gem_core.errors import GemConfigError
 from gem_core.capabilities import NORMALIZATIONS, RELATIVE_BIAS, SOFTMAX
+from gem_core.errors import GemConfigError
 
 if TYPE_CHECKING:
     from gem_core.config import ModelConfig

@@ -16,11 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import (AttentionParams, needs_self_attention,
-                                    reject_unsupported_bias, validate_attention_inputs)
+from gem_core.attention.api import (
+    AttentionParams,
+    needs_self_attention,
+    reject_unsupported_bias,
+    validate_attention_inputs,
+)
 from gem_core.attention.masks import visible
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.relative_bias import RelativeBias
+from gem_core.contracts import AttentionBackend
 from gem_core.jagged import max_length
 
 

@@ -11,10 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gem_core.attention.api import AttentionParams, validate_attention_inputs
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.masks import self_attention_mask
-from gem_core.attention.relative_bias import (RelativeBias, bias_positions,
-                                              relative_bias_values)
+from gem_core.attention.relative_bias import RelativeBias, bias_positions, relative_bias_values
+from gem_core.contracts import AttentionBackend
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

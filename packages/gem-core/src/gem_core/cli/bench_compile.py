@@ -26,8 +26,12 @@ import click
 import torch
 
 from gem_core.attention.padded import PaddedAttention
-from gem_core.compile import (CompileTracker, compile_model, inductor_cache_in_use,
-                              use_inductor_cache)
+from gem_core.compile import (
+    CompileTracker,
+    compile_model,
+    inductor_cache_in_use,
+    use_inductor_cache,
+)
 from gem_core.config import load_config
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend

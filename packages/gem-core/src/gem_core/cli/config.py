@@ -107,7 +107,8 @@ def explain(keys: tuple[str, ...], as_json: bool) -> None:
     The [backends] keys and data.source list what they accept: the names the installed
     plugins register (and auto, where the kind has an automatic choice).
     """
-    from gem_core.config.docs import KeyDoc, explain as explain_keys
+    from gem_core.config.docs import KeyDoc
+    from gem_core.config.docs import explain as explain_keys
 
     entries = explain_keys(keys)
     choices = _registered_choices()

@@ -11,8 +11,8 @@ from torch import Tensor
 
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig
-from gem_core.trained_run import LoadedRun, load_run
 from gem_core.distill.setup import teacher_embedding_width
+from gem_core.trained_run import LoadedRun, load_run
 
 
 class Teacher:

@@ -15,8 +15,9 @@ from gem_core.contracts import RankingModel
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
-from gem_core.model.features import FeatureLookup, embedding_tables as feature_tables
 from gem_core.model.cross_attention import CrossFeatureAttention
+from gem_core.model.features import FeatureLookup
+from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.interaction import DotInteractionMLP
 from gem_core.model.interface import StrategyModel, check_checkpoint_kind, modules_of
@@ -26,9 +27,10 @@ from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTowe
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.target_match import TargetMatch, shared_attributes
 from gem_core.model.tokens import EventTokenizer
-from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.model.wukong import WukongInteraction
+from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.schema import FeatureSchema
+
 
 def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[EmbeddingTableConfig]:
     """The sparse tables of the model: one per table the data set declares (see

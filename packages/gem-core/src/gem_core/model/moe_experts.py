@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
 from gem_core.jagged import max_length
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from gem_core.config import MoeConfig
 from gem_core.flops import attention_flops, linear_layer_flops, self_attention_pairs
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.moe import build_moe, mlp_flops
-from gem_core.norm import NormBackend, ReferenceNorm
+from gem_core.norm import NormBackend
 
 
 class SwiGLU(nn.Module):

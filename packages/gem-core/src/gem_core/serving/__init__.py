@@ -7,8 +7,15 @@
 Nothing here is needed to *call* an exported program: that takes torch alone.
 """
 
-from gem_core.serving.inputs import (CANDIDATES, CONTEXT, HISTORY, USER_EMBEDDING, InputSpec,
-                                     batch_inputs, input_specs)
+from gem_core.serving.inputs import (
+    CANDIDATES,
+    CONTEXT,
+    HISTORY,
+    USER_EMBEDDING,
+    InputSpec,
+    batch_inputs,
+    input_specs,
+)
 
 __all__ = ["CANDIDATES", "CONTEXT", "HISTORY", "USER_EMBEDDING", "InputSpec", "batch_inputs",
            "input_specs"]

@@ -26,8 +26,7 @@ from torch import Tensor, nn
 
 from gem_core.attention import AttentionBackend
 from gem_core.model.gem import GEMModel
-from gem_core.serving.inputs import (CANDIDATES, CONTEXT, HISTORY, USER_EMBEDDING,
-                                     batch_from_inputs)
+from gem_core.serving.inputs import CANDIDATES, CONTEXT, HISTORY, USER_EMBEDDING, batch_from_inputs
 
 FULL, USER_TOWER, RANKER = "full", "user_tower", "ranker"
 

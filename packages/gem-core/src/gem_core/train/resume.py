@@ -9,7 +9,6 @@ from typing import Any
 from gem_core.config import GemConfig, unstructure
 from gem_core.errors import GemConfigError, GemDataError
 
-
 #: Version of the model's parameter layout and data model in checkpoints. 2: request-level
 #: samples with declared feature schemas (one table per declared table, event tokens summed from
 #: every event feature, position embeddings). Checkpoints without it are of version 1 (one

@@ -18,6 +18,7 @@ from gem_core.batch import JaggedBatch
 from gem_core.checkpoint import remove_torn
 from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig, unstructure
+from gem_core.contracts import LearningRateFollower
 from gem_core.distill.distiller import build_distiller
 from gem_core.distill.setup import resolve_distillation
 from gem_core.distributed import (
@@ -27,14 +28,17 @@ from gem_core.distributed import (
     init_from_environment,
     shutdown,
 )
+from gem_core.embedding import check_fused_optimizer
 from gem_core.flops import causal_window_pairs
+from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
-from gem_core.contracts import LearningRateFollower
+from gem_core.schema import schema_to_dict
 from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
 from gem_core.train.checkpointer import Checkpointer
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
+from gem_core.train.data_log import data_report, log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
 from gem_core.train.evaluate import evaluate
 from gem_core.train.guard import StepGuard
@@ -42,9 +46,6 @@ from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress, log_start
-from gem_core.embedding import check_fused_optimizer
-from gem_core.ids import check_managed_ids
-from gem_core.schema import schema_to_dict
 from gem_core.train.resume import (
     MODEL_FORMAT,
     check_compatible,
@@ -54,7 +55,6 @@ from gem_core.train.resume import (
 from gem_core.train.run_dir import RunDirectory, evaluation_columns
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.teardown import stop_background_work
-from gem_core.train.data_log import data_report, log_data_counts
 
 log = logging.getLogger(__name__)
 

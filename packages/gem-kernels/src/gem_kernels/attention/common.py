@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gem_core.attention.api import (AttentionParams, needs_self_attention,
-                                    validate_attention_inputs)
+from gem_core.attention.api import AttentionParams, needs_self_attention, validate_attention_inputs
 from gem_core.attention.relative_bias import RelativeBias
 
 # Larger than any sequence, so a huge window or prefix can be handed to int32 kernel arguments

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams, reject_unsupported_bias
 from gem_core.attention.relative_bias import RelativeBias
+from gem_core.contracts import AttentionBackend
 from gem_kernels.attention.common import checked_inputs, max_length
 from gem_kernels.attention.jagged_mask import jagged_visible_mask
 

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams, reject_unsupported_bias
-from gem_core.attention.relative_bias import RelativeBias
 from gem_core.attention.masks import self_attention_mask
+from gem_core.attention.relative_bias import RelativeBias
+from gem_core.contracts import AttentionBackend
 from gem_kernels.attention.common import checked_inputs
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

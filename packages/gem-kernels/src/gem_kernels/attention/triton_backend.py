@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gem_core.contracts import AttentionBackend
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.relative_bias import RelativeBias
+from gem_core.contracts import AttentionBackend
 from gem_kernels.attention.common import MAX_WINDOW, checked_inputs, max_length
 from gem_kernels.attention.launch_settings import BackwardLaunch, check_backward_launch
 from gem_kernels.attention.triton_op import (

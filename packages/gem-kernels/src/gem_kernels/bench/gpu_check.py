@@ -26,12 +26,12 @@ import torch
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import ReferenceAttention
+from gem_core.norm import gated_norm_reference
 from gem_core.testing.attention_conformance import AttentionCase, AttentionConformance
 from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
 from gem_kernels.bench.attention import BenchConfig, run_attention_bench
 from gem_kernels.bench.gpu_model_check import check_model, check_moe, model_lines
-from gem_core.norm import gated_norm_reference
 from gem_kernels.norms.triton_op import gated_norm
 
 SIZES = {
