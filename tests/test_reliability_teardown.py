@@ -1,7 +1,7 @@
 """A finished run exits cleanly: short 2-rank TorchRec (with a background checkpoint) and DeepSpeed
 (with TorchRec tables) runs, repeated under a concurrent CPU load, all exit 0 and none aborts at
-exit ("terminate called ..."). Every background thread (the loader's prefetch, DCP's checkpoint writer,
-TensorBoard's writer) is joined before the process group is destroyed
+exit ("terminate called ..."). Every background thread (the loader's prefetch, DCP's checkpoint
+writer, TensorBoard's writer) is joined before the process group is destroyed
 (gem_core.train.teardown).
 
 Each kind runs ``GEM_TEARDOWN_REPEATS`` times (default 1: two short runs beside a busy process

@@ -68,7 +68,8 @@ def test_gem_train_with_no_options_meets_the_contract_and_beats_the_base_rate(ge
     assert summary["config"]["name"] == "tiny"
     assert summary["backends"]["attention"]["reason"].startswith("auto: ")
     assert any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())
-    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tensorboard").iterdir())
+    assert any(p.name.startswith("events.out.tfevents")
+               for p in (run_dir / "tensorboard").iterdir())
 
 
 def test_stopping_and_resuming_gives_the_same_losses_bit_for_bit(gem, tmp_path, whole_run,

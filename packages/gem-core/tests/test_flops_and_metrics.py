@@ -20,8 +20,8 @@ def test_closed_form_pair_count_equals_the_mask(length, window):
 
 
 def _brute_force_auc(scores, labels):
-    pos = [s for s, l in zip(scores, labels) if l == 1]
-    neg = [s for s, l in zip(scores, labels) if l == 0]
+    pos = [s for s, label in zip(scores, labels) if label == 1]
+    neg = [s for s, label in zip(scores, labels) if label == 0]
     wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
     return wins / (len(pos) * len(neg))
 
@@ -30,7 +30,7 @@ def _brute_force_auc(scores, labels):
 @given(data=st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=30))
 def test_auc_matches_pair_counting_with_ties(data):
     scores = [float(s) for s, _ in data]
-    labels = [int(l) for _, l in data]
+    labels = [int(label) for _, label in data]
     if len(set(labels)) < 2:
         assert math.isnan(roc_auc(torch.tensor(scores), torch.tensor(labels, dtype=torch.float)))
         return

@@ -36,8 +36,8 @@ def test_duplicate_name_is_an_error_naming_both_plugins():
         register(_spec("bucketed"))
 
     with pytest.raises(GemPluginError) as error:
-        build_plugins(load_entry_points=False,
-                      extra_plugins=[("copycat", _plugin(gem_register_attention_backends=register))])
+        copycat = _plugin(gem_register_attention_backends=register)
+        build_plugins(load_entry_points=False, extra_plugins=[("copycat", copycat)])
     message = str(error.value)
     assert "duplicate attention name 'bucketed'" in message
     assert "'gem_core'" in message and "'copycat'" in message

@@ -136,7 +136,8 @@ def test_movielens_source_trains_from_a_path(grouplens, tmp_path):
                                                  "eval_fraction": 0.2})
     source = movielens_factory(config, seed=0)
     stream = source.train_stream(batch_size=32, rank=0, world_size=1,
-                                 balancer=contiguous_balancer, cost_fn=lambda b: [1.0] * b.batch_size)
+                                 balancer=contiguous_balancer,
+                                 cost_fn=lambda b: [1.0] * b.batch_size)
     batch = next(stream)
     batch.validate(source.schema)
     assert batch.batch_size == 32

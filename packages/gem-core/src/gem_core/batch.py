@@ -327,7 +327,8 @@ def _check_ids(ids: Tensor, size: int, feature: str, where: str,
     if not bool(bad.any()):
         return
     position = int(torch.nonzero(bad)[0])
-    row = position if offsets is None else int(torch.searchsorted(offsets, position, right=True)) - 1
+    row = (position if offsets is None
+           else int(torch.searchsorted(offsets, position, right=True)) - 1)
     raise GemDataError(
         f"{where}: row {row}: {feature} id {int(ids[position])} is outside [0, {size}) "
         f"({int(bad.sum())} such ids in the batch)"

@@ -143,6 +143,7 @@ class PrecisionRecipe(abc.ABC):
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         """After every optimizer step taken (e.g. FP8 scales for FSDP2's FP8 all-gather)."""
+        return None  # default: a recipe without per-step work does nothing
 
     def summary(self) -> dict[str, Any]:
         """Written to ``summary.json`` under ``precision`` (e.g. the layers converted)."""
@@ -278,6 +279,7 @@ class TrainStream(abc.ABC):
         """Stop and join any background work (e.g. threads reading ahead) and release files.
         The trainer calls it when the run ends, successfully or not, before the process group
         is destroyed; a stream without background work does nothing (this default)."""
+        return None
 
 
 class PlainSteps(StepRunner):
@@ -332,7 +334,8 @@ class DataSource(abc.ABC):
 
 
 DataFactory = Callable[..., DataSource]
-"""``(config: DataConfig, *, seed: int) -> DataSource``: what a ``data`` spec's ``load()`` returns."""
+"""``(config: DataConfig, *, seed: int) -> DataSource``: what a ``data`` spec's ``load()``
+returns."""
 
 Balancer = Callable[[Sequence[float], int], list[list[int]]]
 """``(per-sample costs, number of ranks) -> sample indices per rank`` (kind ``balancer``): every

@@ -1,4 +1,5 @@
-"""The process group of a run: started by torchrun (or the DeepSpeed launcher) or a single process."""
+"""The process group of a run: started by torchrun (or the DeepSpeed launcher) or a single
+process."""
 
 from __future__ import annotations
 

@@ -38,8 +38,9 @@ class EmbeddingTableConfig:
     (:data:`gem_core.ids.MANAGED_IDS`) accept such a table."""
 
     optimizer: EmbeddingOptimizerConfig = attrs.field(factory=EmbeddingOptimizerConfig)
-    """How a backend with the :data:`~gem_core.capabilities.FUSED_OPTIMIZER` capability trains this table
-    (``[model.embedding_optimizer]``); other backends leave the table to the dense optimizer."""
+    """How a backend with the :data:`~gem_core.capabilities.FUSED_OPTIMIZER` capability trains
+    this table (``[model.embedding_optimizer]``); other backends leave the table to the dense
+    optimizer."""
 
 
 def check_ids(ids: Tensor, table: EmbeddingTableConfig, feature: str) -> None:

@@ -122,13 +122,14 @@ def gem_register_dense_sharding(register: Register) -> None:
     """Register dense-parameter parallelism strategies (kind ``dense_sharding``).
 
     ``load()`` returns a :class:`gem_core.contracts.DenseSharding`: ``apply(model, *,
-    ctx: ParallelContext, make_optimizer, precision, options) -> Engine``. The strategy wraps or shards the model's dense parameters for the
-    process group in ``ctx``, builds the optimizer with ``make_optimizer(module)`` (or owns the
-    optimizer itself, as DeepSpeed does) and returns an :class:`gem_core.engine.Engine` whose
-    ``backward``/``step``/``state_dict`` the trainer drives. Gradients must equal, within float
-    tolerance, those of a single process on the union of the ranks' batches. ``precision`` is
-    the run's recipe (its ``mixed_precision_policy()`` is for strategies that cast parameters);
-    ``options`` is ``[parallel.dense]`` of the config, which the strategy validates.
+    ctx: ParallelContext, make_optimizer, precision, options) -> Engine``. The strategy wraps or
+    shards the model's dense parameters for the process group in ``ctx``, builds the optimizer
+    with ``make_optimizer(module)`` (or owns the optimizer itself, as DeepSpeed does) and returns an
+    :class:`gem_core.engine.Engine` whose ``backward``/``step``/``state_dict`` the trainer drives.
+    Gradients must equal, within float tolerance, those of a single process on the union of the
+    ranks' batches. ``precision`` is the run's recipe (its ``mixed_precision_policy()`` is for
+    strategies that cast parameters); ``options`` is ``[parallel.dense]`` of the config, which the
+    strategy validates.
     """
 
 
@@ -137,10 +138,11 @@ def gem_register_embedding_sharding(register: Register) -> None:
     """Register embedding-table sharding strategies (kind ``embedding_sharding``).
 
     ``load()`` returns a :class:`gem_core.contracts.EmbeddingSharding`: ``apply(model, *,
-    ctx: ParallelContext, options) -> nn.Module`` (``options``: ``[parallel.embedding]``) that places the model's embedding tables (the module at ``model.embeddings``) across the process
+    ctx: ParallelContext, options) -> nn.Module`` (``options``: ``[parallel.embedding]``) that
+    places the model's embedding tables (the module at ``model.embeddings``) across the process
     group, returning the model with the same forward semantics. It runs before dense sharding.
-    ``summary() -> dict`` (default ``{}``; e.g. the plan per table), written to ``summary.json`` under
-    ``embedding_sharding``.
+    ``summary() -> dict`` (default ``{}``; e.g. the plan per table), written to ``summary.json``
+    under ``embedding_sharding``.
     """
 
 
@@ -169,9 +171,10 @@ def gem_register_activation_checkpointing(register: Register) -> None:
 
     ``load()`` returns a :class:`gem_core.contracts.ActivationCheckpointing`: ``apply(model, *,
     ctx: ParallelContext, options) -> nn.Module`` (``options``:
-    ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations are recomputed in the backward instead of
-    stored. It runs in ``parallelize()`` after embedding sharding and before dense sharding, and
-    must leave the model's outputs and gradients unchanged (only memory and time change).
+    ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations
+    are recomputed in the backward instead of stored. It runs in ``parallelize()`` after
+    embedding sharding and before dense sharding, and must leave the model's outputs and gradients
+    unchanged (only memory and time change).
     """
 
 
@@ -180,8 +183,9 @@ def gem_register_data_sources(register: Register) -> None:
     """Register data sources (kind ``data``).
 
     ``load()`` returns a factory ``(config: DataConfig, *, seed: int) -> DataSource`` (see
-    :class:`gem_core.contracts.DataSource`; the trainer refuses a product that is not one): a feature schema, a deterministic stream of global training
-    batches with a resumable position, and a fixed held-out evaluation split.
+    :class:`gem_core.contracts.DataSource`; the trainer refuses a product that is not one): a
+    feature schema, a deterministic stream of global training batches with a resumable
+    position, and a fixed held-out evaluation split.
     """
 
 
@@ -231,7 +235,8 @@ def gem_default_dense_sharding(context: AutoContext) -> DefaultChoice:
 
 @hookspec(firstresult=True)
 def gem_default_embedding_sharding(context: AutoContext) -> DefaultChoice:
-    """Name the embedding sharding strategy ``auto`` means in ``context``, with a reason, or None."""
+    """Name the embedding sharding strategy ``auto`` means in ``context``, with a reason, or
+    None."""
 
 
 @hookspec(firstresult=True)

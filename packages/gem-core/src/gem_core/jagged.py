@@ -65,7 +65,8 @@ def check_offsets(offsets: Tensor, total: int, what: str) -> None:
     before this), and the assertion still stops the run, with the same message, at the next sync.
     """
     if offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{what}: offsets must be 1-D with batch+1 entries, got {tuple(offsets.shape)}")
+        raise ValueError(f"{what}: offsets must be 1-D with batch+1 entries, "
+                         f"got {tuple(offsets.shape)}")
     if offsets.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{what}: offsets must be int32 or int64, got {offsets.dtype}")
     if offsets.device.type != "cpu":
@@ -86,7 +87,8 @@ def check_offsets(offsets: Tensor, total: int, what: str) -> None:
 
 @attrs.frozen
 class Jagged:
-    """Variable-length rows of ids or vectors: ``values`` ``(total, ...)`` and ``offsets`` ``(B+1,)``."""
+    """Variable-length rows of ids or vectors: ``values`` ``(total, ...)`` and ``offsets``
+    ``(B+1,)``."""
 
     values: Tensor
     offsets: Tensor

@@ -64,7 +64,10 @@ class GemPlugins:
         for impl in hook.get_hookimpls():
             distribution, version = self._distribution_of(impl.plugin_name)
 
-            def register(spec: ImplementationSpec, _plugin: str = impl.plugin_name) -> None:
+            # The loop's values are bound as defaults: a plugin that keeps register() and
+            # calls it later still records its own plugin, distribution and version.
+            def register(spec: ImplementationSpec, _plugin: str = impl.plugin_name,
+                         _distribution: str = distribution, _version: str = version) -> None:
                 if not isinstance(spec, ImplementationSpec):
                     raise GemPluginError(
                         f"plugin {_plugin!r} passed {type(spec).__name__} to register() in "
@@ -75,8 +78,8 @@ class GemPlugins:
                         spec,
                         kind=registry.kind,
                         plugin=_plugin,
-                        distribution=distribution,
-                        version=version,
+                        distribution=_distribution,
+                        version=_version,
                     )
                 )
 

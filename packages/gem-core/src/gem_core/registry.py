@@ -44,7 +44,8 @@ plugins import them from."""
 
 @attrs.frozen(kw_only=True)
 class ImplementationSpec:
-    """One registered implementation of a kind: what it is called, what it can do, how to load it."""
+    """One registered implementation of a kind: what it is called, what it can do, how to load
+    it."""
 
     name: str = attrs.field(validator=_check_name)
     """Unique name within its kind; what users pass on the command line (``--attention triton``)."""

@@ -40,7 +40,8 @@ def _unique_names(instance: object, attribute: attrs.Attribute, value: tuple) ->
     names = [feature.name for feature in value]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"{attribute.name} names must be unique, repeated: {', '.join(duplicates)}")
+        raise ValueError(f"{attribute.name} names must be unique, "
+                         f"repeated: {', '.join(duplicates)}")
 
 
 def _feature_name(instance: object, attribute: attrs.Attribute, value: str) -> None:

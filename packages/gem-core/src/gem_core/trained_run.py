@@ -66,7 +66,8 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
     the run's (an exporter swapping in an attention backend that exports); the weights do not
     depend on these backends. ``check_config``: called with the run's config before anything is
-    loaded, to refuse a run the caller cannot use (it raises). Every problem is a :class:`GemConfigError` naming the run.
+    loaded, to refuse a run the caller cannot use (it raises). Every problem is a
+    :class:`GemConfigError` naming the run.
     """
     run_dir = Path(run_dir)
     config_file = run_dir / "config.toml"

@@ -43,7 +43,8 @@ def numpy_view(array: Any) -> np.ndarray:
     time); reading the data buffer directly avoids that. Arrays that do hold nulls are rejected
     by validation first; for them this falls back to arrow's (copying) conversion.
     """
-    if array.null_count or not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+    numeric = pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+    if array.null_count or not numeric:
         return array.to_numpy(zero_copy_only=False)
     dtype = np.dtype(array.type.to_pandas_dtype())
     if dtype == np.uint64:
@@ -134,7 +135,8 @@ def _ids(values: np.ndarray, inner: np.ndarray | None) -> Any:
     return t(values) if inner is None else Jagged(t(values), t(inner))
 
 
-def table_to_batch(table: Any, schema: FeatureSchema, max_seq_len: int | None = None) -> JaggedBatch:
+def table_to_batch(table: Any, schema: FeatureSchema,
+                   max_seq_len: int | None = None) -> JaggedBatch:
     """A JaggedBatch of every row (request) of ``table`` (already validated), histories cut to
     the most recent ``max_seq_len`` events (every event feature, multi-valued ones and
     ``history_dense`` alike)."""

@@ -8,24 +8,24 @@ schema alone says what a file must hold. Ids are int64 and floats float32 on dis
 Id columns written as ``uint64`` by other tools are read as int64 with the same bits (a
 zero-copy view): ids are opaque 64-bit keys, mapped to rows by their table's id policy.
 
-===========================  ===================================  ===================================
-column                       arrow type                           meaning
-===========================  ===================================  ===================================
-``user_id``                  ``int64``                            raw user key (GAUC groups)
-``request_timestamp``        ``int64``                            request time, seconds
-``history_timestamp``        ``list<int64>``                      time of each event (E), oldest first
-``event.<name>``             ``list<int64>``                      a single-valued event feature (E)
-``event.<name>``             ``list<list<int64>>``                a multi-valued one (E lists, >= 1 id)
-``history_dense``            ``list<float32>``                    ``E * seq_dense_dim`` (optional)
-``candidate.<name>``         ``list<int64>`` / ``list<list<..>>`` each candidate feature (K >= 1)
-``label.<task>``             ``list<float32>``                    label of each candidate (K), 0 or 1
-``candidate_dense``          ``list<float32>``                    ``K * seq_dense_dim`` (optional)
-``sparse.<name>``            ``list<int64>``                      a context feature's bag of ids
-``dense``                    ``fixed_size_list<float32>[n]``      ``num_dense`` floats (optional)
-``user_embedding``           ``fixed_size_list<float32>[u]``      upstream user embedding (exported)
-``teacher_logit.<task>``     ``list<float32>``                    a teacher's logit per candidate (K)
-``teacher_embedding``        ``fixed_size_list<float32>[t]``      a teacher's user embedding
-===========================  ===================================  ===================================
+========================  ===================================  ===================================
+column                    arrow type                           meaning
+========================  ===================================  ===================================
+``user_id``               ``int64``                            raw user key (GAUC groups)
+``request_timestamp``     ``int64``                            request time, seconds
+``history_timestamp``     ``list<int64>``                      time of each event (E), oldest first
+``event.<name>``          ``list<int64>``                      a single-valued event feature (E)
+``event.<name>``          ``list<list<int64>>``                a multi-valued one (E lists, >= 1 id)
+``history_dense``         ``list<float32>``                    ``E * seq_dense_dim`` (optional)
+``candidate.<name>``      ``list<int64>`` / ``list<list<..>>`` each candidate feature (K >= 1)
+``label.<task>``          ``list<float32>``                    label of each candidate (K), 0 or 1
+``candidate_dense``       ``list<float32>``                    ``K * seq_dense_dim`` (optional)
+``sparse.<name>``         ``list<int64>``                      a context feature's bag of ids
+``dense``                 ``fixed_size_list<float32>[n]``      ``num_dense`` floats (optional)
+``user_embedding``        ``fixed_size_list<float32>[u]``      upstream user embedding (exported)
+``teacher_logit.<task>``  ``list<float32>``                    a teacher's logit per candidate (K)
+``teacher_embedding``     ``fixed_size_list<float32>[t]``      a teacher's user embedding
+========================  ===================================  ===================================
 
 The two ``teacher_*`` columns come last and only in data sets written by ``gem
 distill-precompute`` (the schema's ``teacher_tasks`` and ``teacher_embedding_dim``): the

@@ -85,7 +85,8 @@ class SynthOptions:
     ad_id_policy: str = attrs.field(default="hash",
                                     validator=attrs.validators.in_(("hash", "managed")))
     """Id policy of the ``ad`` table: ``hash`` (a fixed hash into its rows) or ``managed``
-    (TorchRec's zero-collision remapper; train with ``--set backends.embedding=torchrec-managed``)."""
+    (TorchRec's zero-collision remapper; train with
+    ``--set backends.embedding=torchrec-managed``)."""
 
     num_users: int = attrs.field(default=100_000, validator=greater_than(0))
     """Distinct users, each with fixed interests and segments."""

@@ -59,7 +59,8 @@ class Manifest:
     """The features every file holds."""
 
     splits: dict[str, tuple[FileEntry, ...]]
-    """Files of each split. ``eval`` may be absent: the source then holds out trailing row groups."""
+    """Files of each split. ``eval`` may be absent: the source then holds out trailing row
+    groups."""
 
     info: dict[str, Any] = attrs.field(factory=dict)
     """Provenance: which generator or adapter wrote it, with its options and seed."""
@@ -126,7 +127,8 @@ def read_manifest(directory: str | Path) -> Manifest:
             for name, split in data["splits"].items()
         }
     except (KeyError, TypeError, ValueError) as error:
-        raise GemDataError(f"{path}: malformed manifest ({type(error).__name__}: {error})") from None
+        raise GemDataError(
+            f"{path}: malformed manifest ({type(error).__name__}: {error})") from None
     for name, files in splits.items():
         for entry in files:
             confined_path(Path(directory), entry.path, where=f"{path}: split {name!r}")

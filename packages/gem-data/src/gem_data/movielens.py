@@ -83,7 +83,8 @@ def read_movielens(directory: str | Path) -> RawMovieLens:
         genre_names = [line.split("|")[0] for line in _read_lines(d / "u.genre")] \
             if (d / "u.genre").is_file() else [f"genre{i}" for i in range(len(items[0]) - 5)]
         years = [_year(row[2][-4:]) for row in items]
-        item_genres = [[g for g, flag in enumerate(row[5:]) if flag.strip() == "1"] for row in items]
+        item_genres = [[g for g, flag in enumerate(row[5:]) if flag.strip() == "1"]
+                       for row in items]
         item_ids = [int(row[0]) for row in items]
     elif (d / "ml-100k.inter").is_file():
         ratings = _ratings(d / "ml-100k.inter", skip_header=True)

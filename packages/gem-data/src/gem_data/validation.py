@@ -354,7 +354,7 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
     columns = {name: table.column(name) for name in table.column_names}
     replaced = False
 
-    for name, kind, feature in fmt.id_columns(schema):
+    for name, _kind, feature in fmt.id_columns(schema):
         table_spec = schema.table(feature.table)
         if table_spec.id_policy != "dense":
             continue
@@ -417,7 +417,8 @@ def validate_table(table: Any, schema: FeatureSchema, policy: ValidationPolicy,
                      offsets=chain[0]: (
                          f"feature {name!r} value "
                          f"{float(values[positions[np.flatnonzero(owners == row)[0]]])} of "
-                         f"candidate {int(positions[np.flatnonzero(owners == row)[0]]) - int(offsets[row])}"
+                         "candidate "
+                         f"{int(positions[np.flatnonzero(owners == row)[0]]) - int(offsets[row])}"
                          " is not 0 or 1"))
 
     table, columns, replaced = _check_time(table, columns, replaced, schema, policy, c)

@@ -6,15 +6,15 @@ trained by TBE's fused optimizer inside the backward.
   same operator with ``PoolingMode.NONE`` (its sequence variant), one call per width. The outputs
   are the reference backend's (:mod:`gem_core.embedding`), with the same initial weights (the
   module draws them as the reference does, so a run's other parameters start the same too).
-- The optimizer is ``[model.embedding_optimizer]`` (:class:`gem_core.config.EmbeddingOptimizerConfig`):
-  exact row-wise Adagrad or SGD, applied by TBE's backward to the rows the batch looked up
-  (duplicate ids summed first). The tables are not parameters of the model: TBE lives outside
-  the module tree, so the dense AdamW never holds them and no gradient reaches them twice; each
-  table appears as a buffer ``tables.<name>.weight``, a view of TBE's weights, so the model's
-  state dict has the reference backend's names (``gem_core.trained_run.load_run`` reads a run
-  into either backend, and DCP loads checkpoints into TBE in place). The optimizer state
-  (row-wise Adagrad's ``momentum1``, one value per row) is checkpointed through the
-  sharded-module protocol (:mod:`gem_core.train.sharded_modules`) as
+- The optimizer is ``[model.embedding_optimizer]``
+  (:class:`gem_core.config.EmbeddingOptimizerConfig`): exact row-wise Adagrad or SGD, applied
+  by TBE's backward to the rows the batch looked up (duplicate ids summed first). The tables are not
+  parameters of the model: TBE lives outside the module tree, so the dense AdamW never holds them
+  and no gradient reaches them twice; each table appears as a buffer ``tables.<name>.weight``, a
+  view of TBE's weights, so the model's state dict has the reference backend's names
+  (``gem_core.trained_run.load_run`` reads a run into either backend, and DCP loads checkpoints into
+  TBE in place). The optimizer state (row-wise Adagrad's ``momentum1``, one value per row) is
+  checkpointed through the sharded-module protocol (:mod:`gem_core.train.sharded_modules`) as
   ``optimizer.state.embeddings.tables.<name>.weight.momentum1``, TorchRec's names.
 - Consequences (as with TorchRec's fused tables): ``train.grad_clip`` and ``grad_norm`` cover
   the dense parameters only; a step the guard skips has already updated the rows it looked up;
@@ -217,7 +217,7 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
     # -- forward ---------------------------------------------------------------------------------
 
     def forward(self, features: Mapping[str, Jagged]) -> dict[str, Tensor]:
-        for name, config in self.table_configs.items():
+        for config in self.table_configs.values():
             for feature in config.features:
                 check_ids(features[feature].values, config, feature)
         out: dict[str, Tensor] = {}

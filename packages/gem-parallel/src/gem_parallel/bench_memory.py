@@ -203,7 +203,8 @@ def parse_budgets(text: str) -> list[float]:
         try:
             value = float(item)
         except ValueError:
-            raise click.BadParameter(f"{item!r} is not a number", param_hint="--budgets")
+            raise click.BadParameter(f"{item!r} is not a number",
+                                     param_hint="--budgets") from None
         if not 0 < value <= 1:
             raise click.BadParameter(f"{item} is not in (0, 1]", param_hint="--budgets")
         budgets.append(value)

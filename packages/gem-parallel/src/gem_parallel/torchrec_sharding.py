@@ -290,7 +290,7 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
             features = remap_features(
                 self.remappers, self.table_configs, features,
                 across_ranks=self.training and not self._local and self._world_size > 1)
-        for name, config in self.table_configs.items():
+        for config in self.table_configs.values():
             for feature in config.features:
                 check_ids(features[feature].values, config, feature)
         full = self._full
@@ -582,5 +582,6 @@ class TorchRecSharding(EmbeddingSharding):
                 # Measured: bytes of every rank's shards (weights, fused-optimizer state).
                 "shard_bytes_per_rank": self.shard_bytes,
                 **({} if self.layout is None else
-                   {"sparse_layout": torchrec_2d.run_report(self.layout, self._collection._replicas)}),
+                   {"sparse_layout": torchrec_2d.run_report(self.layout,
+                                                            self._collection._replicas)}),
                 **({} if self.pipeline is None else {"pipeline": self.pipeline.summary()})}

@@ -40,7 +40,6 @@ def float8_config(recipe: str, *, emulate: bool = False,
 def check_float8_runs(config: Any, device: torch.device) -> None:
     """Run one tiny FP8 linear forward and backward on ``device``, so that a device without FP8
     matmuls fails here with its reason instead of in the middle of a training step."""
-    float8 = torchao_float8()
     layer = nn.Linear(32, 32, bias=False).to(device)
     probe = float8_linear_class().from_float(layer, config=config)
     x = torch.randn(32, 32, device=device, requires_grad=True)

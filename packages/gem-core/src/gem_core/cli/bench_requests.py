@@ -64,7 +64,7 @@ def requests_report(preset: str, candidates: int, impressions: int, repeats: int
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tasks = source.schema.tasks
     times: dict[str, list[float]] = {"grouped": [], "single": []}
-    for name, batch in (("grouped", grouped), ("single", single)):  # warm-up, untimed
+    for _name, batch in (("grouped", grouped), ("single", single)):  # warm-up, untimed
         _step_time(model, optimizer, batch, tasks)
     for _ in range(repeats):
         for name, batch in (("grouped", grouped), ("single", single)):

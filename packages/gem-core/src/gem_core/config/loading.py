@@ -233,7 +233,8 @@ def toml_literal(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_literal(v)}" for k, v in value.items()) + "}"
+        items = (f"{json.dumps(k)} = {toml_literal(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
     if value is None:
         raise GemConfigError("TOML has no null; leave the key out instead")
     raise GemConfigError(f"cannot write {value!r} as TOML")

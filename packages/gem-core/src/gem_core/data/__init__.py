@@ -9,4 +9,5 @@ from gem_core.data.api import (
     local_share,
 )
 
-__all__ = ["Balancer", "DataSource", "IndexedStream", "TrainStream", "contiguous_balancer", "local_share"]
+__all__ = ["Balancer", "DataSource", "IndexedStream", "TrainStream", "contiguous_balancer",
+           "local_share"]

@@ -104,7 +104,8 @@ class SyntheticSource(DataSource):
         # Per cluster, its items and their popularity (for drawing in-interest events).
         order = np.argsort(self.item_cluster, kind="stable")
         self._cluster_items = order
-        self._cluster_starts = np.searchsorted(self.item_cluster[order], np.arange(o.num_clusters + 1))
+        self._cluster_starts = np.searchsorted(self.item_cluster[order],
+                                               np.arange(o.num_clusters + 1))
         self.user_clusters = world.integers(0, o.num_clusters, (o.num_users, 3))
         self.user_segment = world.integers(0, 64, (o.num_users, 2))
         self.advertiser = world.integers(0, 100, o.num_items)

@@ -1,4 +1,5 @@
-"""What a ``[distill]`` section implies for the student's model, decided before anything is built."""
+"""What a ``[distill]`` section implies for the student's model, decided before anything is
+built."""
 
 from __future__ import annotations
 

@@ -297,7 +297,10 @@ class Checkpointer:
     def report(self) -> dict[str, Any]:
         """For ``summary.json``: format, mode, timings, size, kept steps and the best one."""
         best = best_checkpoint(self.run_dir) if self.keep_best else None
-        mean = (lambda xs: sum(xs) / len(xs) if xs else None)
+
+        def mean(xs: list[float]) -> float | None:
+            return sum(xs) / len(xs) if xs else None
+
         return {
             "format": self.format, "async": self.background, "saves": len(self.blocking_s),
             "blocking_s_mean": mean(self.blocking_s), "write_s_mean": mean(self.write_s),

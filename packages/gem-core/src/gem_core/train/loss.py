@@ -13,7 +13,8 @@ from gem_core.batch import JaggedBatch
 
 def task_loss_sums(logits: Mapping[str, Tensor], batch: JaggedBatch,
                    tasks: Sequence[str]) -> Tensor:
-    """``(num_tasks,)`` sums over the batch's impressions of each task's BCE (float32 whatever the autocast)."""
+    """``(num_tasks,)`` sums over the batch's impressions of each task's BCE (float32 whatever
+    the autocast)."""
     return torch.stack([
         F.binary_cross_entropy_with_logits(logits[t].float(), batch.labels[t], reduction="sum")
         for t in tasks

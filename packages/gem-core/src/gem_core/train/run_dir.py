@@ -1,4 +1,5 @@
-"""The run directory contract: metrics.jsonl, eval.jsonl, summary.json, config.toml, checkpoints/."""
+"""The run directory contract: metrics.jsonl, eval.jsonl, summary.json, config.toml,
+checkpoints/."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """How the trainer's steps get their batches: one at a time from the training stream
-(:class:`gem_core.contracts.PlainSteps`, the default), or through a pipeline an embedding-sharding strategy builds
-(:meth:`gem_core.contracts.EmbeddingSharding.step_runner`, e.g. TorchRec's train pipelines, which
-distribute the sparse inputs of the next batch while this one computes).
+(:class:`gem_core.contracts.PlainSteps`, the default), or through a pipeline an
+embedding-sharding strategy builds (:meth:`gem_core.contracts.EmbeddingSharding.step_runner`,
+e.g. TorchRec's train pipelines, which distribute the sparse inputs of the next batch while this one
+computes).
 
 A pipeline fetches batches before it trains them, so the stream's own position runs ahead of
 training. :class:`PositionedBatches` records the stream's position right after each batch it

@@ -178,8 +178,8 @@ class _Trainer:
         self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
         self.eval_history: list[dict[str, Any]] = []
         self.step_times: list[float] = []
-        self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0, "attention_flops": 0.0,
-                       "padded_flops": 0.0, "padded_attention_flops": 0.0}
+        self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0,
+                       "attention_flops": 0.0, "padded_flops": 0.0, "padded_attention_flops": 0.0}
 
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
@@ -489,7 +489,8 @@ class _Trainer:
                 "tokens_per_s": (t["tokens"] / steps) / median_step,
                 "steps_timed": len(timed),
             },
-            "flops": {"per_step": flops_per_step, "attention_per_step": t["attention_flops"] / steps,
+            "flops": {"per_step": flops_per_step,
+                      "attention_per_step": t["attention_flops"] / steps,
                       "padded_per_step": t["padded_flops"] / steps,
                       "counting": "3 x forward multiply-adds x 2 over the real jagged lengths"},
             "padding_saved": {

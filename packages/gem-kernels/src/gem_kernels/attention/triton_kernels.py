@@ -205,7 +205,7 @@ def _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt, stri
 
 @triton.jit
 def jagged_attention_fwd_kernel(
-    Q, K, V, O, LSE, QOff, KOff, NT,
+    Q, K, V, OUT, LSE, QOff, KOff, NT,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_lt, stride_lh,
     scale, prefix, window, head_dim,
@@ -244,13 +244,16 @@ def jagged_attention_fwd_kernel(
                                          IS_SELF, CAUSAL, HAS_WINDOW)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a0, b0, history, prefix, window, scale, offs_d, d_ok,
-                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor,
+                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a1, b1, history, prefix, window, scale, offs_d, d_ok,
-                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor,
+                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     acc, m_i, l_i = _fwd_range(acc, m_i, l_i, q, offs_m, row_ok, k_base, v_base, stride_kt,
                                stride_vt, a2, b2, history, prefix, window, scale, offs_d, d_ok,
-                               w_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                               w_base, ts_base, num_pb, num_tb, time_divisor,
+                               IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     if SILU:
         # HSTU normalisation: divide by the sample's number of keys (not the batch maximum).
         out = acc * (1.0 / tl.maximum(kv_len, 1).to(tl.float32))
@@ -260,8 +263,9 @@ def jagged_attention_fwd_kernel(
         l_safe = tl.where(has_keys, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(has_keys, m_i + tl.log(l_safe), 0.0)
-    o_ptrs = O + q_start * stride_ot + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    o_ptrs = (OUT + q_start * stride_ot + h * stride_oh + offs_m[:, None] * stride_ot
+              + offs_d[None, :])
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + (q_start + offs_m) * stride_lt + h * stride_lh, lse, mask=row_ok)
 
 
@@ -459,30 +463,33 @@ def jagged_attention_bwd_dq_kernel(
                                          IS_SELF, CAUSAL, HAS_WINDOW)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a0, b0, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor,
+                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a1, b1, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor,
+                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     dq = _dq_range(dq, q, do, lse, delta, offs_m, row_ok, k_base, v_base, stride_kt, stride_vt,
                    a2, b2, history, prefix, window, scale, inv_n, offs_d, d_ok,
-                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor, IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
+                   w_base, dw_base, ts_base, num_pb, num_tb, time_divisor,
+                   IS_SELF, CAUSAL, HAS_WINDOW, SILU, DOT_DTYPE, PRECISION, BLOCK_N)
     tl.store(DQ + q_start * stride_dqt + h * stride_dqh + offs_m[:, None] * stride_dqt
              + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
 def softmax_delta_kernel(
-    O, DO, DELTA, total, stride_ot, stride_oh, stride_dot, stride_doh, stride_lt, stride_lh,
+    OUT, DO, DELTA, total, stride_ot, stride_oh, stride_dot, stride_doh, stride_lt, stride_lh,
     head_dim, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """``delta[t, h] = sum_d O[t, h, d] * dO[t, h, d]`` in fp32, read once from the 16-bit
+    """``delta[t, h] = sum_d OUT[t, h, d] * dO[t, h, d]`` in fp32, read once from the 16-bit
     tensors (in PyTorch it took two fp32 copies, a product and a sum: four passes)."""
     offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     h = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     t_ok = offs_t < total
     mask = t_ok[:, None] & (offs_d < head_dim)[None, :]
-    o = tl.load(O + offs_t[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=mask,
+    o = tl.load(OUT + offs_t[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=mask,
                 other=0.0).to(tl.float32)
     do = tl.load(DO + offs_t[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask,
                  other=0.0).to(tl.float32)

@@ -73,7 +73,8 @@ def check_moe(device: str, size: str) -> list[dict[str, Any]]:
                                      shared_expert=False, aux_loss_weight=0.01,
                                      impl=impl).to(device)
 
-            def step(layer: MixtureOfExperts = layer, impl: str = impl) -> None:
+            def step(layer: MixtureOfExperts = layer, impl: str = impl, x: torch.Tensor = x,
+                     outputs: dict[str, torch.Tensor] = outputs) -> None:
                 layer.zero_grad(set_to_none=True)
                 with torch.autocast(device, dtype=torch.bfloat16):
                     out = layer(x)
@@ -127,8 +128,9 @@ def check_model(device: str, size: str) -> list[dict[str, Any]]:
                             ("reference", ReferenceAttention())):
         model = build(attention)
         loss, grad = _model_step(model, batch, tasks, device, autocast=True)
-        seconds = _median_seconds(lambda: _model_step(model, batch, tasks, device, True),
-                                  device, spec["repeats"])
+        seconds = _median_seconds(
+            lambda model=model: _model_step(model, batch, tasks, device, True),
+            device, spec["repeats"])
         rows.append({
             "backend": f"{name} (bf16 autocast)", "loss": loss, "grad_norm": grad,
             "loss_relative_error": abs(loss - oracle_loss) / abs(oracle_loss),

@@ -67,8 +67,10 @@ def tune_shape(cfg: BenchConfig, window: int | None) -> dict[str, Any]:
         try:
             out = triton_op._forward(*head, bm, bn, num_warps=warps, num_stages=stages)
             row["rel_error"] = _error(out, (default_out, default_lse))
-            row["ms"] = 1e3 * _time(lambda: triton_op._forward(
-                *head, bm, bn, num_warps=warps, num_stages=stages), cfg.device, cfg.repeats)
+            row["ms"] = 1e3 * _time(
+                lambda bm=bm, bn=bn, warps=warps, stages=stages: triton_op._forward(
+                    *head, bm, bn, num_warps=warps, num_stages=stages),
+                cfg.device, cfg.repeats)
         except Exception as error:  # a candidate over the shared-memory limit is skipped
             row["skipped"] = f"{type(error).__name__}: {str(error)[:160]}"
         rows["forward"].append(row)
