@@ -24,14 +24,15 @@ from gem_core.plugins import build_plugins  # noqa: E402
 from gem_core.registry import ImplementationSpec  # noqa: E402
 from gem_core.train import train  # noqa: E402
 from gem_core.train.checkpointer import read_checkpoint  # noqa: E402
-from gem_core.trained_run import load_run  # noqa: E402
 from gem_core.train.optim import make_adamw  # noqa: E402
+from gem_core.trained_run import load_run  # noqa: E402
 from gem_kernels.embedding_tbe import TbeEmbeddingCollection  # noqa: E402
 
 DIM = 8
+DEFAULT_OPTIMIZER = EmbeddingOptimizerConfig()  # frozen: one shared default is safe
 
 
-def _tables(optimizer: EmbeddingOptimizerConfig = EmbeddingOptimizerConfig()):
+def _tables(optimizer: EmbeddingOptimizerConfig = DEFAULT_OPTIMIZER):
     """Pooled (sum, mean) and sequence tables; two features share table ``a``, and the feature
     order interleaves tables (the backend must order them for FBGEMM's CPU Adagrad)."""
     return [
@@ -58,7 +59,7 @@ def _features() -> dict[str, Jagged]:
             "e2": jagged([], [0, 0]), "e3": jagged([4, 4, 1], [0, 3])}
 
 
-def _pair(optimizer: EmbeddingOptimizerConfig = EmbeddingOptimizerConfig()):
+def _pair(optimizer: EmbeddingOptimizerConfig = DEFAULT_OPTIMIZER):
     torch.manual_seed(7)
     tbe = TbeEmbeddingCollection(_tables(optimizer))
     torch.manual_seed(7)

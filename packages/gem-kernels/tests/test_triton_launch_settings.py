@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from gem_core.attention.api import AttentionParams
+from gem_kernels.attention import triton_op
 from gem_kernels.attention.launch_settings import (
     WRONG_ON_CUDA,
     BackwardLaunch,
     check_backward_launch,
 )
-from gem_kernels.attention import triton_op
 from gem_kernels.attention.triton_backend import TritonAttention
 
 FIRST, SECOND = WRONG_ON_CUDA

@@ -8,8 +8,8 @@ import os
 import sys
 
 import pytest
-from gem_core.testing.processes import run_process_group
 
+from gem_core.testing.processes import run_process_group
 from gem_parallel.bench_moe import LAYER, predicted_bytes_uniform
 
 

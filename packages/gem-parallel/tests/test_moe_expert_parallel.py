@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from gem_core.testing.processes import run_process_group
 
 HERE = Path(__file__).resolve()

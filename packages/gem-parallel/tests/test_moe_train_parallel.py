@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gem_core.testing.processes import run_process_group
 
 SMALL_SETS = ["train.steps=6", "train.batch_size=64", "data.eval_rows=256",
@@ -173,10 +174,9 @@ def test_ep_refuses_models_without_moe_and_uneven_experts():
 
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
-    from gem_parallel.expert_parallel import ExpertParallelStrategy, shard_experts
     from gem_core.model.moe import MixtureOfExperts
-
     from gem_core.testing.models import LayersInterface
+    from gem_parallel.expert_parallel import ExpertParallelStrategy, shard_experts
 
     class Dense(torch.nn.Sequential, LayersInterface):
         pass
@@ -279,9 +279,8 @@ def test_deepspeed_moe_in_one_process_refuses_cleanly_and_shutdown_ends_its_grou
     from gem_core.errors import GemConfigError
     from gem_core.model.moe import MixtureOfExperts
     from gem_core.precision import Float32Recipe
-    from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
-
     from gem_core.testing.models import LayersInterface
+    from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
 
     class Layers(torch.nn.Sequential, LayersInterface):
         pass
@@ -436,9 +435,8 @@ def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():
     from gem_core.distributed import ParallelContext, shutdown
     from gem_core.model.moe import MixtureOfExperts
     from gem_core.precision import Float32Recipe
-    from gem_parallel.expert_parallel import ExpertParallelStrategy
-
     from gem_core.testing.models import LayersInterface
+    from gem_parallel.expert_parallel import ExpertParallelStrategy
 
     class Model(nn.Module, LayersInterface):
         def __init__(self) -> None:

@@ -103,7 +103,6 @@ def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
     batch = next(iter(source.eval_batches(batch_size=16)))
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model.gem import build_model
-
     from gem_parallel.plan import _measuring_schema
 
     schema = _measuring_schema(source.schema)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gem_core.testing.processes import run_process_group
 
 BASE = ["backends.embedding_sharding=torchrec", "backends.dense_sharding=ddp",

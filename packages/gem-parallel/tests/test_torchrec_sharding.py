@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gem_core.testing.processes import run_process_group
 
 ATOL = 1e-5
@@ -137,12 +138,12 @@ def _worker(out_path: str) -> None:
 
     from gem_core.attention.bucketed import BucketedAttention
     from gem_core.distributed import init_from_environment
-    from gem_core.model import build_model
     from gem_core.embedding import ReferenceEmbeddingBackend
+    from gem_core.model import build_model
+    from gem_core.precision import Float32Recipe
     from gem_parallel.ddp import DistributedDataParallelStrategy
     from gem_parallel.fsdp import FullyShardedStrategy
     from gem_parallel.torchrec_sharding import TorchRecSharding
-    from gem_core.precision import Float32Recipe
 
     def task_loss_sums(logits, batch, tasks):  # as gem_core.train.loss computes it
         return torch.stack([torch.nn.functional.binary_cross_entropy_with_logits(

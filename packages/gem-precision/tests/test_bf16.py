@@ -1,9 +1,9 @@
 import torch
 
+from gem_core.attention.bucketed import BucketedAttention
 from gem_core.config import load_config
 from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
-from gem_core.attention.bucketed import BucketedAttention
 from gem_core.model import build_model
 from gem_precision.bf16 import BFloat16Recipe
 

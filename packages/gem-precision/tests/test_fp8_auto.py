@@ -4,17 +4,18 @@ import pytest
 
 from gem_core.errors import GemConfigError
 from gem_precision.auto import Float8AutoRecipe, build_table
-from gem_precision.options import Fp8AutoOptions
 from gem_precision.float8 import float8_linear_class
+from gem_precision.options import Fp8AutoOptions
 
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory, source, batches, loss_fn):
+    import torch
+
     from gem_core.attention.bucketed import BucketedAttention
     from gem_core.config import load_config
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
-    import torch
 
     torch.manual_seed(0)
     model = build_model(load_config(overrides=["data.max_seq_len=32",

@@ -10,8 +10,14 @@ import importlib.util
 
 from gem_core import hookimpl
 from gem_core.capabilities import FUSED_OPTIMIZER
-from gem_core.registry import (RELATIVE_BIAS, SILU, SOFTMAX, TORCH_COMPILE, AutoContext,
-                                ImplementationSpec)
+from gem_core.registry import (
+    RELATIVE_BIAS,
+    SILU,
+    SOFTMAX,
+    TORCH_COMPILE,
+    AutoContext,
+    ImplementationSpec,
+)
 
 # torch_compile: under torch.compile the kernels are one custom op with a fake implementation.
 

@@ -43,8 +43,14 @@ from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import reference_attention
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import offsets_from_lengths
-from gem_core.testing.attention_oracle import (DEFAULT_TOLERANCES, AttentionCase, BiasSpec,
-                                              Tolerance, _close, padded_biased_attention)
+from gem_core.testing.attention_oracle import (
+    DEFAULT_TOLERANCES,
+    AttentionCase,
+    BiasSpec,
+    Tolerance,
+    _close,
+    padded_biased_attention,
+)
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
