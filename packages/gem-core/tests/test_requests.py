@@ -182,24 +182,29 @@ def test_positions_from_end_count_back_from_the_latest_event():
 
 
 def test_relative_bias_learns_and_is_checked_at_start_up():
-    from gem_core.attention.reference import ReferenceAttention
+    from gem_core.attention.choice import check_attention_backend
+    from gem_core.capabilities import RELATIVE_BIAS, SILU, SOFTMAX
     from gem_core.config import ModelConfig
-    from gem_core.embedding import ReferenceEmbeddingBackend
-    from gem_core.model import build_model
+    from gem_core.errors import GemConfigError
+    from gem_core.registry import ImplementationSpec
 
     schema, batch = synthetic_batch(8, max_seq_len=30, seed=1, candidates=2)
     model = small_model(schema, relative_bias=True)
     model(batch)["click"].sum().backward()
     block = model.tower.blocks[0]
     assert block.position_bias.grad.abs().sum() > 0 and block.time_bias.grad.abs().sum() > 0
-    reference = ReferenceAttention()
 
-    def undeclared(*args, **kwargs):  # a backend that declares no optional capability
-        return reference(*args, **kwargs)
-
-    with pytest.raises(ValueError, match="does not support relative_bias"):
-        build_model(ModelConfig(embedding_dim=16, relative_bias=True), schema,
-                    attention=undeclared, embedding_backend=ReferenceEmbeddingBackend())
+    # A backend that declares no optional capability is refused at start-up, by its
+    # registration, before a model is built (the model itself no longer checks).
+    undeclared = ImplementationSpec(name="undeclared", load=lambda: None,
+                                    capabilities=frozenset({SOFTMAX, SILU}))
+    declared = ImplementationSpec(name="declared", load=lambda: None,
+                                  capabilities=frozenset({SOFTMAX, SILU, RELATIVE_BIAS}))
+    config = ModelConfig(embedding_dim=16, relative_bias=True)
+    with pytest.raises(GemConfigError, match="'undeclared' does not support relative_bias.*"
+                                             "backends that do: declared"):
+        check_attention_backend(config, undeclared, [undeclared, declared])
+    check_attention_backend(config, declared, [undeclared, declared])
 
 
 def test_target_match_sums_the_recent_events_sharing_an_attribute():
