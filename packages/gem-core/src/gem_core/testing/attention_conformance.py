@@ -43,6 +43,7 @@ from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import reference_attention
 from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
 from gem_core.jagged import offsets_from_lengths
+from gem_core.testing.attention_drawing import NORMALIZATIONS, AttentionCaseDrawing
 from gem_core.testing.attention_oracle import (
     DEFAULT_TOLERANCES,
     AttentionCase,
@@ -55,20 +56,14 @@ from gem_core.testing.attention_oracle import (
 if TYPE_CHECKING:
     from hypothesis import strategies as st
 
-SHAPES = ("self", "cross", "pma")
-NORMALIZATIONS = ("softmax", "silu")
-MASK_FEATURES = ("causal", "window", "prefix", "targets")
 
-
-class AttentionConformance:
+class AttentionConformance(AttentionCaseDrawing):
     """Base class of an attention backend's conformance tests. Override :meth:`make_backend`.
 
-    Class attributes declare what the backend supports and size the drawn cases; override them in
-    the subclass. Keep ``max_tokens`` and ``max_examples`` small for interpreted kernels.
+    Class attributes declare what the backend supports and size the drawn cases (those are
+    inherited from :class:`~gem_core.testing.attention_drawing.AttentionCaseDrawing`); override
+    them in the subclass. Keep ``max_tokens`` and ``max_examples`` small for interpreted kernels.
     """
-
-    dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
-    """Input dtypes the backend accepts; each drawn case picks one."""
 
     registered_as: ClassVar[str | None] = None
     """The backend's registered name: its registration's declared ``capabilities`` decide
@@ -79,124 +74,12 @@ class AttentionConformance:
     """What an unregistered backend declares (with :attr:`registered_as` None)."""
 
     device: ClassVar[str] = "cpu"
-    shapes: ClassVar[tuple[str, ...]] = SHAPES
-    normalizations: ClassVar[tuple[str, ...]] = NORMALIZATIONS
-    mask_features: ClassVar[tuple[str, ...]] = MASK_FEATURES
-    """Self-attention mask features supported: ``causal``, ``window``, ``prefix``, ``targets``."""
-
     supports_backward: ClassVar[bool] = True
-    max_tokens: ClassVar[int] = 160
-    """Upper bound of the q tokens and of the kv tokens of one drawn batch."""
-
-    max_batch: ClassVar[int] = 4
-    block_size: ClassVar[int] = 32
-    """The backend's tile size: drawn lengths cluster around it and its multiples."""
-
-    head_dims: ClassVar[tuple[int, ...]] = (16, 32)
-    max_heads: ClassVar[int] = 2
-    max_examples: ClassVar[int] = 10
-    """Hypothesis examples per test; raise it for a thorough local run."""
-
-    derandomize: ClassVar[bool] = True
-    """Draw the same examples every run, so CI failures reproduce."""
-
     tolerances: ClassVar[dict[torch.dtype, Tolerance]] = DEFAULT_TOLERANCES
 
     def make_backend(self) -> Any:
         """Return the backend under test (see :class:`gem_core.attention.AttentionBackend`)."""
         raise NotImplementedError("subclasses of AttentionConformance must override make_backend")
-
-    # ----------------------------------------------------------------------------------------
-    # Drawing cases.
-    # ----------------------------------------------------------------------------------------
-
-    def _length(self, data: st.DataObject, max_len: int, label: str) -> int:
-        from hypothesis import strategies as st
-
-        block = self.block_size
-        special = [n for n in (0, 1, 2, block - 1, block, block + 1, 2 * block + 1) if n <= max_len]
-        return data.draw(st.one_of(st.sampled_from(special), st.integers(0, max_len)), label=label)
-
-    def _lengths(self, data: st.DataObject, batch: int, max_len: int, label: str) -> list[int]:
-        return [self._length(data, max_len, f"{label}[{b}]") for b in range(batch)]
-
-    def _params(self, data: st.DataObject, shape: str, max_len: int) -> AttentionParams:
-        from hypothesis import strategies as st
-
-        normalization = data.draw(st.sampled_from(self.normalizations), label="normalization")
-        scale = data.draw(st.sampled_from([None, None, 0.5]), label="scale")
-        if shape != "self":
-            return AttentionParams(normalization=normalization, scale=scale)
-        features = self.mask_features
-        causal = data.draw(st.booleans(), label="causal") if "causal" in features else False
-        window = None
-        if "window" in features:
-            block = self.block_size
-            window = data.draw(
-                st.one_of(
-                    st.none(),
-                    st.sampled_from([0, 1, 3, block - 1, block + 3, max_len + 5]),
-                    st.integers(0, max_len + 2),
-                ),
-                label="window",
-            )
-        prefix = 0
-        if "prefix" in features:
-            prefix = data.draw(
-                st.one_of(st.just(0), st.integers(1, 4), st.just(self.block_size + 1)),
-                label="num_prefix",
-            )
-        return AttentionParams(
-            causal=causal, window=window, num_prefix=prefix, normalization=normalization,
-            scale=scale,
-        )
-
-    def _draw_case(self, data: st.DataObject, shape: str) -> AttentionCase:
-        from hypothesis import strategies as st
-
-        batch = data.draw(st.integers(1, self.max_batch), label="batch")
-        long_len = max(1, self.max_tokens // batch)
-        short_len = min(4, long_len)
-        if shape == "self":
-            q_lengths = self._lengths(data, batch, long_len, "lengths")
-            kv_lengths = q_lengths
-        elif shape == "cross":  # every history token attends to a few feature tokens
-            q_lengths = self._lengths(data, batch, long_len, "q_lengths")
-            kv_lengths = [data.draw(st.integers(0, short_len), label=f"kv_lengths[{b}]")
-                          for b in range(batch)]
-        else:  # PMA: a few queries over the whole history
-            q_lengths = [data.draw(st.integers(0, short_len), label=f"q_lengths[{b}]")
-                         for b in range(batch)]
-            kv_lengths = self._lengths(data, batch, long_len, "kv_lengths")
-        params = self._params(data, shape, long_len)
-        num_targets = None
-        if shape == "self" and "targets" in self.mask_features and data.draw(st.booleans()):
-            num_targets = tuple(
-                data.draw(st.integers(0, min(n, 4)), label=f"num_targets[{b}]")
-                for b, n in enumerate(q_lengths)
-            )
-        return AttentionCase(
-            shape=shape,
-            q_lengths=tuple(q_lengths),
-            kv_lengths=tuple(kv_lengths),
-            params=params,
-            num_targets=num_targets,
-            heads=data.draw(st.integers(1, self.max_heads), label="heads"),
-            head_dim=data.draw(st.sampled_from(self.head_dims), label="head_dim"),
-            dtype=data.draw(st.sampled_from(self.dtypes), label="dtype"),
-            seed=data.draw(st.integers(0, 2**31 - 1), label="seed"),
-        )
-
-    def _settings(self) -> Any:
-        from hypothesis import HealthCheck, settings
-
-        return settings(
-            max_examples=self.max_examples,
-            deadline=None,
-            derandomize=self.derandomize,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
 
     # ----------------------------------------------------------------------------------------
     # Running and comparing one case.
