@@ -5,8 +5,11 @@ One 2 x 2 run trains with TorchRec-sharded tables, the two pooled tables forced
 ``table_row_wise`` (a table on one node, its rows split over that node's ranks; the planner
 gets the launch's node layout), and stops at its step-2 checkpoint; its losses equal one
 process's on the same global batches, and the checkpoint resumes in one process onto the
-uninterrupted run's losses. The launch's bad inputs (an endpoint that never answers, agents
-started with different --nnodes) fail within --rdzv-timeout with messages naming the endpoint.
+uninterrupted run's losses; a second 2 x 2 launch resumes that checkpoint through TorchRec's
+``sparse-dist`` train pipeline (the ranks' batches differ in size: the pipeline's lookups are
+padded as the plain forward's, which gloo needs) onto the same losses. The launch's bad
+inputs (an endpoint that never answers, agents started with different --nnodes) fail within
+--rdzv-timeout with messages naming the endpoint.
 The HSDP mesh default (replicate across nodes, shard within one) is checked on a fake 4-rank
 group in this process."""
 
@@ -61,20 +64,27 @@ def _losses(run_dir: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(gem, tmp_path_factory) -> dict[str, Path]:
-    """One process for 4 steps, and 2 nodes x 2 ranks stopped after step 2 (both agents write
-    the one run directory, as nodes sharing a file system do)."""
+    """One process for 4 steps; 2 nodes x 2 ranks stopped after step 2 (both agents write
+    the one run directory, as nodes sharing a file system do); a copy of that run resumed on
+    2 x 2 ranks through the ``sparse-dist`` pipeline for steps 3-4."""
     root = tmp_path_factory.mktemp("multinode")
-    one, two = root / "one", root / "two"
-    port = _free_port()
-    node = ["train", "--out", str(two), "--nnodes", "2", "--nproc-per-node", "2",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "120",
-            "--sharding", "ddp", *RUN, *ROW_WISE_PER_NODE, "--until-step", "2"]
-    results = _agents(node, node, timeout=600)
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
+    one, two, pipelined = root / "one", root / "two", root / "pipelined"
+
+    def launch(out: Path, *extra: str) -> str:
+        node = ["train", "--out", str(out), "--nnodes", "2", "--nproc-per-node", "2",
+                "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-timeout", "120",
+                "--sharding", "ddp", *RUN, *ROW_WISE_PER_NODE, *extra]
+        results = _agents(node, node, timeout=600)
+        for result in results:
+            assert result.returncode == 0, result.stderr[-3000:]
+        return "".join(r.stderr for r in results)
+
+    log = launch(two, "--until-step", "2")
+    shutil.copytree(two, pipelined)
+    launch(pipelined, "--set", "parallel.embedding.pipeline=sparse-dist")
     single = gem("train", "--out", str(one), *RUN)
     assert single.returncode == 0, single.stderr[-3000:]
-    return {"one": one, "two": two, "log": "".join(r.stderr for r in results)}
+    return {"one": one, "two": two, "pipelined": pipelined, "log": log}
 
 
 @pytest.mark.distributed
@@ -105,6 +115,19 @@ def test_two_node_checkpoint_resumes_in_one_process(gem, tmp_path, runs):
     assert summary["run"]["resumed_from"] == 2 and summary["run"]["nodes"] == 1
     # Steps 3-4 need the tables and their row-wise Adagrad sums back from the 4 ranks' shards.
     assert _losses(out) == pytest.approx(_losses(runs["one"]), rel=LOSS_RTOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_node_row_wise_tables_train_through_the_sparse_dist_pipeline(runs):
+    """table_row_wise on gloo with batches of different sizes per rank: the pipeline's lookups,
+    built a batch ahead, are padded like the plain forward's (unpadded, TorchRec's backward
+    fails in gloo's all-gather). sparse-dist is exact: the losses are one process's."""
+    summary = json.loads((runs["pipelined"] / "summary.json").read_text())
+    assert summary["run"]["resumed_from"] == 2 and summary["run"]["world_size"] == 4
+    pipeline = summary["embedding_sharding"]["pipeline"]
+    assert pipeline["kind"] == "sparse-dist" and pipeline["pipelined_modules"] == ["ebc", "ec"]
+    assert _losses(runs["pipelined"]) == pytest.approx(_losses(runs["one"]), rel=LOSS_RTOL)
 
 
 def _failed_in_time(result, started: float, timeout_s: int) -> float:

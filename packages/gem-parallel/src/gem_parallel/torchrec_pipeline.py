@@ -35,7 +35,10 @@ device to be ``cuda`` when the pipeline has no data-distribution stream (``BaseF
 calls ``torch.cuda.current_stream()``; its ``detach_embeddings`` and the pipeline's
 ``start_embedding_lookup`` call ``record_stream`` with the current CPU stream, which CPU tensors
 refuse. :class:`_SemiSyncPipeline` and :class:`_EmbeddingForward` change exactly those for CPU
-(no stream to record, nothing to wait for); on CUDA they are TorchRec's own.
+(no stream to record, nothing to wait for); on CUDA they are TorchRec's own. The KJTs come
+from the collection's ``lookup_inputs``, as the plain forward's do: on CPU with
+``table_row_wise`` tables the pooled lookups are padded to the largest batch of any rank
+(gloo cannot all-gather the different sizes in TorchRec's backward).
 
 Refused, with the reason: tables with ``id_policy = "managed"`` (their remappers run inside the
 model's forward, all ranks' ids together, and insert ids: doing that ahead for a prefetched batch
@@ -70,16 +73,6 @@ from gem_core.schema import FeatureSchema
 from gem_core.train.step_pipeline import PositionedBatch, PositionedBatches
 
 log = logging.getLogger(__name__)
-
-
-def _kjt(features: Mapping[str, Jagged], keys: list[str]) -> KeyedJaggedTensor:
-    """The KJT the sharded module receives for ``keys`` (as
-    :class:`gem_parallel.torchrec_sharding.ShardedEmbeddingCollection` builds it)."""
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=list(keys),
-        values=torch.cat([features[k].values.to(torch.int64) for k in keys]),
-        lengths=torch.cat([features[k].lengths().to(torch.int64) for k in keys]),
-    )
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -240,11 +233,11 @@ class PipelinedSteps(StepRunner):
             for feature in config.features:
                 # Before the ids travel: TorchRec's kernels do not check them.
                 check_ids(features[feature].values, config, feature)
-        sharded = self._sharded
-        return PipelinedBatch(
-            positioned.batch, positioned=positioned,
-            pooled=_kjt(features, sharded.pooled_keys) if sharded.ebc is not None else None,
-            sequence=_kjt(features, sharded.sequence_keys) if sharded.ec is not None else None)
+        # The KJTs the forward would build (on CPU with table_row_wise tables, the pooled one
+        # padded to the largest batch of any rank): the tables answer from these.
+        pooled, sequence = self._collection.lookup_inputs(features)
+        return PipelinedBatch(positioned.batch, positioned=positioned, pooled=pooled,
+                              sequence=sequence)
 
     def _run_step_on(self, batch: PipelinedBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         assert self._step is not None

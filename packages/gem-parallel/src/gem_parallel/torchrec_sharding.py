@@ -317,13 +317,13 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         # TorchRec's backward all-to-all divides by the ranks of the group the tables are
         # sharded over (all of them, or a 2D sharding group), as DDP/FSDP2 average.
         scale = 1.0 if get_gradient_division() else 1.0 / self._group_size
-        if sharded.ebc is not None:
+        pooled_input, sequence_input = self.lookup_inputs(features)
+        if pooled_input is not None:
             batch = features[sharded.pooled_keys[0]].lengths().numel()
-            pad = self._pad_rows(batch)
-            pooled = sharded.ebc(_kjt(features, sharded.pooled_keys, pad)).to_dict()
+            pooled = sharded.ebc(pooled_input).to_dict()
             out.update({k: _scale_grad(v[:batch], scale) for k, v in pooled.items()})
-        if sharded.ec is not None:
-            sequences = sharded.ec(_kjt(features, sharded.sequence_keys))
+        if sequence_input is not None:
+            sequences = sharded.ec(sequence_input)
             out.update({k: _scale_grad(v.values(), scale) for k, v in sequences.items()})
         dtype = self._dense_dtype()
         if dtype is not None and dtype != torch.float32:
@@ -332,6 +332,21 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
             # it; their gradients come back through the cast in float32.
             out = {k: v.to(dtype) for k, v in out.items()}
         return out
+
+    def lookup_inputs(self, features: Mapping[str, Jagged]) -> tuple[Any, Any]:
+        """The ``KeyedJaggedTensor`` s the sharded ``ebc`` (pooled tables) and ``ec`` (sequence
+        tables) look up for ``features`` (None where there is no such table), the pooled one
+        padded as :meth:`_pad_rows` says. Training only, every rank together (the padding is a
+        collective): the forward and the train pipelines (which build them a batch ahead) both
+        call it, so their lookups match."""
+        sharded = self._sharded
+        pooled = sequence = None
+        if sharded.ebc is not None:
+            batch = features[sharded.pooled_keys[0]].lengths().numel()
+            pooled = _kjt(features, sharded.pooled_keys, self._pad_rows(batch))
+        if sharded.ec is not None:
+            sequence = _kjt(features, sharded.sequence_keys)
+        return pooled, sequence
 
     def _pad_rows(self, batch: int) -> int:
         """Empty requests to append so that every rank looks up as many pooled bags (a
