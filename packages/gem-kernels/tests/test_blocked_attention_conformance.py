@@ -30,7 +30,7 @@ class TestBlockedSmallTilesConformance(AttentionConformance):
 def test_key_spans_follow_the_window():
     """A causal window of 8 over one sample of 256 tokens needs a band of keys per query tile,
     not everything before it: the output matches the reference and no span exceeds 2 blocks."""
-    from gem_kernels.attention import blocked_backend as blocked
+    from gem_kernels.attention import blocked_tiles as blocked
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(256, 2, 8, dtype=torch.float64) for _ in range(3))
@@ -47,7 +47,7 @@ def test_key_spans_follow_the_window():
 
 
 def test_round_units_is_a_quarter_octave_series():
-    from gem_kernels.attention.blocked_backend import _round_units
+    from gem_kernels.attention.blocked_tiles import _round_units
 
     got = _round_units(torch.tensor([1, 2, 3, 4, 5, 7, 9, 13, 17, 33, 100])).tolist()
     assert got == [1, 2, 3, 4, 5, 7, 10, 14, 20, 40, 112]

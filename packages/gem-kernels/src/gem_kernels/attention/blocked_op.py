@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.relative_bias import RelativeBias
+from gem_kernels.attention.blocked_tiles import blocked_attention
 
 
 def _params(causal: bool, window: int, num_prefix: int, silu: bool, scale: float
@@ -41,9 +42,6 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tens
             num_targets: Tensor | None, position_weights: Tensor | None,
             time_weights: Tensor | None, timestamps: Tensor | None, params: AttentionParams,
             block_q: int, block_k: int, time_bucket_divisor: float) -> Tensor:
-    # Imported here: blocked_backend imports this module (its compiled path).
-    from gem_kernels.attention.blocked_backend import blocked_attention
-
     bias = (None if position_weights is None else
             RelativeBias(position_weights=position_weights, time_weights=time_weights,
                          timestamps=timestamps, time_bucket_divisor=time_bucket_divisor))
@@ -133,7 +131,7 @@ def blocked_attention_op(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_
                          *, params: AttentionParams, num_targets: Tensor | None = None,
                          block_q: int | None = None, block_k: int | None = None,
                          bias: RelativeBias | None = None) -> Tensor:
-    """:func:`~gem_kernels.attention.blocked_backend.blocked_attention` through the custom op
+    """:func:`~gem_kernels.attention.blocked_tiles.blocked_attention` through the custom op
     (what a compiled call runs; it works eagerly too). The inputs are validated when the op runs,
     not while it is traced: the checks read tensor values."""
     if bias is not None and not isinstance(bias, RelativeBias):
