@@ -104,6 +104,7 @@ from gem_core.plan_estimate import (
 from gem_core.schema import FeatureSchema
 from gem_parallel import torchrec_2d, torchrec_state
 from gem_parallel.torchrec_2d import ReplicaSync, TwoDimGroups
+from gem_parallel.torchrec_inputs import keyed_jagged, scale_grad
 from gem_parallel.torchrec_managed import ManagedEmbeddingCollection, remap_features
 from gem_parallel.torchrec_plan import (
     TorchRecOptions,
@@ -115,38 +116,6 @@ from gem_parallel.torchrec_plan import (
 from gem_parallel.torchrec_plan import sharders as torchrec_sharders
 
 log = logging.getLogger(__name__)
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; the backward multiplies the gradient by ``scale``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, scale: float) -> Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad * ctx.scale, None
-
-
-def _scale_grad(x: Tensor, scale: float) -> Tensor:
-    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
-
-
-def _kjt(features: Mapping[str, Jagged], keys: Sequence[str], pad_rows: int = 0) -> Any:
-    """The features as one ``KeyedJaggedTensor``; ``pad_rows`` empty requests appended."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    def lengths(key: str) -> Tensor:
-        own = features[key].lengths().to(torch.int64)
-        return torch.cat([own, own.new_zeros(pad_rows)]) if pad_rows else own
-
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=list(keys),
-        values=torch.cat([features[k].values.to(torch.int64) for k in keys]),
-        lengths=torch.cat([lengths(k) for k in keys]),
-    )
 
 
 class _TorchRecTables(nn.Module):
@@ -321,10 +290,10 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         if pooled_input is not None:
             batch = features[sharded.pooled_keys[0]].lengths().numel()
             pooled = sharded.ebc(pooled_input).to_dict()
-            out.update({k: _scale_grad(v[:batch], scale) for k, v in pooled.items()})
+            out.update({k: scale_grad(v[:batch], scale) for k, v in pooled.items()})
         if sequence_input is not None:
             sequences = sharded.ec(sequence_input)
-            out.update({k: _scale_grad(v.values(), scale) for k, v in sequences.items()})
+            out.update({k: scale_grad(v.values(), scale) for k, v in sequences.items()})
         dtype = self._dense_dtype()
         if dtype is not None and dtype != torch.float32:
             # The tables stay float32 (TBE). Replicated tables would compute in the dense
@@ -343,9 +312,9 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
         pooled = sequence = None
         if sharded.ebc is not None:
             batch = features[sharded.pooled_keys[0]].lengths().numel()
-            pooled = _kjt(features, sharded.pooled_keys, self._pad_rows(batch))
+            pooled = keyed_jagged(features, sharded.pooled_keys, self._pad_rows(batch))
         if sharded.ec is not None:
-            sequence = _kjt(features, sharded.sequence_keys)
+            sequence = keyed_jagged(features, sharded.sequence_keys)
         return pooled, sequence
 
     def _pad_rows(self, batch: int) -> int:
