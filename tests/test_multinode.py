@@ -151,14 +151,44 @@ def test_an_endpoint_that_never_answers_fails_within_the_timeout(gem, tmp_path):
     _failed_in_time(result, started, 5)
     assert (f"the rendezvous endpoint {endpoint} did not answer within 5 s (--rdzv-timeout)"
             in result.stderr), result.stderr[-3000:]
+    # The same words as when the serving agent of a run is going away: the fix is named too.
+    assert (f"every node must run the same command with --nnodes 2 and --rdzv-endpoint "
+            f"{endpoint}" in result.stderr), result.stderr[-3000:]
+
+
+def _different_nnodes_outcome(stderr: str, endpoint: str, nnodes: int) -> str | None:
+    """Which of the ways two agents told different --nnodes can end this agent's output
+    shows, or None when it shows none of them (or an error that does not name the fix)."""
+    if re.search(r"the agents were started with different --nnodes \(--nnodes 2 on "
+                 r"node\(s\) \[\d\]; --nnodes 3 on node\(s\) \[\d\]\) and torchrun's "
+                 r"rendezvous formed a group of 2 nodes", stderr):
+        return "formed"  # the rendezvous took the first agent's count; its ranks refused
+    same = (f"every node must run the same command with --nnodes {nnodes} and "
+            f"--rdzv-endpoint {endpoint}")
+    if same not in stderr:
+        return None
+    ways = {
+        # waited for its count until the timeout
+        "waited": f"the rendezvous at {endpoint} did not gather {nnodes} nodes within 5 s "
+                  "(--rdzv-timeout)",
+        # found the rendezvous closed by the other agent, which had given up
+        "closed": f"the rendezvous at {endpoint} was closed by another node",
+        # the agent serving the endpoint had already given up and exited (or was exiting
+        # when this agent's probe reached it): nobody answers
+        "unanswered": f"the rendezvous endpoint {endpoint} did not answer within 5 s "
+                      "(--rdzv-timeout)",
+    }
+    return next((way for way, message in ways.items() if message in stderr), None)
 
 
 @pytest.mark.distributed
 def test_agents_with_different_nnodes_fail_with_a_clear_error(tmp_path):
     """Two agents, told 2 and 3 nodes. Depending on which joins first and when, torchrun's
     rendezvous forms a group of 2 (its count is the first agent's), whose ranks then refuse to
-    train, or an agent waits for its count until --rdzv-timeout and closes the rendezvous on the
-    other: every way ends in an error that names --nnodes."""
+    train; or an agent waits for its count until --rdzv-timeout and closes the rendezvous on
+    the other, or exits before the other reaches its endpoint at all. Which one happens is a
+    race between the two processes; every way must end in an error that names --nnodes and
+    the endpoint."""
     endpoint = f"127.0.0.1:{_free_port()}"
     common = ["train", "--out", str(tmp_path / "run"), "--rdzv-endpoint", endpoint,
               "--rdzv-timeout", "5", *RUN]
@@ -166,18 +196,25 @@ def test_agents_with_different_nnodes_fail_with_a_clear_error(tmp_path):
     results = _agents([*common, "--nnodes", "2"], [*common, "--nnodes", "3"], timeout=300)
     for result, nnodes in zip(results, (2, 3)):
         _failed_in_time(result, started, 5)
-        formed = re.search(r"the agents were started with different --nnodes \(--nnodes 2 on "
-                           r"node\(s\) \[\d\]; --nnodes 3 on node\(s\) \[\d\]\) and torchrun's "
-                           r"rendezvous formed a group of 2 nodes", result.stderr)
-        # Waited for its count until the timeout, or found the rendezvous closed by the other
-        # agent that did.
-        waited = (f"the rendezvous at {endpoint} did not gather {nnodes} nodes within 5 s "
-                  f"(--rdzv-timeout)" in result.stderr or
-                  f"the rendezvous at {endpoint} was closed by another node" in result.stderr)
-        waited = waited and (f"every node must run the same command with --nnodes {nnodes} and "
-                             f"--rdzv-endpoint {endpoint}") in result.stderr
-        assert formed or waited, result.stderr[-3000:]
+        assert _different_nnodes_outcome(result.stderr, endpoint, nnodes), \
+            result.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_every_way_two_agents_disagree_on_nnodes_is_recognised():
+    """The outcomes of the race above, as the launcher words them (its own functions), are
+    each accepted, and an error that does not name the fix is not."""
+    from gem_core.cli.launch import Launch, rendezvous_failure
+
+    endpoint = "127.0.0.1:29999"
+    launch = Launch(nnodes=3, nproc_per_node=1, rdzv_endpoint=endpoint, rdzv_timeout_s=5)
+    for seen, way in (("timeout", "waited"), ("closed", "closed"),
+                      ("connection", "unanswered")):
+        assert _different_nnodes_outcome(rendezvous_failure(launch, {seen}, 1), endpoint,
+                                         3) == way
+    assert _different_nnodes_outcome(rendezvous_failure(launch, set(), 1), endpoint, 3) is None
+    assert _different_nnodes_outcome("the rendezvous endpoint 127.0.0.1:29999 did not answer "
+                                     "within 5 s (--rdzv-timeout)", endpoint, 3) is None
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -98,7 +98,9 @@ def run_torchrun(launch: Launch, train_args: Sequence[str]) -> None:
     if launch.nnodes > 1:
         silent = probe_endpoint(launch.rdzv_endpoint or "", launch.rdzv_timeout_s)
         if silent is not None:
-            raise click.ClickException(silent)
+            # The endpoint may also be an agent of this run that is going away (it gave up
+            # waiting for a node started with another --nnodes): name that fix too.
+            raise click.ClickException(f"{silent}; {same_command_hint(launch)}")
     if launch.nnodes == 1:
         completed = subprocess.run(command, check=False)
         if completed.returncode != 0:
@@ -168,12 +170,17 @@ def probe_endpoint(endpoint: str, timeout_s: float) -> str | None:
             "serves the rendezvous (a free port there, not another service's)")
 
 
+def same_command_hint(launch: Launch) -> str:
+    """The fix for agents that disagree, which ends in any of the rendezvous failures."""
+    return (f"every node must run the same command with --nnodes {launch.nnodes} and "
+            f"--rdzv-endpoint {launch.rdzv_endpoint} (agents started with different --nnodes "
+            "never complete a rendezvous and time out like this)")
+
+
 def rendezvous_failure(launch: Launch, seen: set[str], status: int) -> str:
     """What a failed multi-node launch tells the user: the endpoint, and what to check."""
     endpoint, timeout = launch.rdzv_endpoint, launch.rdzv_timeout_s
-    same = (f"every node must run the same command with --nnodes {launch.nnodes} and "
-            f"--rdzv-endpoint {endpoint} (agents started with different --nnodes never "
-            "complete a rendezvous and time out like this)")
+    same = same_command_hint(launch)
     if "connection" in seen:
         return (f"the rendezvous endpoint {endpoint} did not answer within {timeout} s "
                 f"(--rdzv-timeout): check that HOST is this or another node's address, that the "
