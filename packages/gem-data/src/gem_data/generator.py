@@ -28,6 +28,41 @@ action >= 1 (clicked or converted)::
                        + 0.8 * dense[1]
     click ~ Bernoulli(sigmoid(click_logit)); conversion = click & Bernoulli(sigmoid(conv_logit))
 
+That is the ``ads`` kind (``planted``, its default). Each other **planted kind** needs one
+thing a simple model lacks: it replaces the three ``recent_*_weight`` match terms by its own
+(the ``[...]`` indicators of :mod:`gem_data.planted`, listed per kind below), keeps
+``history_weight * affinity`` and the request terms, and its ``main`` term is the conversion
+logit's ``1.5 * [...]``::
+
+    multi_valued: + topic_weight * min(overlap, 2)
+                  + recent_view_weight * [a recent event shares a topic with the candidate]
+        overlap = distinct topics of the candidate that an engaged recent event has;
+        main = [overlap >= 1]. Every ad has 1-3 distinct topics (the multi-valued event and
+        candidate feature ``topics``, table ``topic``): its first among the 4 topics of its
+        category (of ``num_topics``), each further one too with probability 0.8.
+    rare_action:  + recent_advertiser_weight * [an engaged event of the candidate's advertiser
+                                                among the last long_window events]  (main)
+                  + recent_category_weight * [a converted event of its category among the
+                                              last long_window events]
+                  + recent_view_weight * [any recent event has the candidate's category]
+        History actions are 0.96 / 0.035 / 0.005 and histories long: ``mean_length`` 0 (its
+        default) means a median of 300 here (60 in the other kinds); a value set is kept.
+        Most events that fire ``main`` are older than the last 32.
+    hierarchy:    + parent_weight * [an engaged recent event's category has the candidate's
+                                     category's parent]  (main; the same category included)
+                  + 0.5 * [an engaged recent event has the candidate's category]
+        So the same category adds parent_weight + 0.5, a sibling parent_weight. Category c's
+        parent is fixed by the seed (``num_parents`` families of about equal size) and is
+        not a feature.
+    order:        + order_weight * ([e and v, e after v] - [e and v, e before v])
+        e = the user's most recent engaged event of the candidate's category, v = the most
+        recent view (action 0) of the candidate's advertiser, both anywhere in the history;
+        "after" is more recent. 0 when either is missing. main = [e and v, e after v].
+
+In ``multi_valued`` and ``hierarchy``, 30 % of the candidates that are not retargeted are
+redrawn (from a random stream of their own) as an ad of a topic, or of a sibling category, of
+one of the request's last ``recent_window`` events, so that their terms fire often.
+
 With ``drift_weight > 0`` the click logit also has a per-category term that turns with the
 chunk's time (``train_start`` + index for training chunks, ``eval_time`` for the eval split):
 a drifting world where a model trained on an older window goes stale (see
@@ -36,7 +71,9 @@ a drifting world where a model trained on an older window goes stale (see
 :meth:`AdsLogGenerator.chunk_with_probabilities` returns the true probability of every label
 (``P(click)`` and ``P(conversion) = P(click) * P(conversion | click)``), and
 :func:`achievable_ne` the NE those probabilities reach on the eval split: the floor a model
-can approach, which ``gem data synth`` writes into the manifest.
+can approach, which ``gem data synth`` writes into the manifest, next to the NE of a logistic
+regression on the kind's indicators (:meth:`AdsLogGenerator.chunk_with_indicators`,
+:func:`gem_data.indicator_ne.indicator_regression_ne`).
 
 Every chunk is a pure function of ``(seed, split, index)``: data sets are reproducible byte for
 byte, chunks can be generated in any order, and in-memory streams resume exactly.
@@ -45,7 +82,7 @@ byte, chunks can be generated in any order, and in-memory streams resume exactly
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import attrs
 import numpy as np
@@ -56,10 +93,20 @@ from gem_core.config.validators import at_least, between, choice, greater_than
 from gem_core.ids import splitmix64
 from gem_core.jagged import Jagged
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
+from gem_data.planted import (
+    DEFAULT_MEAN_LENGTH,
+    INDICATOR_NAMES,
+    PLANTED_KINDS,
+    RARE_ACTION_PROBS,
+    Events,
+    Impressions,
+    expand_candidates,
+    planted_indicators,
+    planted_world,
+)
 
 NUM_ACTIONS = 3  # view, click, conversion
 ACTION_PROBS = (0.8, 0.17, 0.03)
-ACTION_WEIGHT = np.array([1.0, 3.0, 6.0])
 SPLIT_IDS = {"train": 1, "eval": 2}
 TASKS = ("click", "conversion")
 EVAL_CHUNK_ROWS = 4096
@@ -104,8 +151,9 @@ class SynthOptions:
                                            validator=choice("lognormal", "zipf"))
     """History length law: lognormal around ``mean_length``, or Zipf with ``length_exponent``."""
 
-    mean_length: float = attrs.field(default=60.0, validator=greater_than(0))
-    """Median history length of the lognormal law."""
+    mean_length: float = attrs.field(default=0.0, validator=at_least(0))
+    """Median history length of the lognormal law; 0: the planted kind's default, 60 (300 for
+    ``rare_action``). See :attr:`median_length`."""
 
     length_sigma: float = attrs.field(default=1.2, validator=greater_than(0))
     """Log-space spread of the lognormal law (1.2 gives a heavy tail)."""
@@ -137,13 +185,15 @@ class SynthOptions:
 
     recent_advertiser_weight: float = attrs.field(default=1.6, validator=at_least(0))
     """Click-logit effect of an engaged (clicked or converted) recent event of the candidate's
-    advertiser."""
+    advertiser (``rare_action``: among the last ``long_window`` events)."""
 
     recent_category_weight: float = attrs.field(default=1.0, validator=at_least(0))
-    """Click-logit effect of an engaged recent event of the candidate's category."""
+    """Click-logit effect of an engaged recent event of the candidate's category
+    (``rare_action``: a converted event among the last ``long_window``)."""
 
     recent_view_weight: float = attrs.field(default=0.4, validator=at_least(0))
-    """Click-logit effect of any recent event (viewed too) of the candidate's category."""
+    """Click-logit effect of any recent event (viewed too) of the candidate's category
+    (``multi_valued``: sharing one of the candidate's topics)."""
 
     history_weight: float = attrs.field(default=1.5, validator=at_least(0))
     """Click-logit effect of the whole history's (action- and recency-weighted) share in the
@@ -183,6 +233,39 @@ class SynthOptions:
     source (one row group of ``gem data synth``), so one seed gives an older window to one run
     (a teacher) and a more recent one to another (a student)."""
 
+    planted: str = attrs.field(default="ads", validator=choice(*PLANTED_KINDS))
+    """The planted label kind (the module docstring has each one's formula): ``ads`` (recent
+    engaged advertiser and category matches), ``multi_valued`` (topic overlap with recent
+    engaged events: a multi-valued ``topics`` feature), ``rare_action`` (rare clicks and
+    conversions far back in long histories), ``hierarchy`` (recent engagement with a sibling
+    category, the parent not a feature) or ``order`` (whether the user engaged with the
+    category after or before viewing the candidate's advertiser)."""
+
+    num_topics: int = attrs.field(default=40, validator=greater_than(0))
+    """``multi_valued``: topics (the ``topic`` table); each ad has 1-3, mostly among the few
+    topics of its category."""
+
+    topic_weight: float = attrs.field(default=1.2, validator=at_least(0))
+    """``multi_valued``: click-logit effect of each topic (up to two) that the candidate shares
+    with an engaged recent event."""
+
+    long_window: int = attrs.field(default=256, validator=greater_than(0))
+    """``rare_action``: how many of the most recent history events the long-range terms look
+    at."""
+
+    num_parents: int = attrs.field(default=10, validator=greater_than(0))
+    """``hierarchy``: parent categories; category ``c``'s parent is fixed by the seed (about
+    ``num_clusters / num_parents`` categories per parent)."""
+
+    parent_weight: float = attrs.field(default=1.6, validator=at_least(0))
+    """``hierarchy``: click-logit effect of an engaged recent event whose category has the
+    candidate's category's parent (the same category included)."""
+
+    order_weight: float = attrs.field(default=1.5, validator=at_least(0))
+    """``order``: click-logit effect (+, or - when the other way round) of the user's most
+    recent engaged event of the candidate's category coming after the most recent view of the
+    candidate's advertiser."""
+
     data_seed: int = attrs.field(default=-1, validator=at_least(-1))
     """Seed of the world and its requests for the ``synthetic-ads`` source; -1: the run's
     ``train.seed``. Fix it to give runs of other seeds (a teacher and its students) the same
@@ -191,6 +274,28 @@ class SynthOptions:
     eval_time: int = attrs.field(default=0, validator=at_least(0))
     """Time (in training chunks) at which the eval split's labels are drawn: the present that
     runs are evaluated on. Only matters with ``drift_weight > 0``."""
+
+    @property
+    def median_length(self) -> float:
+        """The lognormal law's median: ``mean_length``, or the planted kind's default where it
+        is 0 (300 for ``rare_action``, 60 for the others)."""
+        return self.mean_length or DEFAULT_MEAN_LENGTH.get(self.planted, 60.0)
+
+
+class PlantedChunk(NamedTuple):
+    """A chunk with what generated its labels (:meth:`AdsLogGenerator.chunk_with_indicators`)."""
+
+    batch: JaggedBatch
+    probabilities: dict[str, np.ndarray]
+    """Per task, the true probability of a positive label of each candidate (``(N,)``)."""
+
+    indicators: np.ndarray
+    """``(N, k)`` float64: the planted kind's indicators of each candidate, the columns of
+    :attr:`AdsLogGenerator.indicator_names` (the main indicator first, affinity last)."""
+
+    request_terms: np.ndarray
+    """``(N, 4)`` float64: the request-level terms of the click logit of each candidate's
+    request: ``dense[0]``, ``dense[1]``, ``[segment[0] % 4 == 0]``, ``[context == 3]``."""
 
 
 def truncated_zipf_pmf(exponent: float, maximum: int) -> np.ndarray:
@@ -234,6 +339,8 @@ class AdsLogGenerator:
         # The drift directions come from their own stream, so the world above is unchanged.
         drift = np.random.default_rng([seed, 3])
         self.drift_u, self.drift_v = drift.standard_normal((2, o.num_clusters))
+        self.planted_world = planted_world(o, seed, self.item_cluster)
+        self.indicator_names = INDICATOR_NAMES[o.planted]
 
     def category_drift(self, time: int) -> np.ndarray:
         """``(num_clusters,)`` click-logit offset of each category at chunk time ``time``."""
@@ -263,7 +370,7 @@ class AdsLogGenerator:
         if o.length_distribution == "zipf":
             raw = rng.zipf(o.length_exponent, n)
         else:
-            raw = np.round(rng.lognormal(np.log(o.mean_length), o.length_sigma, n))
+            raw = np.round(rng.lognormal(np.log(o.median_length), o.length_sigma, n))
         lengths = np.minimum(raw, o.max_length).astype(np.int64)
         lengths[rng.random(n) < o.empty_fraction] = 0
         return lengths
@@ -278,6 +385,11 @@ class AdsLogGenerator:
                                  ) -> tuple[JaggedBatch, dict[str, np.ndarray]]:
         """:meth:`chunk` and, per task, the generating process's probability of a positive
         label for each candidate (``(N,)`` float64, aligned with the batch's labels)."""
+        return self.chunk_with_indicators(n, split=split, index=index)[:2]
+
+    def chunk_with_indicators(self, n: int, *, split: str, index: int) -> PlantedChunk:
+        """:meth:`chunk_with_probabilities` and the planted kind's indicators and request-level
+        terms of every candidate (see :class:`PlantedChunk`)."""
         o = self.options
         if split == "train":
             index += o.train_start
@@ -303,7 +415,8 @@ class AdsLogGenerator:
         items[in_interest] = self._from_groups(
             rng, self._cluster_items, self._cluster_starts,
             self.user_clusters[users[row[in_interest]], interest[in_interest]])
-        actions = np.searchsorted(np.cumsum(ACTION_PROBS), rng.random(total)).clip(
+        action_probs = RARE_ACTION_PROBS if o.planted == "rare_action" else ACTION_PROBS
+        actions = np.searchsorted(np.cumsum(action_probs), rng.random(total)).clip(
             0, NUM_ACTIONS - 1)
         request_ts = 1_700_000_000 + rng.integers(0, 30 * 86400, n)
         # Event times: exponential gaps summed back from the request (strictly before it).
@@ -339,43 +452,37 @@ class AdsLogGenerator:
             candidate[picks] = self._from_groups(rng, self._advertiser_items,
                                                  self._advertiser_starts,
                                                  advertiser[source_event])
+        if o.planted in ("multi_valued", "hierarchy"):  # drawn from a stream of their own
+            expand_candidates(o, self.planted_world,
+                              np.random.default_rng([self.seed, SPLIT_IDS[split], index, 7]),
+                              candidate, retarget, owner, lengths, offsets, items,
+                              from_groups=self._from_groups, item_cluster=self.item_cluster,
+                              by_cluster=(self._cluster_items, self._cluster_starts))
         cand_advertiser = self.item_advertiser[candidate]
         cand_category = self.item_cluster[candidate]
+        topics = self.planted_world.item_topics
 
         # The planted label model (see the module docstring).
-        w = o.recent_window
-        recent_adv = np.full((n, w), -1, dtype=np.int64)
-        recent_cat = np.full((n, w), -1, dtype=np.int64)
-        recent_engaged = np.zeros((n, w), dtype=bool)
-        recent = from_end < w
-        slot = (row[recent], from_end[recent])
-        recent_adv[slot] = advertiser[recent]
-        recent_cat[slot] = category[recent]
-        recent_engaged[slot] = actions[recent] >= 1
-        adv_hit = recent_adv[owner] == cand_advertiser[:, None]
-        cat_hit = recent_cat[owner] == cand_category[:, None]
-        engaged = recent_engaged[owner]
-        adv_match = (adv_hit & engaged).any(axis=1)
-        cat_match = (cat_hit & engaged).any(axis=1)
-        viewed_match = cat_hit.any(axis=1)
-        weight = np.exp(-from_end / 64.0) * ACTION_WEIGHT[actions]
-        by_cluster = np.bincount(row * o.num_clusters + category, weight,
-                                 minlength=n * o.num_clusters).reshape(n, o.num_clusters)
-        affinity = (by_cluster[owner, cand_category]
-                    / np.maximum(np.bincount(row, weight, minlength=n), 1e-9)[owner])
+        planted = planted_indicators(
+            o, self.planted_world,
+            Events(row=row, from_end=from_end, advertiser=advertiser, category=category,
+                   action=actions, topics=None if topics is None else topics[items]),
+            Impressions(owner=owner, advertiser=cand_advertiser, category=cand_category,
+                        topics=None if topics is None else topics[candidate]), n)
+        main, affinity = planted.columns[:, 0], planted.affinity
         dense = rng.standard_normal((n, o.num_dense)).astype(np.float32)
         segment = self.user_segment[users]
         context = rng.integers(0, _NUM_CONTEXTS, n)
         request_effect = (0.5 * dense[:, 0] + np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
                           + 0.3 * (context == 3))
-        click_logit = (o.click_bias + o.recent_advertiser_weight * adv_match
-                       + o.recent_category_weight * cat_match
-                       + o.recent_view_weight * viewed_match
-                       + o.history_weight * affinity + request_effect[owner])
+        click_logit = o.click_bias
+        for weight, column in zip(planted.click_weights, planted.columns.T):
+            click_logit = click_logit + weight * column
+        click_logit = click_logit + request_effect[owner]
         if o.drift_weight:
             click_logit = click_logit + self.category_drift(time)[cand_category]
         p_click = _sigmoid(click_logit)
-        p_convert = _sigmoid(o.conversion_bias + 1.5 * adv_match + 1.0 * affinity
+        p_convert = _sigmoid(o.conversion_bias + 1.5 * main + 1.0 * affinity
                              + 0.8 * dense[owner, 1])
         click = rng.random(m) < p_click
         conversion = click & (rng.random(m) < p_convert)
@@ -383,18 +490,23 @@ class AdsLogGenerator:
         bag_lengths = rng.integers(1, 3, n)  # one or two segments per user
         segment_values = segment[np.arange(2)[None, :] < bag_lengths[:, None]]
         t = torch.from_numpy
+        event_ids = {"ad_id": t(self.ad_ids[items]),
+                     "advertiser": t(advertiser.astype(np.int64)),
+                     "category": t(category.astype(np.int64)),
+                     "action": t(actions.astype(np.int64))}
+        candidate_ids = {"ad_id": t(self.ad_ids[candidate]),
+                         "advertiser": t(cand_advertiser.astype(np.int64)),
+                         "category": t(cand_category.astype(np.int64))}
+        if topics is not None:
+            event_ids["topics"] = _jagged_topics(topics[items])
+            candidate_ids["topics"] = _jagged_topics(topics[candidate])
         batch = JaggedBatch(
             seq_offsets=t(offsets),
             seq_timestamps=t(timestamps.astype(np.int64)),
-            event_ids={"ad_id": t(self.ad_ids[items]),
-                       "advertiser": t(advertiser.astype(np.int64)),
-                       "category": t(category.astype(np.int64)),
-                       "action": t(actions.astype(np.int64))},
+            event_ids=event_ids,
             request_timestamps=t(request_ts.astype(np.int64)),
             candidate_offsets=t(cand_offsets),
-            candidate_ids={"ad_id": t(self.ad_ids[candidate]),
-                           "advertiser": t(cand_advertiser.astype(np.int64)),
-                           "category": t(cand_category.astype(np.int64))},
+            candidate_ids=candidate_ids,
             labels={"click": t(click.astype(np.float32)),
                     "conversion": t(conversion.astype(np.float32))},
             sparse={"user_segment": Jagged(t(segment_values.astype(np.int64)),
@@ -405,7 +517,10 @@ class AdsLogGenerator:
             candidate_dense=t(self.item_content[candidate]) if o.seq_dense_dim else None,
             user_ids=t(users.astype(np.int64)),
         )
-        return batch, {"click": p_click, "conversion": p_click * p_convert}
+        request_terms = np.stack([dense[:, 0], dense[:, 1], segment[:, 0] % 4 == 0,
+                                  context == 3], axis=1).astype(np.float64)[owner]
+        return PlantedChunk(batch, {"click": p_click, "conversion": p_click * p_convert},
+                            planted.columns, request_terms)
 
     def eval_chunks(self, rows: int) -> Iterator[tuple[int, int]]:
         """``(index, size)`` of the eval split's chunks for ``rows`` eval requests."""
@@ -413,8 +528,18 @@ class AdsLogGenerator:
             yield index, min(EVAL_CHUNK_ROWS, rows - start)
 
 
+def _jagged_topics(topics: np.ndarray) -> Jagged:
+    """Padded ``(rows, MAX_TOPICS)`` topics (-1: none) as ids jagged over the rows."""
+    valid = topics >= 0
+    offsets = np.zeros(topics.shape[0] + 1, dtype=np.int64)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    return Jagged(torch.from_numpy(topics[valid].astype(np.int64)), torch.from_numpy(offsets))
+
+
 def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:
     """The schema of the generated data with options ``o``."""
+    topics = o.planted == "multi_valued"  # a multi-valued feature of events and candidates
+    topic_feature = (SequenceFeature(name="topics", table="topic", multi_valued=True),)
     return FeatureSchema(
         tables=(
             EmbeddingTable(name="ad", num_embeddings=o.ad_table_size or 2 * o.num_items,
@@ -424,18 +549,18 @@ def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:
             EmbeddingTable(name="action", num_embeddings=NUM_ACTIONS),
             EmbeddingTable(name="user_segment", num_embeddings=_NUM_SEGMENTS),
             EmbeddingTable(name="context", num_embeddings=_NUM_CONTEXTS),
-        ),
+        ) + ((EmbeddingTable(name="topic", num_embeddings=o.num_topics),) if topics else ()),
         event_features=(
             SequenceFeature(name="ad_id", table="ad"),
             SequenceFeature(name="advertiser", table="advertiser"),
             SequenceFeature(name="category", table="category"),
             SequenceFeature(name="action", table="action"),
-        ),
+        ) + (topic_feature if topics else ()),
         candidate_features=(
             SequenceFeature(name="ad_id", table="ad"),
             SequenceFeature(name="advertiser", table="advertiser"),
             SequenceFeature(name="category", table="category"),
-        ),
+        ) + (topic_feature if topics else ()),
         sparse_features=(
             ContextFeature(name="user_segment", table="user_segment"),
             ContextFeature(name="context", table="context"),

@@ -7,6 +7,7 @@ from pathlib import Path
 import attrs
 
 from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.manifest import Manifest
 from gem_data.writer import DatasetWriter
 
@@ -19,7 +20,11 @@ def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
     arguments (and memory stays at one chunk, whatever ``rows`` is). The eval split is written in
     the generator's fixed eval chunks, the same requests the ``synthetic-ads`` source evaluates
     on. The manifest's ``info.achievable_ne`` holds, per task, the NE of the generating process's
-    true probabilities on the eval split: the floor to compare a model's eval NE with.
+    true probabilities on the eval split: the floor to compare a model's eval NE with;
+    ``info.indicator_ne`` the NE there of a logistic regression on the planted kind's indicators
+    (fitted on :data:`~gem_data.indicator_ne.TRAIN_ROWS` training requests of the generator,
+    cut in chunks of their own whatever ``rows`` and ``row_group_rows`` are: see
+    :func:`~gem_data.indicator_ne.indicator_regression_ne`).
     """
     options = options or SynthOptions()
     generator = AdsLogGenerator(options, seed=seed)
@@ -27,6 +32,7 @@ def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
             "row_group_rows": row_group_rows, "options": attrs.asdict(options)}
     if eval_rows:
         info["achievable_ne"] = achievable_ne(generator, eval_rows)
+        info["indicator_ne"] = indicator_regression_ne(generator, TRAIN_ROWS, eval_rows)
     writer = DatasetWriter(out, generator.schema, row_group_rows=row_group_rows, info=info)
     for index, start in enumerate(range(0, rows, row_group_rows)):
         writer.write("train", generator.chunk(min(row_group_rows, rows - start), split="train",
