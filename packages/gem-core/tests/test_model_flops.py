@@ -20,6 +20,8 @@ VARIANTS = {
     "dlrm-baseline": dict(num_layers=0, target_attention=False),
     "attention-gate-multistage": dict(attention_gate=True, pma_queries=2,
                                       downstream_history="events"),
+    "target-match-windows": dict(target_match=8, action_feature="action",
+                                 target_match_action_window=32, target_match_max_age_s=1e6),
 }
 
 
@@ -63,3 +65,15 @@ def test_trainer_keys_and_padding_is_never_cheaper(data):
     # Equal lengths and no window: nothing to save but the causal half.
     same = torch.full((4,), 10)
     assert model.flops(same)["padded_total"] >= model.flops(same)["total"]
+
+
+def test_target_match_count_is_exact_with_several_candidates_per_request():
+    schema, batch = synthetic_batch(6, max_seq_len=40, seed=1, candidates=3)
+    model = _model(schema, target_match=8, action_feature="action",
+                   target_match_action_window=24)
+    with FlopCounterMode(display=False) as counter:
+        model(batch)
+    counts = model.flops_by_module(batch.seq_lengths(), batch.candidate_counts(), dense=True)
+    measured = counter.get_flop_counts()["GEMModel.target_match"]
+    assert counts["target_match"] == sum(measured.values())
+    assert sum(counts.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)

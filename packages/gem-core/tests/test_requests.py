@@ -211,8 +211,9 @@ def test_target_match_sums_the_recent_events_sharing_an_attribute():
     from gem_core.model.target_match import TargetMatch, shared_attributes
 
     schema, batch = multi_valued_schema(), multi_valued_batch()
-    # movie is shared and single-valued; genres is multi-valued (no single id to compare).
-    assert shared_attributes(schema) == [("movie", "movie")]
+    # movie is shared and single-valued, genres multi-valued (matched by overlap: see
+    # test_target_match.py); only movie is compared here.
+    assert shared_attributes(schema) == [("movie", "movie"), ("genres", "genres")]
     movies = batch.event_ids["movie"].clone()
     candidates = batch.candidate_ids["movie"].clone()
     movies[:] = torch.tensor([5, 6, 5, 1, 2, 3, 2])   # requests: [5 6 5], [], [1 2 3 2]
@@ -231,7 +232,6 @@ def test_target_match_sums_the_recent_events_sharing_an_attribute():
         torch.zeros(4, dtype=torch.float64),  # 1 is the 4th most recent: outside the window
     ])
     torch.testing.assert_close(out, match.proj(expected))
-    no_shared = attrs.evolve(schema, candidate_features=[
-        SequenceFeature(name="genres", table="genre", multi_valued=True)])
+    no_shared = attrs.evolve(schema, event_features=[SequenceFeature(name="ad", table="ad")])
     with pytest.raises(ValueError, match="share a table"):
         small_model(no_shared, target_match=4)

@@ -18,12 +18,16 @@ if TYPE_CHECKING:
 def attention_needs(model: ModelConfig) -> dict[str, str]:
     """Each capability the model's attention calls need, with the setting that needs it."""
     needs: dict[str, str] = {}
+    softmax_target = model.target_attention and model.target_normalization == "softmax"
     full_attention = [name for name, used in (
-        ("model.target_attention", model.target_attention),
+        ("model.target_attention", softmax_target),
         ("model.pma_queries", model.pma_queries > 0),
         ("model.cross_attention", model.cross_attention and model.num_layers > 0)) if used]
     if full_attention:  # these attend with softmax whatever the sequence layers use
         needs[SOFTMAX] = f"{', '.join(full_attention)} (softmax attention)"
+    if model.target_attention and model.target_normalization != "softmax":
+        needs[model.target_normalization] = (
+            f"model.target_normalization = {model.target_normalization}")
     if model.num_layers > 0:
         needs[model.normalization] = f"model.normalization = {model.normalization}"
         if model.relative_bias:

@@ -166,11 +166,71 @@ class ModelConfig:
     """Most recent history tokens that target-aware attention sees besides the PMA user tokens;
     0: the whole history."""
 
+    target_normalization: str = attrs.field(default="softmax",
+                                            validator=choice("softmax", "silu"))
+    """Weights of target-aware attention over the history: ``softmax`` (they sum to one per
+    candidate), or HSTU-style pointwise ``silu`` (each key weighted on its own, so how many
+    events match survives; the attention backend must support silu)."""
+
+    attribute_attention: bool = False
+    """A learned activation-unit attention (DIN-style, unnormalised): every recent history event
+    is scored against the candidate attribute by attribute (each candidate feature sharing a
+    table with an event feature, multi-valued ones pooled) by a small MLP over ``[q, k, q * k,
+    q^2, k^2]`` and the event's raw token (action, age, position) and tower output; the weighted
+    sum of the events' tokens is one more interaction token. See
+    ``gem_core.model.attribute_attention``."""
+
+    attribute_attention_history: int = attrs.field(default=64, validator=at_least(0))
+    """Most recent history events that attribute attention scores per candidate; 0: the whole
+    history (cost grows with candidates x events)."""
+
+    attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
+    """Hidden width of attribute attention's scoring MLP."""
+
+    attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
+    """Long histories (SIM-style hard search): besides its recent window, attribute attention
+    scores up to this many older events per candidate, the most recent of those that share an
+    attribute's raw id with it (any common id for multi-valued attributes), searched in the
+    whole history; 0: the recent window only."""
+
+    attribute_attention_retrieve_engaged: bool = False
+    """The search of ``attribute_attention_retrieve`` keeps engaged events only (those whose
+    ``action_feature`` id is not ``view_action``): a purchase 200 page views ago is found
+    however many views of the same category came since."""
+
     target_match: int = attrs.field(default=0, validator=at_least(0))
     """Each candidate also gets a token from its exact attribute matches among the most recent
-    ``target_match`` events of its history (ad id, advertiser, category: every candidate and
-    event feature sharing a table): a learned projection of the matching events summed, so
-    "clicked this advertiser two events ago" is visible without learning to find it. 0: off."""
+    ``target_match`` events of its history (ad id, advertiser, category, genres: every
+    candidate and event feature sharing a table, single- or multi-valued): a learned projection
+    of the matching events summed (weighted by ``target_match_overlap``), so "clicked this
+    advertiser two events ago" is visible without learning to find it. 0: off."""
+
+    target_match_overlap: str = attrs.field(default="count", validator=choice("count", "any"))
+    """How much an event matches a candidate on a shared attribute where either side is
+    multi-valued (genres, topics): ``count``, the number of distinct candidate ids among the
+    event's ids; ``any``, 1 if they share one id at all. Single-valued pairs weigh 0 or 1
+    either way."""
+
+    action_feature: str = ""
+    """The event feature holding each event's action type (``action``, ``btag``): a
+    single-valued event feature of the schema, read by ``target_match_action_window`` and
+    ``attribute_attention_retrieve_engaged`` to tell engaged events from views. Empty: none."""
+
+    target_match_action_window: int = attrs.field(default=0, validator=at_least(0))
+    """A second, longer target-match window by count (256, ...) in which only engaged events
+    are matched: those whose ``action_feature`` id is not
+    ``view_action``, so a purchase 200 page views ago is still found. Its matches
+    have a value projection of their own and add to the target-match token, so the model tells
+    a recent match of any action from an older engaged one. 0: off; needs
+    ``action_feature``."""
+
+    view_action: int = 0
+    """The action id (raw, of ``action_feature``) of the most common, least engaged action,
+    "view": the engaged-only windows and searches skip these events."""
+
+    target_match_max_age_s: float = attrs.field(default=0.0, validator=at_least(0))
+    """Target match (both windows) sees only events younger than this many seconds (the
+    request's timestamp minus the event's). 0: no age limit."""
 
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:
@@ -247,6 +307,16 @@ class ModelConfig:
         if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
             raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
                              f"got {list(self.esmm_tasks)}")
+        if self.attribute_attention_retrieve and not (self.attribute_attention
+                                                      and self.attribute_attention_history):
+            raise ValueError("model.attribute_attention_retrieve searches the events older than "
+                             "attribute attention's recent window: it needs attribute_attention "
+                             "= true and attribute_attention_history > 0")
+        if self.attribute_attention_retrieve_engaged and not (
+                self.attribute_attention_retrieve and self.action_feature):
+            raise ValueError("model.attribute_attention_retrieve_engaged needs "
+                             "attribute_attention_retrieve > 0 and model.action_feature (the "
+                             "event feature holding the action)")
         if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
             raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
         if self.teacher_match_dim and not (self.pma_queries and self.user_embeddings == "live"):

@@ -58,6 +58,13 @@ class LookedUp:
     context: list[Tensor]
     """Per context feature (schema order), ``(R, d)``."""
 
+    event_vectors: dict[str, Tensor] = attrs.field(factory=dict)
+    """Per event feature, ``(total_events, d)``: each event's vector of that feature alone
+    (multi-valued ones pooled), the parts of ``events``."""
+
+    candidate_vectors: dict[str, Tensor] = attrs.field(factory=dict)
+    """Per candidate feature, ``(N, d)``: the parts of ``candidates``."""
+
 
 def _request_rows(ids: Ids, offsets: Tensor, multi_valued: bool) -> Jagged:
     """The feature's ids as one jagged row per request: ``offsets`` cut events (or candidates)
@@ -109,20 +116,31 @@ class FeatureLookup:
 
     def __call__(self, embeddings: nn.Module, batch: JaggedBatch) -> LookedUp:
         vectors = embeddings(self.inputs(batch))
-        events = self._sum(self.schema.event_features, batch.event_ids, vectors, "event")
-        candidates = self._sum(self.schema.candidate_features, batch.candidate_ids, vectors,
-                               "candidate")
-        return LookedUp(events=events, candidates=candidates,
-                        context=[vectors[f.name] for f in self.schema.sparse_features])
+        event_vectors = self._per_feature(self.schema.event_features, batch.event_ids, vectors,
+                                          "event")
+        candidate_vectors = self._per_feature(self.schema.candidate_features,
+                                              batch.candidate_ids, vectors, "candidate")
+        return LookedUp(events=_sum(event_vectors), candidates=_sum(candidate_vectors),
+                        context=[vectors[f.name] for f in self.schema.sparse_features],
+                        event_vectors=event_vectors, candidate_vectors=candidate_vectors)
 
     @staticmethod
-    def _sum(features: tuple[SequenceFeature, ...], store: Mapping[str, Ids],
-             vectors: Mapping[str, Tensor], kind: str) -> Tensor:
-        total: Tensor | None = None
+    def _per_feature(features: tuple[SequenceFeature, ...], store: Mapping[str, Ids],
+                     vectors: Mapping[str, Tensor], kind: str) -> dict[str, Tensor]:
+        """One vector per event (or candidate) and feature, multi-valued ones pooled."""
+        out = {}
         for feature in features:
             value = vectors[feature_key(kind, feature.name)]
             if feature.multi_valued:
                 value = pool_rows(value, store[feature.name].offsets, feature.pooling)
-            total = value if total is None else total + value
-        assert total is not None  # the schema declares at least one feature of each kind
-        return total
+            out[feature.name] = value
+        return out
+
+
+def _sum(per_feature: Mapping[str, Tensor]) -> Tensor:
+    values = list(per_feature.values())
+    assert values  # the schema declares at least one feature of each kind
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total

@@ -15,17 +15,23 @@ from gem_core.contracts import RankingModel
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
+from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
+from gem_core.model.history_retrieval import retrieve_matching_events
 from gem_core.model.interaction import DotInteractionMLP
 from gem_core.model.interface import StrategyModel, check_checkpoint_kind, modules_of
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTower, SwiGLU
 from gem_core.model.target_attention import TargetAwareAttention
-from gem_core.model.target_match import TargetMatch, shared_attributes
+from gem_core.model.target_match import (
+    check_action_feature,
+    shared_attributes,
+    target_match_from_config,
+)
 from gem_core.model.tokens import EventTokenizer
 from gem_core.model.wukong import WukongInteraction
 from gem_core.norm import NormBackend, ReferenceNorm
@@ -100,14 +106,23 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 f"the data has {schema.user_embedding_dim} (export them with gem "
                 "export-user-embeddings from a run of the same model)")
         self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
-                                                      recent=config.target_history)
+                                                      recent=config.target_history,
+                                                      normalization=config.target_normalization)
                                  if config.target_attention else None)
-        self.target_match = (TargetMatch(dim, shared_attributes(schema), config.target_match)
-                             if config.target_match else None)
+        self.attribute_attention = (
+            AttributeAttention(dim, shared_attributes(schema),
+                               history=config.attribute_attention_history,
+                               hidden=config.attribute_attention_hidden,
+                               tower_keys=live and config.downstream_history == "tower")
+            if config.attribute_attention else None)
+        if config.attribute_attention_retrieve_engaged:
+            check_action_feature(schema, config.action_feature)
+        self.target_match = target_match_from_config(dim, config, schema)
         self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
         self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
+                           + int(config.attribute_attention)
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
         # Distillation (gem distill): a teacher's user embedding as one more token, and a
@@ -206,7 +221,21 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                                     max_candidates))
         if self.target_match is not None:
             tokens.append(self.target_match(history, offsets, owner, batch.candidate_ids,
-                                            batch.event_ids))
+                                            batch.event_ids, candidate_offsets=candidate_offsets,
+                                            max_candidates=max_candidates, ages=ages))
+        if self.attribute_attention is not None:
+            tower_output = None if history is events else history
+            retrieved = None
+            if self.config.attribute_attention_retrieve:
+                retrieved = retrieve_matching_events(
+                    offsets, owner, batch.candidate_ids, batch.event_ids,
+                    self.attribute_attention.pairs,
+                    budget=self.config.attribute_attention_retrieve,
+                    skip_recent=self.config.attribute_attention_history,
+                    engaged=self._engaged(batch))
+            tokens.append(self.attribute_attention(
+                looked_up.candidate_vectors, looked_up.event_vectors, events, tower_output,
+                offsets, owner, max_len, retrieved))
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
                 0, rows, history)
@@ -228,6 +257,13 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if self.config.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
+
+    def _engaged(self, batch: JaggedBatch) -> Tensor | None:
+        """``(E,)`` whether each event is engaged (its action is not the view action), for
+        ``model.attribute_attention_retrieve_engaged``; None when that is off."""
+        if not self.config.attribute_attention_retrieve_engaged:
+            return None
+        return batch.event_ids[self.config.action_feature] != self.config.view_action
 
     # -- the model interface of strategies (gem_core.model.interface) -------------------------
 
@@ -310,8 +346,11 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             for key, value in self.target_attention.flops(lengths, queries, c.pma_queries,
                                                           candidates).items():
                 counts[f"target_attention.{key}"] = value
+        if self.attribute_attention is not None:
+            counts["attribute_attention"] = self.attribute_attention.flops(
+                lengths, candidates, c.attribute_attention_retrieve)
         if self.target_match is not None:
-            counts["target_match"] = self.target_match.flops(tokens, impressions)
+            counts["target_match"] = self.target_match.flops(lengths, candidates)
         if self.teacher_token is not None:
             counts["teacher_token"] = linear_layer_flops(self.teacher_token, batch)
         if self.teacher_match is not None:

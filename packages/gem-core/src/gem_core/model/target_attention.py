@@ -9,8 +9,6 @@ from torch import Tensor, nn
 from gem_core.attention import AttentionBackend, AttentionParams
 from gem_core.flops import attention_flops, cross_pairs
 
-_FULL = AttentionParams()  # every query sees every key of its own sample
-
 
 def recent_lengths(lengths: Tensor, recent: int) -> Tensor:
     """History tokens target-aware attention sees per sample (``recent`` 0: all of them)."""
@@ -51,9 +49,11 @@ class TargetAwareAttention(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int, attention: AttentionBackend,
-                 recent: int = 0) -> None:
+                 recent: int = 0, normalization: str = "softmax") -> None:
         super().__init__()
         self.heads, self.attention, self.recent = heads, attention, recent
+        # Every query sees every key of its own sample; softmax or pointwise SiLU weights.
+        self.params = AttentionParams(normalization=normalization)
         self.query = nn.Linear(dim, dim, bias=False)
         self.key_value = nn.Linear(dim, 2 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
@@ -78,7 +78,7 @@ class TargetAwareAttention(nn.Module):
             candidate_offsets = torch.arange(offsets.numel(), device=queries.device,
                                              dtype=offsets.dtype)
         q_offsets = candidate_offsets.to(offsets.dtype) * num_queries
-        out = self.attention(q, k, v, q_offsets, kv_offsets, params=_FULL,
+        out = self.attention(q, k, v, q_offsets, kv_offsets, params=self.params,
                              max_q_len=num_queries * max_candidates, max_kv_len=max_kv)
         out = self.proj(out.reshape(rows, num_queries, dim))
         return out.squeeze(1) if single else out

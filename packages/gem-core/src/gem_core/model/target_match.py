@@ -1,10 +1,21 @@
 """Target match: what the user did with events that share an attribute with the candidate.
 
 For every attribute a candidate shares with the history events (a candidate feature and an
-event feature that index one declared table: ad id, advertiser, category, ...), the candidate
-looks at the most recent ``window`` events of its request and sums a learned projection of the
-events whose raw id equals its own. An event token carries its action, age and position, so the
-sum says how often, how recently and how the user engaged with that advertiser or category.
+event feature that index one declared table: ad id, advertiser, category, genres, ...), the
+candidate looks at the most recent ``window`` events of its request and sums a learned
+projection of the events that share an id with it, each weighted by how much they share: 1 for
+equal single-valued ids; where either side is multi-valued (a movie's genres, an ad's topics),
+the number of distinct candidate ids among the event's ids (``overlap = "count"``) or 1 if there
+is any (``"any"``). An event token carries its action, age and position, so the sum says how
+often, how recently and how the user engaged with that advertiser or category.
+
+Two refinements, both optional:
+
+- an **action window**: a second, longer window (by count) in which only engaged events (an
+  action other than the "view" action) are matched, through a value projection of its own, so
+  a purchase 200 page views ago is found and told apart from a recent match of any action;
+- an **age limit**: only events younger than ``max_age_s`` seconds at the request are matched,
+  in both windows.
 
 Soft (dot-product) target attention can learn the same thing, but only after learning to make
 ``q.k`` of equal ids stand out among thousands of id embeddings; on data where the label turns
@@ -14,30 +25,37 @@ collision) need no learning to be found; what the match means is learned. Indust
 feed the same signal as hand-made counting features ("ads of this advertiser clicked in the
 last day"); here it is derived from the declared schema, for every shared table.
 
-Single-valued features only: a multi-valued attribute (genres) has no single id to compare.
+How it is computed: ids are compared exactly as int64. A multi-valued feature's ids are padded
+to its widest row in the batch (with a mask), so the overlap of every candidate with every event
+of its window is one broadcast comparison of ``candidates x window x candidate ids x event
+ids``, a few values each. The event vectors are projected once per request window (not per
+candidate), and each request's candidates take their weighted sums from them in one batched
+matmul over the candidates padded to the widest request.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import torch
 from torch import Tensor, nn
 
 from gem_core.batch import Ids
+from gem_core.config import ModelConfig
 from gem_core.flops import linear_layer_flops
+from gem_core.jagged import Jagged, max_length, offsets_from_lengths
 from gem_core.schema import FeatureSchema
+
+#: How a multi-valued attribute weighs an event's match (``model.target_match_overlap``).
+OVERLAPS = ("count", "any")
 
 
 def shared_attributes(schema: FeatureSchema) -> list[tuple[str, str]]:
-    """``(candidate feature, event feature)`` pairs that index one table, single-valued both."""
-    pairs = []
-    for candidate in schema.candidate_features:
-        for event in schema.event_features:
-            if (candidate.table == event.table and not candidate.multi_valued
-                    and not event.multi_valued):
-                pairs.append((candidate.name, event.name))
-    return pairs
+    """``(candidate feature, event feature)`` pairs that index one table (single- or
+    multi-valued, either side)."""
+    return [(candidate.name, event.name) for candidate in schema.candidate_features
+            for event in schema.event_features if candidate.table == event.table]
 
 
 def recent_event_index(offsets: Tensor, owner: Tensor, window: int) -> tuple[Tensor, Tensor]:
@@ -52,36 +70,179 @@ def recent_event_index(offsets: Tensor, owner: Tensor, window: int) -> tuple[Ten
     return index, valid
 
 
+def padded_ids(ids: Ids) -> tuple[Tensor, Tensor | None]:
+    """A feature's ids as ``(rows, width)`` int64 and which slots hold one (None: all of them;
+    a single-valued feature is width 1). A multi-valued feature is padded to its widest row."""
+    if not isinstance(ids, Jagged):
+        return ids.unsqueeze(1), None
+    lengths = ids.lengths()
+    rows, total = lengths.numel(), ids.values.shape[0]
+    device = ids.values.device
+    width = max_length(lengths)
+    row = torch.repeat_interleave(torch.arange(rows, device=device), lengths, output_size=total)
+    slot = torch.arange(total, device=device) - ids.offsets[:-1][row]
+    values = ids.values.new_zeros(rows, width).index_put_((row, slot), ids.values)
+    return values, torch.arange(width, device=device) < lengths.unsqueeze(1)
+
+
+def first_occurrences(values: Tensor, mask: Tensor) -> Tensor:
+    """``(rows, width)``: the slots of ``padded_ids`` that hold an id not held by an earlier
+    slot of the row (each distinct id counted once)."""
+    width = values.shape[1]
+    same = values.unsqueeze(2) == values.unsqueeze(1)  # [row, j, k]: id j equals id k
+    earlier = torch.ones(width, width, dtype=torch.bool, device=values.device).tril(-1)
+    return mask & ~(same & earlier & mask.unsqueeze(1)).any(dim=2)
+
+
+def overlap(candidate_ids: Ids, event_ids: Ids, events: Tensor, count: bool) -> Tensor:
+    """``(N, W)`` int64: how much candidate ``n`` shares with event ``events[n, w]`` on one
+    attribute. ``count``: the number of distinct candidate ids among the event's ids; otherwise
+    1 if they share any (single-valued: 1 if the ids are equal)."""
+    candidate, candidate_mask = padded_ids(candidate_ids)  # (N, C)
+    event, event_mask = padded_ids(event_ids)  # (E, V)
+    equal = candidate[:, :, None, None] == event[events].unsqueeze(1)  # (N, C, W, V)
+    if event_mask is not None:
+        equal = equal & event_mask[events].unsqueeze(1)
+    present = equal.any(dim=3)  # (N, C, W): candidate id c is among the event's ids
+    if candidate_mask is None:
+        return present[:, 0].to(torch.int64)
+    keep = first_occurrences(candidate, candidate_mask) if count else candidate_mask
+    present = present & keep.unsqueeze(2)
+    return present.sum(dim=1) if count else present.any(dim=1).to(torch.int64)
+
+
+def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
+    """``ages < max_age_s``, exactly for integer ages (seconds)."""
+    if ages.is_floating_point():
+        return ages < max_age_s
+    return ages < math.ceil(max_age_s)
+
+
 class TargetMatch(nn.Module):
     """One token per candidate: per shared attribute, the sum of a learned projection of the
-    recent events whose id equals the candidate's, summed over attributes."""
+    recent events that share an id with the candidate (weighted by the overlap), summed over
+    attributes; with an action window, plus the same over the longer window's engaged events
+    through their own projection."""
 
-    def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int) -> None:
+    def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
+                 overlap: str = "count", action_feature: str = "", action_window: int = 0,
+                 view_action: int = 0, max_age_s: float = 0.0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
-                             "that share a table (single-valued); the schema has none")
+                             "that share a table; the schema has none")
+        if overlap not in OVERLAPS:
+            raise ValueError(f"model.target_match_overlap must be one of {', '.join(OVERLAPS)}; "
+                             f"got {overlap!r}")
+        if bool(action_window) != bool(action_feature):
+            raise ValueError("model.target_match_action_window and "
+                             "model.action_feature go together: set both or "
+                             "neither")
+        if window < 1 or action_window < 0 or max_age_s < 0:
+            raise ValueError("model.target_match must be >= 1, target_match_action_window and "
+                             "target_match_max_age_s >= 0")
         self.pairs, self.window = pairs, window
+        self.count = overlap == "count"
+        self.action_feature, self.action_window = action_feature, action_window
+        self.view_action, self.max_age_s = view_action, max_age_s
         self.values = nn.Linear(dim, dim * len(pairs), bias=False)
+        self.engaged_values = (nn.Linear(dim, dim * len(pairs), bias=False)
+                               if action_window else None)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
-                candidate_ids: Mapping[str, Ids], event_ids: Mapping[str, Ids]) -> Tensor:
-        """``history`` ``(E, d)`` event tokens; ``owner`` ``(N,)`` each candidate's request.
+                candidate_ids: Mapping[str, Ids], event_ids: Mapping[str, Ids], *,
+                candidate_offsets: Tensor | None = None, max_candidates: int | None = None,
+                ages: Tensor | None = None) -> Tensor:
+        """``history`` ``(E, d)`` event tokens; ``owner`` ``(N,)`` each candidate's request;
+        ``candidate_offsets`` ``(R + 1,)`` and ``max_candidates`` (the most of one request)
+        cut the candidates into requests (None: derived from ``owner``); ``ages`` ``(E,)``
+        each event's age at its request in seconds (needed with ``max_age_s``).
         Returns ``(N, d)``."""
-        index, valid = recent_event_index(offsets, owner, self.window)
-        dim = history.shape[1]
+        n, dim = owner.numel(), history.shape[1]
         if history.shape[0] == 0:
-            return self.proj(history.new_zeros(owner.numel(), dim))
-        values = self.values(history).view(-1, len(self.pairs), dim)[index]  # (N, W, P, d)
-        matches = torch.stack([
-            (event_ids[event][index] == candidate_ids[candidate].unsqueeze(1)) & valid
-            for candidate, event in self.pairs], dim=2)  # (N, W, P)
-        summed = (values * matches.unsqueeze(-1).to(values.dtype)).sum(dim=(1, 2))
+            return self.proj(history.new_zeros(n, dim))
+        requests, device = offsets.numel() - 1, offsets.device
+        if candidate_offsets is None or max_candidates is None:
+            counts = torch.bincount(owner, minlength=requests)
+            candidate_offsets, max_candidates = offsets_from_lengths(counts), max_length(counts)
+        # Every request's last `span` events (both windows: the shorter is a prefix).
+        span = max(self.window, self.action_window)
+        index, valid = recent_event_index(offsets, torch.arange(requests, device=device), span)
+        if self.max_age_s:
+            if ages is None:
+                raise ValueError("model.target_match_max_age_s needs the events' ages")
+            valid = valid & younger_than(ages[index], self.max_age_s)
+        # Overlaps of each candidate with its request's events, then laid out per request:
+        # (R, K, span, P), K the candidates of the widest request.
+        events = index[owner]
+        weights = torch.stack([overlap(candidate_ids[candidate], event_ids[event], events,
+                                       self.count) for candidate, event in self.pairs], dim=2)
+        slot = torch.arange(n, device=device) - candidate_offsets[:-1][owner]
+        grid = weights.new_zeros(requests, max_candidates, span, len(self.pairs)).index_put_(
+            (owner, slot), weights)
+        tokens = history[index]  # (R, span, d)
+        windows = [(self.window, valid, self.values)]
+        if self.engaged_values is not None:
+            actions = event_ids[self.action_feature]
+            if isinstance(actions, Jagged):
+                raise ValueError(f"model.action_feature {self.action_feature!r} "
+                                 "must be single-valued (one action per event)")
+            windows.append((self.action_window, valid & (actions[index] != self.view_action),
+                            self.engaged_values))
+        values = torch.cat([project(tokens[:, :width]).reshape(requests, -1, dim)
+                            for width, _, project in windows], dim=1)  # (R, slots * P, d)
+        weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
+                            for width, mask, _ in windows], dim=2).to(values.dtype)
+        summed = torch.bmm(weight, values)[owner, slot]  # (N, d)
         return self.proj(summed)
 
-    def flops(self, events: int, candidates: int) -> int:
-        """Forward FLOPs (matmuls): the value projection of every event, the output projection
-        of every candidate."""
-        return (linear_layer_flops(self.values, events)
-                + linear_layer_flops(self.proj, candidates))
+    def flops(self, lengths: Tensor, candidates: Tensor) -> int:
+        """Forward FLOPs (matmuls) of a batch of requests with these history lengths and
+        ``candidates`` per request: the value projections of every request's window(s), the
+        weighted sums (one batched matmul over the candidates padded to the widest request),
+        the output projection of every candidate."""
+        impressions = int(candidates.sum())
+        total = linear_layer_flops(self.proj, impressions)
+        if not int(lengths.sum()):
+            return total
+        requests, widest = lengths.numel(), int(candidates.max())
+        total += linear_layer_flops(self.values, requests * self.window)
+        slots = self.window
+        if self.engaged_values is not None:
+            total += linear_layer_flops(self.engaged_values, requests * self.action_window)
+            slots += self.action_window
+        return total + 2 * requests * widest * slots * self.values.out_features
+
+
+def check_action_feature(schema: FeatureSchema, name: str) -> None:
+    """Raise ValueError unless ``name`` (``model.action_feature``) is a single-valued event
+    feature of ``schema``."""
+    features = {feature.name: feature for feature in schema.event_features}
+    if name not in features:
+        raise ValueError(f"model.action_feature = {name!r} is not an event "
+                         f"feature of the data; its event features: {', '.join(features)}")
+    if features[name].multi_valued:
+        raise ValueError(f"model.action_feature = {name!r} is multi-valued; "
+                         "engaged events are told by a single-valued event feature (one action "
+                         "per event)")
+
+
+def target_match_from_config(dim: int, config: ModelConfig,
+                             schema: FeatureSchema) -> TargetMatch | None:
+    """The target match of ``config`` (``model.target_match*``) on ``schema``; None when
+    ``model.target_match`` is 0. Raises ValueError naming the option the schema cannot serve."""
+    if not config.target_match:
+        return None
+    name, window = config.action_feature, config.target_match_action_window
+    if window and not name:
+        raise ValueError(f"model.target_match_action_window = {window} needs "
+                         "model.action_feature: the event feature holding each "
+                         "event's action type")
+    if window:
+        check_action_feature(schema, name)
+    return TargetMatch(dim, shared_attributes(schema), config.target_match,
+                       overlap=config.target_match_overlap,
+                       action_feature=name if window else "",
+                       action_window=window, view_action=config.view_action,
+                       max_age_s=config.target_match_max_age_s)
