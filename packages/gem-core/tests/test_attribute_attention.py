@@ -46,7 +46,7 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
                 pre = pre + module.similarities[p] * torch.dot(q, k) / dim
             hidden = pre * torch.sigmoid(pre)
             weights = module.weights.weight @ hidden + module.weights.bias
-            values = (module.values.weight @ events[e]).view(num, dim)
+            values = (module.values.weight @ _rms(events[e])).view(num, dim)
             for p in range(num):
                 total = total + weights[p] * values[p]
         out.append(module.proj.weight @ total + module.proj.bias)

@@ -114,7 +114,7 @@ class AttributeAttention(nn.Module):
         pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
-        values = self.values(events).view(-1, num, dim)[index]  # (N, W, P, d)
+        values = self.values(_unit(events)).view(-1, num, dim)[index]  # (N, W, P, d)
         return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
