@@ -112,6 +112,11 @@ def test_esmm_and_cross_attention_say_what_they_need(data):
     # Free task names: ESMM is configured by naming the parent and child tasks.
     renamed = attrs.evolve(schema, tasks=("click", "purchase"))
     _model(renamed, multitask="esmm", esmm_tasks=("click", "purchase"))
+    # auto follows the data's tasks: ESMM where both tasks exist, independent heads elsewhere.
+    assert _model(schema, multitask="auto").multitask == "esmm"
+    single = _model(attrs.evolve(schema, tasks=("click",)), multitask="auto")
+    assert single.multitask == "independent" and set(single.heads) == {"click"}
+    assert _model(renamed, multitask="auto").multitask == "independent"
     context_tables = {f.table for f in schema.sparse_features}
     no_context = attrs.evolve(schema, sparse_features=(), num_dense=0,
                               tables=[t for t in schema.tables if t.name not in context_tables])

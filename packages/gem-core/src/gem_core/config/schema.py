@@ -264,9 +264,12 @@ class ModelConfig:
     wukong_mlp_dim: int = attrs.field(default=256, validator=greater_than(0))
     """Hidden width of the MLP inside each factorization-machine block."""
 
-    multitask: str = attrs.field(default="independent", validator=choice("independent", "esmm"))
+    multitask: str = attrs.field(default="independent",
+                                 validator=choice("independent", "esmm", "auto"))
     """``independent``: one logit head per task. ``esmm``: entire-space conversion,
-    p(conversion) = p(click) * p(conversion | click), for the tasks named by ``esmm_tasks``."""
+    p(conversion) = p(click) * p(conversion | click), for the tasks named by ``esmm_tasks``.
+    ``auto``: ``esmm`` when the data has both ``esmm_tasks``, ``independent`` otherwise (a
+    single-task log), logged at start-up."""
 
     esmm_tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
     """With ``multitask = "esmm"``: the data set's task names of the click-like parent and the

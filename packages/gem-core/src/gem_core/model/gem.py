@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 import attrs
@@ -37,6 +38,8 @@ from gem_core.model.wukong import WukongInteraction
 from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.schema import FeatureSchema
 
+_log = logging.getLogger(__name__)
+
 
 def embedding_tables(config: ModelConfig, schema: FeatureSchema) -> list[EmbeddingTableConfig]:
     """The sparse tables of the model: one per table the data set declares (see
@@ -57,6 +60,18 @@ STASH_CLASSES: dict[str, tuple[type, ...]] = {
     "cross_attention": (CrossFeatureAttention,),
     "interaction": (DotInteractionMLP, WukongInteraction),
 }
+
+
+def resolve_multitask(config: ModelConfig, schema: FeatureSchema) -> str:
+    """``model.multitask`` for this data: ``auto`` is ``esmm`` when the data has both
+    ``esmm_tasks``, ``independent`` heads otherwise (a single-task log, other task names);
+    the choice is logged."""
+    if config.multitask != "auto":
+        return config.multitask
+    chosen = "esmm" if set(config.esmm_tasks) <= set(schema.tasks) else "independent"
+    _log.info("model.multitask = auto: %s (the data's tasks %s; esmm_tasks %s)", chosen,
+              list(schema.tasks), list(config.esmm_tasks))
+    return chosen
 
 
 class GEMModel(nn.Module, StrategyModel, RankingModel):
@@ -141,7 +156,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
-        if config.multitask == "esmm" and not set(config.esmm_tasks) <= set(schema.tasks):
+        self.multitask = resolve_multitask(config, schema)
+        if self.multitask == "esmm" and not set(config.esmm_tasks) <= set(schema.tasks):
             raise ValueError(
                 f"model.multitask = 'esmm' combines the tasks model.esmm_tasks = "
                 f"{list(config.esmm_tasks)}, but the data's tasks are {list(schema.tasks)}: set "
@@ -254,7 +270,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
-        if self.config.multitask == "esmm":
+        if self.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
 
