@@ -1,0 +1,162 @@
+"""``gem_data.peer_export``: the RecBole atomic files of ``tools/peers.py`` hold exactly the
+impressions the trainer trains and evaluates on (no RecBole needed here)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gem_core.config import DataConfig
+from gem_core.data.api import contiguous_balancer
+from gem_core.jagged import Jagged
+from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.peer_export import export_peer_dataset, read_atomic
+from gem_data.synthetic_source import SyntheticAdsSource
+
+STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64
+
+
+def _source_batches(options, *, seed, max_seq_len=SEQ, steps=STEPS):
+    """The trainer's batches: the synthetic-ads source's own training stream and eval split."""
+    source = SyntheticAdsSource(DataConfig(source="synthetic-ads", max_seq_len=max_seq_len,
+                                           eval_rows=EVAL_ROWS, options=options), seed=seed)
+    stream = source.train_stream(batch_size=BATCH, rank=0, world_size=1,
+                                 balancer=contiguous_balancer,
+                                 cost_fn=lambda b: [1.0] * b.batch_size)
+    return source, [next(stream) for _ in range(steps)]
+
+
+def _ids(ids, index):
+    if isinstance(ids, Jagged):
+        a, b = int(ids.offsets[index]), int(ids.offsets[index + 1])
+        return [str(v) for v in ids.values[a:b].tolist()]
+    return [str(int(ids[index]))]
+
+
+def _history(batch, name, start, end):
+    ids = batch.event_ids[name]
+    if isinstance(ids, Jagged):
+        a, b = int(ids.offsets[start]), int(ids.offsets[end])
+        return " ".join(str(v) for v in ids.values[a:b].tolist())
+    return " ".join(str(v) for v in ids[start:end].tolist())
+
+
+def _expected_rows(batch, max_seq_len, *, multi_valued):
+    """Each impression's fields, computed here from the batch (not by the exporter)."""
+    rows = []
+    for r in range(batch.batch_size):
+        s, e = int(batch.seq_offsets[r]), int(batch.seq_offsets[r + 1])
+        start = max(s, e - max_seq_len)
+        times = batch.seq_timestamps[start:e]
+        assert bool((times[1:] >= times[:-1]).all()), "history not in time order"
+        segment = batch.sparse["user_segment"]
+        context = batch.sparse["context"]
+        for c in range(int(batch.candidate_offsets[r]), int(batch.candidate_offsets[r + 1])):
+            row = {"user_id": str(int(batch.user_ids[r])),
+                   "item_id": str(int(batch.candidate_ids["ad_id"][c])),
+                   "advertiser": str(int(batch.candidate_ids["advertiser"][c])),
+                   "category": str(int(batch.candidate_ids["category"][c])),
+                   "user_segment": " ".join(_ids(segment, r)),
+                   "context": " ".join(_ids(context, r)),
+                   "item_id_list": _history(batch, "ad_id", start, e),
+                   "advertiser_list": _history(batch, "advertiser", start, e),
+                   "category_list": _history(batch, "category", start, e),
+                   "action_list": _history(batch, "action", start, e),
+                   "click": float(batch.labels["click"][c]),
+                   "conversion": float(batch.labels["conversion"][c]),
+                   "dense": [float(v) for v in batch.dense[r].tolist()],
+                   "history_length": e - start}
+            if multi_valued:
+                row["topics"] = " ".join(_ids(batch.candidate_ids["topics"], c))
+                row["topics_list"] = _history(batch, "topics", start, e)
+            rows.append(row)
+    return rows
+
+
+def _check_rows(path, batches, max_seq_len, *, multi_valued):
+    header, rows = read_atomic(path)
+    names = [h.split(":")[0] for h in header]
+    types = dict(h.split(":") for h in header)
+    assert types["item_id"] == "token" and types["item_id_list"] == "token_seq"
+    assert types["click"] == "float" and types["dense_0"] == "float"
+    expected = [row for batch in batches
+                for row in _expected_rows(batch, max_seq_len, multi_valued=multi_valued)]
+    assert len(rows) == len(expected) == sum(b.num_candidates for b in batches)
+    for got, want in zip(rows, expected):
+        got = dict(zip(names, got))
+        for key, value in want.items():
+            if key == "dense":
+                # exact: the float32 value, no rounding
+                assert [float(got[f"dense_{j}"]) for j in range(len(value))] == value
+            elif key == "history_length":
+                assert len(got["item_id_list"].split()) == value <= max_seq_len
+            elif key in ("click", "conversion"):
+                assert float(got[key]) == value
+            else:
+                assert got[key] == value, key
+    return header, rows
+
+
+def test_export_is_the_trainers_impressions(tmp_path):
+    options = {"planted": "multi_valued"}
+    manifest = export_peer_dataset(tmp_path / "peers", options=options, seed=3, steps=STEPS,
+                                   batch_size=BATCH, eval_rows=EVAL_ROWS, max_seq_len=SEQ)
+    source, batches = _source_batches(options, seed=3)
+    assert manifest["train_impressions"] == sum(b.num_candidates for b in batches)
+    assert manifest["train_requests"] == STEPS * BATCH
+    _, train_rows = _check_rows(tmp_path / "peers" / "peers.train.inter", batches, SEQ,
+                                multi_valued=True)
+    # 64-bit ids, exactly: some beyond float64's exact integers, negative ones too
+    ads = [int(row[1]) for row in train_rows]
+    assert any(abs(a) > 2**53 for a in ads) and any(a < 0 for a in ads)
+
+    # The eval rows are the split achievable_ne measures: its chunks, in its order.
+    generator = source.generator
+    chunks = [generator.chunk_with_probabilities(size, split="eval", index=index)[0]
+              for index, size in generator.eval_chunks(EVAL_ROWS)]
+    _check_rows(tmp_path / "peers" / "peers.test.inter", chunks, SEQ, multi_valued=True)
+    keys = np.load(tmp_path / "peers" / "eval_keys.npz")
+    users = torch.cat([c.user_ids[c.candidate_rows()] for c in chunks]).numpy()
+    assert np.array_equal(keys["user_ids"], users)
+    for task in ("click", "conversion"):
+        assert np.array_equal(keys[task], torch.cat([c.labels[task] for c in chunks]).numpy())
+    assert manifest["eval_impressions"] == keys["click"].size
+    assert manifest["achievable_ne"] == pytest.approx(achievable_ne(generator, EVAL_ROWS))
+
+    # RecBole's benchmark mode reads a validation file: the first eval rows, nothing new.
+    _, valid = read_atomic(tmp_path / "peers" / "peers.valid.inter")
+    _, test = read_atomic(tmp_path / "peers" / "peers.test.inter")
+    assert valid == test[:len(valid)]
+
+    # Every ad, with the attributes events and candidates give it.
+    item_header, items = read_atomic(tmp_path / "peers" / "peers.item")
+    assert item_header == ["item_id:token", "advertiser:token", "category:token",
+                           "topics:token_seq"]
+    table = {row[0]: row[1:] for row in items}
+    assert len(table) == len(items)
+    for batch in batches + chunks:
+        for store in (batch.candidate_ids, batch.event_ids):
+            for i in range(0, store["ad_id"].numel(), 7):
+                assert table[str(int(store["ad_id"][i]))] == [
+                    str(int(store["advertiser"][i])), str(int(store["category"][i])),
+                    " ".join(_ids(store["topics"], i))]
+    saved = json.loads((tmp_path / "peers" / "manifest.json").read_text())
+    assert saved["options"]["max_length"] == SEQ and saved["data_seed"] == 3
+
+
+def test_data_seed_train_start_and_history_cut(tmp_path):
+    # data_seed replaces train.seed, train_start shifts the training window; a history longer
+    # than max_seq_len (max_length set above it) keeps its most recent events.
+    options = {"data_seed": 11, "train_start": 5, "max_length": 200, "mean_length": 80.0}
+    manifest = export_peer_dataset(tmp_path / "peers", options=options, seed=0, steps=2,
+                                   batch_size=BATCH, eval_rows=EVAL_ROWS, max_seq_len=8)
+    assert manifest["data_seed"] == 11
+    _, batches = _source_batches(options, seed=0, max_seq_len=8, steps=2)
+    generator = AdsLogGenerator(SynthOptions(**options), seed=11)
+    direct = generator.chunk(BATCH, split="train", index=1)  # generator chunk 6
+    assert torch.equal(direct.candidate_ids["ad_id"], batches[1].candidate_ids["ad_id"])
+    assert int(batches[0].seq_lengths().max()) > 8
+    _check_rows(tmp_path / "peers" / "peers.train.inter", batches, 8, multi_valued=False)

@@ -1,0 +1,237 @@
+"""Trains one RecBole peer model on an export of ``gem_data.peer_export`` and writes its eval
+predictions. Runs in the peers venv (``tools/peers-requirements.txt``), started by
+``tools/peers.py``; it imports RecBole, torch and numpy only, nothing of this repository.
+
+    python tools/peers_recbole.py --data EXPORT_DIR --model DIN --task click --epochs 1 \
+        --out OUT_DIR
+
+``EXPORT_DIR`` is named after the export (``manifest.json``'s ``name``: RecBole reads
+``<data_path>/<dataset>/<dataset>.<part>.inter``). The model keeps RecBole's published defaults
+(its ``properties/model/<MODEL>.yaml``: sizes, dropout; ``overall.yaml``: Adam at
+``learning_rate`` 0.001, ``train_batch_size`` 2048, shuffled training data), trains
+``--epochs`` passes over the training impressions (benchmark mode: the export's files are the
+split, nothing is filtered or re-ordered), and scores the eval impressions in file order. It
+writes ``OUT_DIR/predictions.npy`` (float64 probabilities, one per eval impression, in the
+export's order, checked against the export's labels and users) and ``OUT_DIR/run.json``.
+
+What each model reads:
+
+- DeepFM, DCNV2 (RecBole's context-aware models): the user and ad ids, the candidate's
+  attributes (multi-valued topics as a token_seq, mean-pooled), the request's features
+  (token_seq) and the dense floats (as ``numerical_features``: value times a learned vector).
+  With ``--history-bags`` also the history columns, each a bag of ids: mean-pooled in the
+  embeddings, but *summed* in RecBole's first-order term (``FMFirstOrderLinear``), where a bag
+  of 64 events over a 3-token vocabulary (actions) with xavier-initialised weights starts at
+  logits of +-60, which one pass at RecBole's learning rate does not undo; so by default they
+  are left out.
+- DIN, DIEN (RecBole's sequential CTR models): the user id, the candidate's ad id and the history
+  ``item_id_list``; an ad's attributes (advertiser, category, topics) come from ``<name>.item``
+  for the candidate and every history event alike. RecBole's DIN feeds the DNN only the
+  attention-pooled history and the candidate (its ``user_feat_list`` is unused); DIEN adds the
+  user's features (here: the user id). Neither reads the request's features, the dense floats
+  or the history's actions.
+- DIEN: RecBole builds its negative history (``neg_item_id_list``, for the auxiliary loss) only
+  in its own sequence augmentation, which benchmark mode skips; it is sampled here the same way
+  (uniform over the items, not the positive one) for the padded positions of
+  ``item_id_list``. RecBole's GRU cannot pack an empty history, so a request without history
+  gets length 1 over the padding item (DIN takes length 0 as it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+SEQUENTIAL = ("DIN", "DIEN")
+CONTEXT = ("DeepFM", "DCNV2")
+
+
+def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: int,
+                 seed: int, out: Path, history_bags: bool = False) -> dict:
+    columns = [c.split(":")[0] for c in manifest["columns"]]
+    other_tasks = set(manifest["tasks"]) - {task}
+    if not history_bags:
+        other_tasks |= {c for c in columns if c.endswith("_list")}
+    if model in SEQUENTIAL:
+        inter = ["user_id", "item_id", "item_id_list", task]
+        load_col = {"inter": inter,
+                    "item": [c.split(":")[0] for c in manifest["item_columns"]]}
+        numerical = []
+    else:
+        load_col = {"inter": [c for c in columns if c not in other_tasks]}
+        numerical = [c for c in columns if c.startswith("dense_")]
+    return {
+        "data_path": str(export.parent),
+        "checkpoint_dir": str(out / "saved"),
+        "benchmark_filename": ["train", "valid", "test"],
+        "USER_ID_FIELD": "user_id",
+        "ITEM_ID_FIELD": "item_id",
+        "RATING_FIELD": None,
+        "TIME_FIELD": None,
+        "LABEL_FIELD": task,
+        "threshold": None,
+        "load_col": load_col,
+        "numerical_features": numerical,
+        "alias_of_item_id": ["item_id_list"] if "item_id_list" in load_col["inter"] else None,
+        "MAX_ITEM_LIST_LENGTH": int(manifest["max_seq_len"]),
+        "filter_inter_by_user_or_item": False,
+        "eval_args": {"split": {"RS": [0.8, 0.1, 0.1]}, "order": "TO", "group_by": None,
+                      "mode": "labeled"},
+        "train_neg_sample_args": None,
+        "metrics": ["AUC", "LogLoss"],
+        "valid_metric": "AUC",
+        "epochs": epochs,
+        "seed": seed,
+        "reproducibility": True,
+        "show_progress": False,
+        "save_dataset": False,
+        "save_dataloaders": False,
+        "log_wandb": False,
+        "worker": 0,
+    }
+
+
+def _dien_presets(dataset) -> None:
+    """The negative history DIEN's auxiliary loss reads, and length >= 1 for its GRU (see the
+    module docstring); on the loaded DataFrame, before RecBole turns it into tensors."""
+    import numpy as np
+    from recbole.utils import FeatureSource, FeatureType
+
+    feat = dataset.inter_feat
+    list_field, length_field = dataset.item_id_list_field, dataset.item_list_length_field
+    neg_field = dataset.config["NEG_PREFIX"] + list_field
+    item_num = dataset.item_num
+    negatives = []
+    for history in feat[list_field].values:
+        history = np.asarray(history, dtype=np.int64)
+        neg = np.random.randint(1, item_num, history.size)
+        clash = neg == history
+        while clash.any():
+            neg[clash] = np.random.randint(1, item_num, int(clash.sum()))
+            clash = neg == history
+        negatives.append(neg)
+    feat[neg_field] = negatives
+    dataset.set_field_property(neg_field, FeatureType.TOKEN_SEQ, FeatureSource.INTERACTION,
+                               dataset.field2seqlen[list_field])
+    feat[length_field] = np.maximum(feat[length_field].to_numpy(), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="The export directory.")
+    parser.add_argument("--model", required=True, choices=SEQUENTIAL + CONTEXT)
+    parser.add_argument("--task", default="click")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=2020, help="RecBole's seed (its default).")
+    parser.add_argument("--eval-batch-size", type=int, default=4096)
+    parser.add_argument("--history-bags", action="store_true",
+                        help="DeepFM, DCNV2: read the history columns too, as bags of ids")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    export = args.data.resolve()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((export / "manifest.json").read_text())
+    if export.name != manifest["name"]:
+        sys.exit(f"{export}: the directory must be named after the export "
+                 f"({manifest['name']!r}), as RecBole looks for its files")
+    if args.task not in manifest["tasks"]:
+        sys.exit(f"task {args.task!r} is not one of the export's: {manifest['tasks']}")
+    os.chdir(out)  # RecBole writes log/ and log_tensorboard/ into the working directory
+
+    started = time.perf_counter()
+    # RecBole 1.2.1 under pandas 2.2 and torch 2.13: FutureWarnings by the dozen, none of them
+    # about these runs' results.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    import numpy as np
+    import torch
+    from recbole.config import Config
+    from recbole.data import create_dataset
+    from recbole.data.dataloader import TrainDataLoader
+    from recbole.utils import get_model, get_trainer, init_logger, init_seed
+
+    config = Config(model=args.model, dataset=manifest["name"],
+                    config_dict=_config_dict(manifest, export, args.model, args.task,
+                                             args.epochs, args.seed, out,
+                                             history_bags=args.history_bags))
+    init_seed(config["seed"], config["reproducibility"])
+    init_logger(config)
+    dataset = create_dataset(config)
+    if args.model in SEQUENTIAL:
+        # RecBole sizes DIN's and DIEN's history mask by MAX_ITEM_LIST_LENGTH: the loaded width.
+        config["MAX_ITEM_LIST_LENGTH"] = int(dataset.field2seqlen[dataset.item_id_list_field])
+    if args.model == "DIEN":
+        _dien_presets(dataset)
+    train_set, _, test_set = dataset.build()
+    keys = np.load(export / "eval_keys.npz")
+    for part, expected in (("train", manifest["train_impressions"]),
+                           ("test", manifest["eval_impressions"])):
+        got = len(train_set if part == "train" else test_set)
+        if got != expected:
+            sys.exit(f"RecBole loaded {got} {part} impressions, the export has {expected}")
+    labels = test_set.inter_feat[args.task].numpy()
+    users = dataset.id2token("user_id", test_set.inter_feat["user_id"].numpy())
+    if not (np.array_equal(labels, keys[args.task])
+            and np.array_equal(users.astype(str), keys["user_ids"].astype(str))):
+        sys.exit("RecBole's eval impressions are not the export's, row for row")
+    loaded = time.perf_counter()
+
+    train_data = TrainDataLoader(config, train_set, None, shuffle=config["shuffle"])
+    init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
+    model = get_model(config["model"])(config, train_set).to(config["device"])
+    trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
+    trainer.fit(train_data, valid_data=None, saved=False, show_progress=False)
+    trained = time.perf_counter()
+
+    model.eval()
+    predictions = []
+    with torch.no_grad():
+        for start in range(0, len(test_set), args.eval_batch_size):
+            index = np.arange(start, min(start + args.eval_batch_size, len(test_set)))
+            batch = test_set[index].to(config["device"])
+            predictions.append(model.predict(batch).double().cpu().numpy())
+    scores = np.concatenate(predictions) if predictions else np.zeros(0)
+    np.save(out / "predictions.npy", scores)
+    done = time.perf_counter()
+
+    import recbole
+
+    report = {
+        "model": args.model,
+        "task": args.task,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "history_bags": args.history_bags and args.model in CONTEXT,
+        "recbole": recbole.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(config["device"]),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "hyperparameters": {key: config[key] for key in (
+            "embedding_size", "mlp_hidden_size", "dropout_prob", "pooling_mode", "gru_type",
+            "alpha", "cross_layer_num", "structure", "mixed", "reg_weight", "low_rank",
+            "expert_num", "learning_rate", "train_batch_size", "learner", "weight_decay",
+            "MAX_ITEM_LIST_LENGTH") if config[key] is not None},
+        "fields": sorted(f for f in train_set.field2type
+                         if f not in ("item_length",)),
+        "train_impressions": len(train_set),
+        "eval_impressions": len(test_set),
+        "load_s": loaded - started,
+        "train_s": trained - loaded,
+        "predict_s": done - trained,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    (out / "run.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(json.dumps(report, default=str))
+
+
+if __name__ == "__main__":
+    main()
