@@ -228,6 +228,8 @@ def _f(value: Any, digits: int = 4) -> str:
 def markdown(result: dict[str, Any], command: str) -> str:
     manifest, tasks = result["export"], result["tasks"]
     options = ", ".join(f"{k}={v}" for k, v in manifest["options_given"].items()) or "defaults"
+    history = ("with the history as bags of ids" if result["context_history"] == "bags"
+               else "without the history")
     lines = [
         f"`{command}`",
         "",
@@ -236,8 +238,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"requests = {manifest['train_impressions']} training impressions; eval "
         f"{manifest['eval_rows']} requests = {manifest['eval_impressions']} impressions; "
         f"histories of at most {manifest['max_seq_len']} events. Peers: RecBole "
-        f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s). "
-        "Metrics: gem_core.metrics.",
+        f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s); DeepFM and "
+        f"DCNV2 {history}. Metrics: gem_core.metrics.",
         "",
     ]
     head = ["model", *[f"{t} {m}" for t in tasks for m in ("NE", "AUC", "GAUC")],
