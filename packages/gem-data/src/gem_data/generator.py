@@ -38,8 +38,7 @@ logit's ``1.5 * [...]``::
                   + recent_view_weight * [a recent event shares a topic with the candidate]
         overlap = distinct topics of the candidate that an engaged recent event has;
         main = [overlap >= 1]. Every ad has 1-3 distinct topics (the multi-valued event and
-        candidate feature ``topics``, table ``topic``): its first among the 4 topics of its
-        category (of ``num_topics``), each further one too with probability 0.8.
+        candidate feature ``topics``, table ``topic``; how: :data:`gem_data.planted.TOPIC_POOL`).
     rare_action:  + recent_advertiser_weight * [an engaged event of the candidate's advertiser
                                                 among the last long_window events]  (main)
                   + recent_category_weight * [a converted event of its category among the
@@ -59,9 +58,8 @@ logit's ``1.5 * [...]``::
         recent view (action 0) of the candidate's advertiser, both anywhere in the history;
         "after" is more recent. 0 when either is missing. main = [e and v, e after v].
 
-In ``multi_valued`` and ``hierarchy``, 30 % of the candidates that are not retargeted are
-redrawn (from a random stream of their own) as an ad of a topic, or of a sibling category, of
-one of the request's last ``recent_window`` events, so that their terms fire often.
+Both redraw some candidates so that their terms fire often
+(:data:`gem_data.planted.EXPANSION_FRACTION`).
 
 With ``drift_weight > 0`` the click logit also has a per-category term that turns with the
 chunk's time (``train_start`` + index for training chunks, ``eval_time`` for the eval split):
@@ -234,12 +232,8 @@ class SynthOptions:
     (a teacher) and a more recent one to another (a student)."""
 
     planted: str = attrs.field(default="ads", validator=choice(*PLANTED_KINDS))
-    """The planted label kind (the module docstring has each one's formula): ``ads`` (recent
-    engaged advertiser and category matches), ``multi_valued`` (topic overlap with recent
-    engaged events: a multi-valued ``topics`` feature), ``rare_action`` (rare clicks and
-    conversions far back in long histories), ``hierarchy`` (recent engagement with a sibling
-    category, the parent not a feature) or ``order`` (whether the user engaged with the
-    category after or before viewing the candidate's advertiser)."""
+    """The planted label kind: ``ads``, ``multi_valued``, ``rare_action``, ``hierarchy`` or
+    ``order`` (the module docstring has each one's formula)."""
 
     num_topics: int = attrs.field(default=40, validator=greater_than(0))
     """``multi_valued``: topics (the ``topic`` table); each ad has 1-3, mostly among the few
@@ -250,8 +244,7 @@ class SynthOptions:
     with an engaged recent event."""
 
     long_window: int = attrs.field(default=256, validator=greater_than(0))
-    """``rare_action``: how many of the most recent history events the long-range terms look
-    at."""
+    """``rare_action``: the most recent history events the long-range terms look at."""
 
     num_parents: int = attrs.field(default=10, validator=greater_than(0))
     """``hierarchy``: parent categories; category ``c``'s parent is fixed by the seed (about

@@ -168,17 +168,13 @@ class ModelConfig:
 
     target_normalization: str = attrs.field(default="softmax",
                                             validator=choice("softmax", "silu"))
-    """Weights of target-aware attention over the history: ``softmax`` (they sum to one per
-    candidate), or HSTU-style pointwise ``silu`` (each key weighted on its own, so how many
-    events match survives; the attention backend must support silu)."""
+    """Weights of target-aware attention: ``softmax`` (summing to one per candidate) or
+    HSTU-style pointwise ``silu`` (the attention backend must support silu)."""
 
     attribute_attention: bool = False
-    """A learned activation-unit attention (DIN-style, unnormalised): every recent history event
-    is scored against the candidate attribute by attribute (each candidate feature sharing a
-    table with an event feature, multi-valued ones pooled) by a small MLP over ``[q, k, q * k,
-    q^2, k^2]`` and the event's raw token (action, age, position) and tower output; the weighted
-    sum of the events' tokens is one more interaction token. See
-    ``gem_core.model.attribute_attention``."""
+    """A learned, unnormalised activation unit (DIN-style) scoring every recent event against
+    the candidate attribute by attribute (``gem_core.model.attribute_attention``); the weighted
+    sum of the events' tokens is one more interaction token."""
 
     attribute_attention_history: int = attrs.field(default=64, validator=at_least(0))
     """Most recent history events that attribute attention scores per candidate; 0: the whole
@@ -195,8 +191,7 @@ class ModelConfig:
 
     attribute_attention_retrieve_engaged: bool = False
     """The search of ``attribute_attention_retrieve`` keeps engaged events only (those whose
-    ``action_feature`` id is not ``view_action``): a purchase 200 page views ago is found
-    however many views of the same category came since."""
+    ``action_feature`` id is not ``view_action``)."""
 
     target_match: int = attrs.field(default=0, validator=at_least(0))
     """Each candidate also gets a token from its exact attribute matches among the most recent

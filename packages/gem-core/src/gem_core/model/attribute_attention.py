@@ -105,7 +105,8 @@ class AttributeAttention(nn.Module):
         k = _unit(torch.stack([event_vectors[e] for _, e in self.pairs], dim=1))  # (E, P, d)
         per_candidate = self.candidate_terms(torch.cat([q, q * q], dim=1).flatten(1))
         per_event = self.event_terms(torch.cat([k, k * k], dim=1).flatten(1))
-        per_event = per_event + self.token_terms(_unit(events))
+        unit_events = _unit(events)  # the scores' input and the values' (normalised once)
+        per_event = per_event + self.token_terms(unit_events)
         if self.tower_terms is not None and history is not None:
             per_event = per_event + self.tower_terms(_unit(history))
         # (N, W, P, d) products of the candidate's and each event's attribute vectors.
@@ -114,7 +115,7 @@ class AttributeAttention(nn.Module):
         pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
-        values = self.values(_unit(events)).view(-1, num, dim)[index]  # (N, W, P, d)
+        values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
         return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
