@@ -32,10 +32,10 @@ def calibrated(tmp_path_factory, source, batches, loss_fn):
 def test_table_measures_every_candidate_and_ranks_by_flops(calibrated):
     recipe, model, table, path, options = calibrated
     measured = [r for r in table.rows if r.benefit_rank]
-    assert len(measured) == 14
+    assert len(measured) == 16
     flops = [r.train_flops for r in measured]
     assert flops == sorted(flops, reverse=True) and [r.benefit_rank for r in measured] == list(
-        range(1, 15))
+        range(1, 17))
     for r in measured:
         assert 0 < r.output_error < 0.2 and 0 < r.grad_input_error < 0.3
     heads = [r for r in table.rows if r.name.startswith("heads.")]

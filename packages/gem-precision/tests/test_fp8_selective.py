@@ -12,6 +12,7 @@ TOWER = [f"tower.blocks.{i}.{n}" for i in range(2) for n in ("qkv", "proj", "mlp
                                                               "mlp.down")]
 EXPECTED = set(TOWER + ["target_attention.query", "target_attention.key_value",
                         "target_attention.proj", "target_match.values", "target_match.proj",
+                        "attribute_attention.values", "attribute_attention.proj",
                         "interaction.mlp.4"])
 
 

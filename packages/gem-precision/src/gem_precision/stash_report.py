@@ -19,8 +19,15 @@ class StashReport:
     bytes_with: int
     """The same with the stash: what it stored (FP8 + scales), kept, and saved outside it."""
     quantized_tensors: int
-    max_grad_rel_diff: float
-    """Largest relative L2 difference of a parameter gradient, stash vs plain."""
+    grad_rel_diffs: Mapping[str, float]
+    """Relative L2 difference of each parameter's gradient, stash vs plain (non-zero ones)."""
+    grad_rel_diff: float
+    """Relative L2 difference of all gradients together (one vector), stash vs plain."""
+
+    @property
+    def max_grad_rel_diff(self) -> float:
+        """Largest per-parameter relative difference."""
+        return max(self.grad_rel_diffs.values(), default=0.0)
 
     @property
     def saved_fraction(self) -> float:
@@ -50,7 +57,9 @@ def compare_saved_bytes(model: nn.Module, batch: Any,
     install_stash(stashed, stash, kinds)
     without, ref = _saved_bytes_and_grads(plain, batch, loss_fn, None)
     with_, low = _saved_bytes_and_grads(stashed, batch, loss_fn, stash)
-    diffs = [float((low[n] - g).norm() / g.norm()) for n, g in ref.items() if g.norm() > 0]
+    diffs = {n: float((low[n] - g).norm() / g.norm()) for n, g in ref.items() if g.norm() > 0}
+    squared = sum(float((low[n] - g).square().sum()) for n, g in ref.items())
+    total = sum(float(g.square().sum()) for g in ref.values())
     return StashReport(bytes_without=without, bytes_with=with_,
-                       quantized_tensors=stash.stats.quantized_tensors,
-                       max_grad_rel_diff=max(diffs, default=0.0))
+                       quantized_tensors=stash.stats.quantized_tensors, grad_rel_diffs=diffs,
+                       grad_rel_diff=(squared / total) ** 0.5 if total else 0.0)
