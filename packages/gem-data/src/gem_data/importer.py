@@ -15,12 +15,18 @@ column is the task name (``click``), a context feature's column is its name.
 
 Each request's history is the user's events **strictly before** the request time (an event at
 exactly the request time is left out: it may be the logged outcome of the impression itself),
-oldest first, at most ``max_seq_len`` (the most recent). Requests at or after the
-``1 - eval_fraction`` quantile of request times form the eval split.
+oldest first, at most ``max_seq_len`` (the most recent). The latest ``eval_fraction`` of the
+requests by time form the eval split (:func:`split_time`: requests of one time stay on one
+side); a request's context (``sparse`` and dense columns) must be the same on all its
+impressions.
 
 Multi-valued features are list columns in Parquet, or strings of ids joined by ``delimiter`` in
-CSV. Ids are int64 (uint64 columns are read with the same bits). Timestamps are integers (any
-unit, the same in both logs) or Arrow timestamps (converted to seconds).
+CSV. Ids are exact 64-bit integers from either format (uint64 kept with the same bits; never
+through float64: :mod:`gem_data.import_log`). Timestamps are integers (any unit, the same in
+both logs, none before ``time_floor``) or Arrow timestamps (whole seconds, rounded down).
+
+The data set is written into a staging directory beside ``out`` and renamed into place when
+complete, so a failed import leaves no files.
 
 Implementation: pyarrow reads and sorts; numpy does the grouping and the history cut with
 sorts and searches (no Python loop per row or per request). The whole log is held in memory:
@@ -37,8 +43,7 @@ import click
 import numpy as np
 
 from gem_core.config.validators import between
-
-SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+from gem_data.import_log import Log
 
 
 @attrs.frozen(kw_only=True)
@@ -60,15 +65,21 @@ class ImportOptions:
     ``candidate.<name>``, ``label.<task>`` or ``sparse.<name>``, values column names."""
 
     dense_columns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Impression log columns of the ``num_dense`` dense request features, in order (the
-    first impression of a request gives its values)."""
+    """Impression log columns of the ``num_dense`` dense request features, in order (the same
+    on every impression of a request)."""
 
     delimiter: str = "|"
     """Separator of the ids of a multi-valued feature in a CSV cell (``"3|17|4"``)."""
 
     eval_fraction: float = attrs.field(default=0.1, validator=between(0.0, 0.9))
     """Latest share of requests (by request time) written as the eval split; 0: none (the
-    ``parquet`` source then holds out trailing row groups)."""
+    ``parquet`` source then holds out trailing row groups). Requests of one time stay on one
+    side, so the share written can differ (by less than half of the tied requests at the cut);
+    the import reports it."""
+
+    time_floor: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+    """Earliest plausible time: a request or event before it stops the import, naming the row.
+    The default, 0, is 1970-01-01 in seconds (a negative time is a placeholder or corrupt)."""
 
 
 def read_schema_file(path: str | Path) -> tuple[Any, ImportOptions]:
@@ -86,188 +97,45 @@ def read_schema_file(path: str | Path) -> tuple[Any, ImportOptions]:
         raise GemDataError(f"{path}: cannot read the schema file ({error})") from None
     section = data.pop("import", {})
     try:
-        schema = schema_from_dict(data, where=str(path))
+        schema = schema_from_dict(data, where=str(path))  # its errors name the path
         options = structure(ImportOptions, section, "import")
     except (ValueError, GemConfigError) as error:
-        raise GemDataError(f"{path}: {error}") from None
+        message = str(error)
+        raise GemDataError(message if message.startswith(str(path)) else f"{path}: {message}"
+                           ) from None
     if schema.seq_dense_dim or schema.candidate_content or schema.user_embedding_dim:
         raise GemDataError(f"{path}: gem data import does not read content vectors or user "
                            "embeddings yet (seq_dense_dim, candidate_content, "
                            "user_embedding_dim must be 0)")
+    _check_column_keys(path, schema, options)
     if len(options.dense_columns) != schema.num_dense:
         raise GemDataError(f"{path}: num_dense = {schema.num_dense} but import.dense_columns "
                            f"names {len(options.dense_columns)} columns")
     return schema, options
 
 
-# -- reading --------------------------------------------------------------------------------
-
-
-def _read(path: Path) -> Any:
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
+def _check_column_keys(path: Path, schema: Any, options: ImportOptions) -> None:
+    """Refuse an ``[import.columns]`` key that names no feature or task of the schema (a typo
+    would otherwise leave the feature reading the column of its own name), with close
+    matches."""
+    import difflib
 
     from gem_core.errors import GemDataError
 
-    kind = SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise GemDataError(f"{path}: unknown file type {path.suffix!r}; use .parquet, .pq or "
-                           ".csv")
-    if not path.is_file():
-        raise GemDataError(f"{path}: no such file")
-    try:
-        if kind == "parquet":
-            return pq.read_table(path)
-        # Arrow infers the types; ids beyond int64 come back as uint64 or text and are
-        # converted (or refused, naming the row) by _Log.ids.
-        return pacsv.read_csv(path)
-    except Exception as error:  # pyarrow raises several types; all mean "cannot read"
-        raise GemDataError(f"{path}: cannot read ({type(error).__name__}: {error})") from None
+    known = ([f"event.{f.name}" for f in schema.event_features]
+             + [f"candidate.{f.name}" for f in schema.candidate_features]
+             + [f"label.{task}" for task in schema.tasks]
+             + [f"sparse.{f.name}" for f in schema.sparse_features])
+    for key in options.columns:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+            raise GemDataError(f"{path}: unknown key {key!r} in [import.columns]{hint}; keys are "
+                               "event.<feature>, candidate.<feature>, label.<task> or "
+                               f"sparse.<feature> of the schema: {', '.join(known)}")
 
 
-class _Log:
-    """One input table with the helpers that convert its columns, naming file, row, column."""
-
-    def __init__(self, path: Path, what: str, delimiter: str) -> None:
-        self.path, self.what, self.delimiter = path, what, delimiter
-        self.table = _read(path)
-        self.csv = SUFFIXES[path.suffix.lower()] == "csv"
-
-    def row_name(self, row: int) -> str:
-        # CSV: the file line (header is line 1); Parquet: the 0-based row.
-        return f"line {row + 2}" if self.csv else f"row {row}"
-
-    def fail(self, row: int | None, column: str, message: str) -> None:
-        from gem_core.errors import GemDataError
-
-        where = f"{self.path}" + (f", {self.row_name(row)}" if row is not None else "")
-        raise GemDataError(f"{where}, column {column!r}: {message}")
-
-    def column(self, name: str, role: str) -> Any:
-        import pyarrow.compute as pc
-
-        from gem_core.errors import GemDataError
-
-        if name not in self.table.column_names:
-            raise GemDataError(f"{self.path}: the {self.what} has no column {name!r} ({role}); "
-                               f"its columns: {', '.join(self.table.column_names)}")
-        column = self.table.column(name)
-        nulls = pc.is_null(column)
-        if pc.any(nulls).as_py():
-            row = int(np.flatnonzero(nulls.to_numpy(zero_copy_only=False))[0])
-            count = pc.sum(nulls).as_py()
-            self.fail(row, name, f"missing value ({role}; {count} missing in the column)")
-        return column
-
-    def keys(self, name: str, role: str) -> np.ndarray:
-        """A key column (user, request) as a numpy array of ints or strings."""
-        import pyarrow as pa
-
-        column = self.column(name, role)
-        if pa.types.is_integer(column.type):
-            return column.to_numpy().astype(np.int64)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            return column.to_numpy(zero_copy_only=False).astype(str)
-        self.fail(None, name, f"{role} must be integers or strings, got {column.type}")
-        raise AssertionError
-
-    def times(self, name: str, role: str) -> np.ndarray:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        column = self.column(name, role)
-        if pa.types.is_timestamp(column.type):
-            return pc.cast(pc.cast(column, pa.timestamp("s")), pa.int64()).to_numpy()
-        if not pa.types.is_integer(column.type):
-            self.fail(None, name, f"{role} must be integers (seconds or any one unit) or "
-                                  f"timestamps, got {column.type}")
-        return column.to_numpy().astype(np.int64)
-
-    def ids(self, name: str, role: str) -> np.ndarray:
-        """A single-valued id column as int64 (uint64: the same bits)."""
-        import pyarrow as pa
-
-        column = self.column(name, role)
-        if pa.types.is_unsigned_integer(column.type):
-            return column.to_numpy().astype(np.uint64).view(np.int64)
-        if pa.types.is_integer(column.type):
-            return column.to_numpy().astype(np.int64)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            return self._parse_ids(column.to_numpy(zero_copy_only=False), name, role)
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            self.fail(None, name, f"{role} is single-valued but the column holds lists; "
-                                  "declare the feature multi_valued = true")
-        self.fail(None, name, f"{role} must be integer ids, got {column.type}")
-        raise AssertionError
-
-    def _parse_ids(self, texts: np.ndarray, name: str, role: str) -> np.ndarray:
-        values = np.empty(texts.size, dtype=np.int64)
-        for row, text in enumerate(texts):  # only for id columns Arrow could not type
-            try:
-                number = int(str(text).strip())
-            except ValueError:
-                self.fail(row, name, f"{role}: {text!r} is not an integer id")
-            if not -(1 << 63) <= number < (1 << 64):
-                self.fail(row, name, f"{role}: {number} does not fit in 64 bits")
-            values[row] = number - (1 << 64) if number >= (1 << 63) else number
-        return values
-
-    def multi_ids(self, name: str, role: str) -> tuple[np.ndarray, np.ndarray]:
-        """A multi-valued id column: (offsets (rows + 1,), values), every row non-empty."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        column = self.column(name, role)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            column = pc.split_pattern(pc.utf8_trim_whitespace(column), self.delimiter)
-        elif pa.types.is_integer(column.type):
-            return (np.arange(self.table.num_rows + 1, dtype=np.int64),
-                    self.ids(name, role))
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            self.fail(None, name, f"{role} is multi-valued: expected a list column (Parquet) "
-                                  f"or {self.delimiter!r}-separated ids (CSV), got {column.type}")
-        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-        empty = np.flatnonzero(lengths == 0)
-        if empty.size:
-            self.fail(int(empty[0]), name, f"{role} is empty; every row needs at least one id "
-                                           f"({empty.size} empty rows)")
-        flat = pc.list_flatten(column)
-        if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type):
-            try:
-                flat = pc.cast(pc.utf8_trim_whitespace(flat), pa.int64())
-            except pa.ArrowInvalid:
-                texts = flat.to_numpy(zero_copy_only=False)
-                owner = np.repeat(np.arange(lengths.size), lengths)
-                for i, text in enumerate(texts):
-                    try:
-                        int(text)
-                    except ValueError:
-                        self.fail(int(owner[i]), name, f"{role}: {text!r} is not an integer id "
-                                                       f"(ids separated by {self.delimiter!r})")
-                raise
-        values = flat.to_numpy(zero_copy_only=False)
-        values = values.astype(np.uint64).view(np.int64) if values.dtype == np.uint64 \
-            else values.astype(np.int64)
-        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return offsets, values
-
-    def floats(self, name: str, role: str) -> np.ndarray:
-        import pyarrow as pa
-
-        column = self.column(name, role)
-        if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)
-                or pa.types.is_boolean(column.type)):
-            self.fail(None, name, f"{role} must be numbers, got {column.type}")
-        values = column.to_numpy(zero_copy_only=False).astype(np.float64)
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            self.fail(int(bad[0]), name, f"{role} = {values[bad[0]]} is not finite")
-        return values
-
-
-def _check_dense_ids(log: _Log, column: str, values: np.ndarray, owner: np.ndarray | None,
+def _check_dense_ids(log: Log, column: str, values: np.ndarray, owner: np.ndarray | None,
                      table: Any) -> None:
     """Under the ``dense`` id policy, every id must be a row of the table: name the first
     that is not, by input row."""
@@ -284,7 +152,7 @@ def _check_dense_ids(log: _Log, column: str, values: np.ndarray, owner: np.ndarr
 # -- building -------------------------------------------------------------------------------
 
 
-def _feature_ids(log: _Log, feature: Any, column: str, role: str, schema: Any
+def _feature_ids(log: Log, feature: Any, column: str, role: str, schema: Any
                  ) -> tuple[np.ndarray | None, np.ndarray]:
     """(offsets or None, values) of a feature over the log's rows, checked."""
     table = schema.table(feature.table)
@@ -318,19 +186,34 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
                    options: ImportOptions) -> dict[str, Any]:
     """Per split (``train``, ``eval``), the requests of the logs as one JaggedBatch, in request
     time order. Raises GemDataError naming file, row and column of the first bad value."""
+    return _build(impressions, events, schema, options)[0]
+
+
+def _build(impressions: str | Path, events: str | Path, schema: Any, options: ImportOptions
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`build_requests` and the summary of the train/eval cut
+    (:func:`gem_data.import_split.split_time`)."""
     import torch
 
     from gem_core.batch import JaggedBatch
     from gem_core.errors import GemDataError
+    from gem_data.import_split import split_time
 
     o = options
-    imp = _Log(Path(impressions), "impression log", o.delimiter)
-    ev = _Log(Path(events), "event log", o.delimiter)
-    if imp.table.num_rows == 0:
-        raise GemDataError(f"{imp.path}: the impression log has no rows")
 
     def col(kind: str, name: str) -> str:
         return o.columns.get(f"{kind}.{name}", name)
+
+    # In a CSV, ids and keys are read as text and parsed exactly (never through float64).
+    keys = [o.user_column, o.request_column]
+    imp = Log(Path(impressions), "impression log", o.delimiter, keys + [
+        col(kind, f.name) for kind, features in (("candidate", schema.candidate_features),
+                                                 ("sparse", schema.sparse_features))
+        for f in features])
+    ev = Log(Path(events), "event log", o.delimiter,
+             keys + [col("event", f.name) for f in schema.event_features])
+    if imp.table.num_rows == 0:
+        raise GemDataError(f"{imp.path}: the impression log has no rows")
 
     # Keys: users shared by both logs, requests within the impression log.
     imp_user = imp.keys(o.user_column, "user")
@@ -342,8 +225,10 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
     imp_code, ev_code = user_code[:imp_user.size], user_code[imp_user.size:]
     request_key = imp.keys(o.request_column, "request id")
     imp_time = imp.times(o.timestamp_column, "request time")
+    imp.check_floor(imp_time, o.timestamp_column, "request time", o.time_floor)
     ev_time = ev.times(o.timestamp_column, "event time") if ev.table.num_rows \
         else np.zeros(0, dtype=np.int64)
+    ev.check_floor(ev_time, o.timestamp_column, "event time", o.time_floor)
 
     # Group impressions: by (request time, request id), impressions in file order.
     _, request_code = np.unique(request_key, return_inverse=True)
@@ -408,16 +293,27 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
     dense = (np.stack([imp.floats(c, "dense feature") for c in o.dense_columns], axis=1)
              if o.dense_columns else None)
 
-    # Splits by request time.
-    count = head.size
-    if o.eval_fraction > 0 and count > 1:
-        threshold = np.sort(request_time)[min(int(count * (1 - o.eval_fraction)), count - 1)]
-    else:
-        threshold = np.iinfo(np.int64).max
+    # Context describes the request: every impression of one must agree with its first.
+    heads_of = order[starts][group_of]  # per impression (in `order`), its request's first
+    for f in schema.sparse_features:
+        _same_bags(imp, col("sparse", f.name), f"context feature {f.name!r}", sparse[f.name],
+                   order, heads_of, request_key)
+    for index, name in enumerate(o.dense_columns):
+        differs = np.flatnonzero(dense[order, index] != dense[heads_of, index])
+        if differs.size:
+            row, other = int(order[differs[0]]), int(heads_of[differs[0]])
+            imp.fail(row, name, f"request {request_key[row].item()!r} has impressions with "
+                                f"different values of dense feature {name!r} "
+                                f"({dense[other, index]:g} on {imp.row_name(other)}, "
+                                f"{dense[row, index]:g} here); a request's context is the "
+                                "same on all its impressions")
+
+    # Splits by request time: eval from the cut on (none without a cut).
+    cut, summary = split_time(request_time, o.eval_fraction)
+    in_eval = np.zeros(by_time.size, dtype=bool) if cut is None else request_time[by_time] >= cut
     t = torch.from_numpy
     result = {}
-    for split, mask in (("train", request_time[by_time] < threshold),
-                        ("eval", request_time[by_time] >= threshold)):
+    for split, mask in (("train", ~in_eval), ("eval", in_eval)):
         req = by_time[mask]
         if req.size == 0:
             continue
@@ -449,7 +345,37 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
             dense=None if dense is None else t(dense[heads].astype(np.float32)),
             user_ids=t(_user_numbers(users)[request_user[req]]),
         )
-    return result
+    return result, summary
+
+
+def _same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarray],
+               rows: np.ndarray, heads: np.ndarray, request_key: np.ndarray) -> None:
+    """Refuse a context feature whose bag of ids (compared as a set with counts) on impression
+    ``rows[i]`` is not the one on its request's first impression ``heads[i]``."""
+    offsets, values = bags
+    lengths = np.diff(offsets)
+    differs = lengths[rows] != lengths[heads]
+    if not differs.any():
+        owner = np.repeat(np.arange(lengths.size), lengths)
+        ordered = values[np.lexsort((values, owner))]  # each bag's ids sorted: order is free
+
+        def gather(which: np.ndarray) -> np.ndarray:
+            starts = np.repeat(offsets[:-1][which], lengths[which])
+            within = np.arange(starts.size) - np.repeat(np.cumsum(lengths[which]) -
+                                                        lengths[which], lengths[which])
+            return ordered[starts + within]
+
+        unequal = gather(rows) != gather(heads)
+        differs = np.zeros(rows.size, dtype=bool)
+        differs[np.repeat(np.arange(rows.size), lengths[rows])[unequal]] = True
+    bad = np.flatnonzero(differs)
+    if bad.size:
+        row, other = int(rows[bad[0]]), int(heads[bad[0]])
+        bag = lambda r: values[offsets[r]:offsets[r + 1]].tolist()  # noqa: E731
+        log.fail(row, name, f"request {request_key[row].item()!r} has impressions with different "
+                            f"values of {role} ({bag(other)} on {log.row_name(other)}, "
+                            f"{bag(row)} here); a request's context is the same on all its "
+                            f"impressions (impressions that differ: {bad.size})")
 
 
 def _empty_ids(feature: Any) -> Any:
@@ -470,18 +396,23 @@ def _user_numbers(users: np.ndarray) -> np.ndarray:
 
 def import_logs(impressions: str | Path, events: str | Path, schema_file: str | Path,
                 out: str | Path, *, row_group_rows: int = 16384) -> Any:
-    """Import the logs into a data set directory ``out``; returns its manifest."""
-    from gem_data.writer import DatasetWriter
+    """Import the logs into a data set directory ``out``; returns its manifest (its
+    ``info["split"]`` says what share of the requests went to eval). Written beside ``out`` and
+    renamed into place when complete: a failed import leaves ``out`` as it was."""
+    from gem_data.writer import DatasetWriter, staged_directory
 
     schema, options = read_schema_file(schema_file)
-    splits = build_requests(impressions, events, schema, options)
-    info = {"source": "gem data import", "impressions": str(impressions), "events": str(events),
-            "schema_file": str(schema_file), "import": attrs.asdict(options)}
-    writer = DatasetWriter(out, schema, row_group_rows=row_group_rows, info=info)
-    for split, batch in splits.items():
-        batch.validate(schema, where=f"{out} ({split})")
-        writer.write(split, batch)
-    return writer.close()
+    with staged_directory(out) as staging:
+        splits, summary = _build(impressions, events, schema, options)
+        info = {"source": "gem data import", "impressions": str(impressions),
+                "events": str(events), "schema_file": str(schema_file),
+                "import": attrs.asdict(options), "split": summary}
+        writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows, info=info)
+        for split, batch in splits.items():
+            batch.validate(schema, where=f"{out} ({split})")
+            writer.write(split, batch)
+        manifest = writer.close()
+    return manifest
 
 
 @click.command("import", help="Turn an impression log and an event log (Parquet or CSV) into a "
@@ -506,5 +437,8 @@ def import_command(impressions: str, events: str, schema_file: str, out: str,
                                row_group_rows=row_group_rows)
     except GemError as error:
         raise click.ClickException(str(error)) from None
+    from gem_data.import_split import describe
+
     click.echo(f"wrote {manifest.rows('train')} train + {manifest.rows('eval')} eval requests "
-               f"({manifest.tokens('train')} history events) to {out}")
+               f"({manifest.tokens('train')} history events) to {out}; "
+               f"{describe(manifest.info['split'])}")

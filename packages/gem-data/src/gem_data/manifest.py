@@ -4,9 +4,10 @@ request, event and candidate counts).
 The manifest is written last by :class:`gem_data.writer.DatasetWriter`, so a directory without one
 is an incomplete data set. Paths inside it are relative to the directory, so data sets can move;
 a path that leads out of the directory (``..``, an absolute path, a symlink to elsewhere) is
-refused. Each file's size and SHA-256 are recorded: the reader checks the size whenever it opens
-a file, ``gem data validate`` the whole digest. Data sets written before digests existed have
-neither; ``gem data validate --write-digests`` adds them.
+refused, and so is a file listed twice (its rows would be read twice) or by two splits. Each
+file's size and SHA-256 are recorded: the reader checks the size whenever it opens a file,
+``gem data validate`` the whole digest. Data sets written before digests existed have neither;
+``gem data validate --write-digests`` adds them.
 """
 
 from __future__ import annotations
@@ -129,12 +130,24 @@ def read_manifest(directory: str | Path) -> Manifest:
     except (KeyError, TypeError, ValueError) as error:
         raise GemDataError(
             f"{path}: malformed manifest ({type(error).__name__}: {error})") from None
+    listed: dict[Path, tuple[str, str]] = {}  # resolved file -> (split, path as listed)
     for name, files in splits.items():
         for entry in files:
-            confined_path(Path(directory), entry.path, where=f"{path}: split {name!r}")
+            file = confined_path(Path(directory), entry.path, where=f"{path}: split {name!r}")
             if sum(entry.row_groups) != entry.rows:
                 raise GemDataError(f"{path}: split {name!r} file {entry.path}: row groups sum to "
                                    f"{sum(entry.row_groups)} but rows is {entry.rows}")
+            key = file.resolve()
+            if key in listed:
+                split, first = listed[key]
+                same = f" as {first!r}" if first != entry.path else ""
+                raise GemDataError(
+                    f"{path}: split {name!r} file {entry.path!r} is listed twice in split "
+                    f"{name!r}{same}: its rows would be read twice" if split == name else
+                    f"{path}: split {name!r} file {entry.path!r} is also a file of split "
+                    f"{split!r}{same}: the splits must not share files (the model would be "
+                    "evaluated on what it trained on)")
+            listed[key] = (name, entry.path)
     if not splits.get("train"):
         raise GemDataError(f"{path}: the data set has no training files")
     return Manifest(schema=schema, splits=splits, info=data.get("info", {}))

@@ -4,8 +4,11 @@ set's arrow schema, :func:`gem_data.format.arrow_schema`); one row is one reques
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -98,6 +101,41 @@ class DatasetWriter:
                     raise GemDataError(f"{entry.path}: wrote row groups {actual[:8]}..., expected "
                                        f"{entry.row_groups[:8]}...")
 
+
+@contextlib.contextmanager
+def staged_directory(out: str | Path) -> Iterator[Path]:
+    """A fresh staging directory beside ``out`` to write a whole data set into: when the block
+    ends normally it takes the place of ``out`` (a rename; an older data set there is replaced),
+    when it raises (or is interrupted) it is removed, so ``out`` is never left half written.
+    ``out`` must be absent, empty, or a data set (it has a manifest): anything else is refused
+    before anything is written."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise GemDataError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise GemDataError(f"{out} exists and is not a GEM data set (no manifest.json): choose a "
+                           "new directory or empty this one (a data set there is replaced)")
+    out = out.resolve()  # a symbolic link: write beside (and replace) what it points to
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+        replacing = out.is_dir()
+        if replacing:
+            out.rename(old)
+        try:
+            staging.rename(out)
+        except BaseException:
+            if replacing:
+                old.rename(out)  # the previous data set stays as it was
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def write_file(path: Path, table: Any, schema: FeatureSchema, *, row_group_rows: int) -> FileEntry:

@@ -1,0 +1,267 @@
+"""One input log of ``gem data import`` (Parquet or CSV): reading it and converting its columns to
+numpy, checked, with errors that name the file, the row (CSV: the line) and the column.
+
+Ids stay exact 64-bit integers from every input, never through float64: a CSV's id and key
+columns are read as text (Arrow would infer ``double`` for ids of 2^63 and more, rounding them)
+and parsed as int64, or as uint64 kept with the same bits; Parquet integer columns and lists of
+integers are taken as they are (uint64 with the same bits), and a null inside a list is an error
+naming the row, not a value. Arrow timestamps become whole seconds, rounded down (sub-second
+parts are dropped: see :meth:`Log.times`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def read_table(path: Path, text_columns: Iterable[str] = ()) -> Any:
+    """The table of a log file; in a CSV, ``text_columns`` (ids and keys) are read as text, to be
+    parsed exactly by :class:`Log`."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from gem_core.errors import GemDataError
+
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise GemDataError(f"{path}: unknown file type {path.suffix!r}; use .parquet, .pq or "
+                           ".csv")
+    if not path.is_file():
+        raise GemDataError(f"{path}: no such file")
+    try:
+        if kind == "parquet":
+            table = pq.read_table(path)
+        else:
+            # Empty cells (and NA, NULL, ...) of the text columns are missing values, as they
+            # are in the columns Arrow types itself.
+            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.string() for name in text_columns},
+                strings_can_be_null=True))
+    except Exception as error:  # pyarrow raises several types; all mean "cannot read"
+        raise GemDataError(f"{path}: cannot read ({type(error).__name__}: {error})") from None
+    repeated = [name for name, count in Counter(table.column_names).items() if count > 1]
+    if repeated:
+        name = repeated[0]
+        places = [str(i + 1) for i, n in enumerate(table.column_names) if n == name]
+        where = "header" if kind == "csv" else "schema"
+        raise GemDataError(f"{path}: column {name!r} appears {len(places)} times in the {where} "
+                           f"(columns {', '.join(places)}); every column needs a name of its own")
+    return table
+
+
+def _is_text(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _is_list(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+
+
+def _integers(column: Any) -> np.ndarray:
+    """An integer arrow column (no nulls) as int64; uint64 keeps its bits."""
+    values = column.to_numpy()
+    return values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
+
+
+class Log:
+    """One input table with the helpers that convert its columns, naming file, row, column."""
+
+    def __init__(self, path: Path, what: str, delimiter: str,
+                 text_columns: Iterable[str] = ()) -> None:
+        self.path, self.what, self.delimiter = path, what, delimiter
+        self.table = read_table(path, text_columns)
+        self.csv = SUFFIXES[path.suffix.lower()] == "csv"
+
+    def row_name(self, row: int) -> str:
+        # CSV: the file line (header is line 1); Parquet: the 0-based row.
+        return f"line {row + 2}" if self.csv else f"row {row}"
+
+    def fail(self, row: int | None, column: str, message: str) -> None:
+        from gem_core.errors import GemDataError
+
+        where = f"{self.path}" + (f", {self.row_name(row)}" if row is not None else "")
+        raise GemDataError(f"{where}, column {column!r}: {message}")
+
+    def column(self, name: str, role: str) -> Any:
+        import pyarrow.compute as pc
+
+        from gem_core.errors import GemDataError
+
+        if name not in self.table.column_names:
+            raise GemDataError(f"{self.path}: the {self.what} has no column {name!r} ({role}); "
+                               f"its columns: {', '.join(self.table.column_names)}")
+        column = self.table.column(name)
+        nulls = pc.is_null(column)
+        if pc.any(nulls).as_py():
+            row = int(np.flatnonzero(nulls.to_numpy(zero_copy_only=False))[0])
+            count = pc.sum(nulls).as_py()
+            self.fail(row, name, f"missing value ({role}; {count} missing in the column)")
+        return column
+
+    def keys(self, name: str, role: str) -> np.ndarray:
+        """A key column (user, request) as a numpy array of ints or strings: text that is all
+        64-bit integers gives the integers (uint64: the same bits)."""
+        import pyarrow as pa
+
+        column = self.column(name, role)
+        if pa.types.is_integer(column.type):
+            return _integers(column)
+        if _is_text(column.type):
+            numbers = self._cast_ids(column)
+            return numbers if numbers is not None else \
+                column.to_numpy(zero_copy_only=False).astype(str)
+        self.fail(None, name, f"{role} must be integers or strings, got {column.type}")
+        raise AssertionError
+
+    def times(self, name: str, role: str) -> np.ndarray:
+        """Integer times as they are; Arrow timestamps as whole seconds since 1970, rounded
+        down: an event and a request within one second then share a time and the event is left
+        out of the history (never the other way round, so no later event can leak in)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = self.column(name, role)
+        if pa.types.is_timestamp(column.type):
+            ticks = pc.cast(column, pa.int64()).to_numpy()
+            return np.floor_divide(ticks, _UNITS[column.type.unit])
+        if not pa.types.is_integer(column.type):
+            self.fail(None, name, f"{role} must be integers (seconds or any one unit) or "
+                                  f"timestamps, got {column.type}")
+        if pa.types.is_uint64(column.type):
+            values = column.to_numpy()
+            too_big = np.flatnonzero(values > np.iinfo(np.int64).max)
+            if too_big.size:
+                self.fail(int(too_big[0]), name, f"{role} {int(values[too_big[0]])} does not "
+                                                 "fit in int64")
+        return column.to_numpy().astype(np.int64)
+
+    def ids(self, name: str, role: str) -> np.ndarray:
+        """A single-valued id column as int64 (uint64: the same bits)."""
+        import pyarrow as pa
+
+        column = self.column(name, role)
+        if pa.types.is_integer(column.type):
+            return _integers(column)
+        if _is_text(column.type):
+            return self._parse_ids(column, None, name, role)
+        if _is_list(column.type):
+            self.fail(None, name, f"{role} is single-valued but the column holds lists; "
+                                  "declare the feature multi_valued = true")
+        self.fail(None, name, f"{role} must be integer ids, got {column.type}")
+        raise AssertionError
+
+    @staticmethod
+    def _cast_ids(texts: Any) -> np.ndarray | None:
+        """Text ids as int64 exactly (as int64, else as uint64 with the same bits); None if some
+        text is neither."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        trimmed = pc.utf8_trim_whitespace(texts)
+        for target in (pa.int64(), pa.uint64()):
+            try:
+                values = pc.cast(trimmed, target).to_numpy()
+            except pa.ArrowInvalid:
+                continue
+            return values.view(np.int64) if values.dtype == np.uint64 else values
+        return None
+
+    def _parse_ids(self, texts: Any, owner: np.ndarray | None, name: str, role: str,
+                   hint: str = "") -> np.ndarray:
+        """Text ids (no nulls) as int64, exactly; an id that is not an integer or does not fit
+        64 bits names its row (``owner``: the row of each text, when they are a flattened
+        multi-valued column)."""
+        values = self._cast_ids(texts)
+        if values is not None:
+            return values
+        # Some text is not a 64-bit integer, or the column mixes negative ids with ids of 2^63
+        # and more: row by row, to name the row or convert each on its own.
+        values = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts.to_pylist()):
+            row = i if owner is None else int(owner[i])
+            try:
+                number = int(text.strip())
+            except ValueError:
+                self.fail(row, name, f"{role}: {text!r} is not an integer id{hint}")
+            if not -(1 << 63) <= number < (1 << 64):
+                self.fail(row, name, f"{role}: {number} does not fit in 64 bits (ids are int64, "
+                                     "or uint64 kept with the same bits)")
+            values[i] = number - (1 << 64) if number >= (1 << 63) else number
+        return values
+
+    def multi_ids(self, name: str, role: str) -> tuple[np.ndarray, np.ndarray]:
+        """A multi-valued id column: (offsets (rows + 1,), values), every row non-empty."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = self.column(name, role)
+        if _is_text(column.type):
+            column = pc.split_pattern(column, self.delimiter)
+        elif pa.types.is_integer(column.type):
+            return (np.arange(self.table.num_rows + 1, dtype=np.int64),
+                    self.ids(name, role))
+        if not _is_list(column.type):
+            self.fail(None, name, f"{role} is multi-valued: expected a list column (Parquet) "
+                                  f"or {self.delimiter!r}-separated ids (CSV), got {column.type}")
+        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        empty = np.flatnonzero(lengths == 0)
+        if empty.size:
+            self.fail(int(empty[0]), name, f"{role} is empty; every row needs at least one id "
+                                           f"({empty.size} empty rows)")
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = pc.list_flatten(column)
+        owner = np.repeat(np.arange(lengths.size), lengths)
+        if flat.null_count:
+            nulls = np.flatnonzero(pc.is_null(flat).to_numpy(zero_copy_only=False))
+            row = int(owner[nulls[0]])
+            self.fail(row, name, f"{role}: id {int(nulls[0] - offsets[row]) + 1} of the "
+                                 f"{int(lengths[row])} in the list is null ({nulls.size} null "
+                                 "ids in the column); remove the null or give the id")
+        if _is_text(flat.type):
+            values = self._parse_ids(flat, owner, name, role,
+                                     f" (ids separated by {self.delimiter!r})")
+        elif pa.types.is_integer(flat.type):
+            values = _integers(flat)
+        else:
+            self.fail(None, name, f"{role} must be lists of integer ids, got {column.type}")
+            raise AssertionError
+        return offsets, values
+
+    def floats(self, name: str, role: str) -> np.ndarray:
+        import pyarrow as pa
+
+        column = self.column(name, role)
+        if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)
+                or pa.types.is_boolean(column.type)):
+            self.fail(None, name, f"{role} must be numbers, got {column.type}")
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            self.fail(int(bad[0]), name, f"{role} = {values[bad[0]]} is not finite")
+        return values
+
+    def check_floor(self, times: np.ndarray, name: str, role: str, floor: int) -> None:
+        """Refuse a time before ``floor`` (``[import] time_floor``), naming its row."""
+        from gem_data.validation import _utc
+
+        bad = np.flatnonzero(times < floor)
+        if bad.size:
+            value = int(times[bad[0]])
+            self.fail(int(bad[0]), name, f"{role} {value} ({_utc(value)}) is before "
+                                         f"import.time_floor {floor} ({_utc(floor)}; "
+                                         f"{bad.size} such rows): a placeholder or corrupt time? "
+                                         "Fix the rows, or lower time_floor in [import]")
