@@ -75,6 +75,18 @@ def _integers(column: Any) -> np.ndarray:
     return values.view(np.int64) if values.dtype == np.uint64 else values.astype(np.int64)
 
 
+class Cells:
+    """A feature's column over the rows of one log: ``offsets`` (rows + 1; None for a
+    single-valued feature) into ``values`` (int64 ids, or a pyarrow string array when
+    ``text``), which rows are ``missing`` (no value: 0 or no ids there), and how many null ids
+    were removed from inside lists."""
+
+    def __init__(self, offsets: np.ndarray | None, values: Any, missing: np.ndarray,
+                 null_ids: int, text: bool) -> None:
+        self.offsets, self.values, self.missing = offsets, values, missing
+        self.null_ids, self.text = null_ids, text
+
+
 class Log:
     """One input table with the helpers that convert its columns, naming file, row, column."""
 
@@ -94,7 +106,10 @@ class Log:
         where = f"{self.path}" + (f", {self.row_name(row)}" if row is not None else "")
         raise GemDataError(f"{where}, column {column!r}: {message}")
 
-    def column(self, name: str, role: str) -> Any:
+    def column(self, name: str, role: str, *, allow_missing: bool = False,
+               hint: str = "") -> Any:
+        """The column ``name``; a null in it stops the import (naming the first) unless
+        ``allow_missing`` (``hint``: what to change to allow them)."""
         import pyarrow.compute as pc
 
         from gem_core.errors import GemDataError
@@ -103,25 +118,40 @@ class Log:
             raise GemDataError(f"{self.path}: the {self.what} has no column {name!r} ({role}); "
                                f"its columns: {', '.join(self.table.column_names)}")
         column = self.table.column(name)
+        if allow_missing:
+            return column
         nulls = pc.is_null(column)
         if pc.any(nulls).as_py():
             row = int(np.flatnonzero(nulls.to_numpy(zero_copy_only=False))[0])
             count = pc.sum(nulls).as_py()
-            self.fail(row, name, f"missing value ({role}; {count} missing in the column)")
+            self.fail(row, name, f"missing value ({role}; {count} missing in the column){hint}")
         return column
 
     def keys(self, name: str, role: str) -> np.ndarray:
         """A key column (user, request) as a numpy array of ints or strings: text that is all
         64-bit integers gives the integers (uint64: the same bits)."""
-        import pyarrow as pa
+        return self.key_cells(name, role)[0]
 
-        column = self.column(name, role)
+    def key_cells(self, name: str, role: str, *, allow_missing: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`keys` and, when ``allow_missing``, which rows have none (their key is 0 or
+        the empty text)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = self.column(name, role, allow_missing=allow_missing)
+        missing = np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
         if pa.types.is_integer(column.type):
-            return _integers(column)
+            return _integers(pc.fill_null(column, 0)), missing
         if _is_text(column.type):
-            numbers = self._cast_ids(column)
-            return numbers if numbers is not None else \
-                column.to_numpy(zero_copy_only=False).astype(str)
+            filled = pc.fill_null(column, "")
+            present = pc.filter(filled, pa.array(~missing)) if missing.any() else filled
+            numbers = self._cast_ids(present)
+            if numbers is not None and missing.any():
+                numbers, some = np.zeros(missing.size, dtype=np.int64), numbers
+                numbers[~missing] = some
+            return (numbers if numbers is not None else
+                    filled.to_numpy(zero_copy_only=False).astype(str)), missing
         self.fail(None, name, f"{role} must be integers or strings, got {column.type}")
         raise AssertionError
 
@@ -149,17 +179,102 @@ class Log:
 
     def ids(self, name: str, role: str) -> np.ndarray:
         """A single-valued id column as int64 (uint64: the same bits)."""
+        return self.cells(name, role).values
+
+    def cells(self, name: str, role: str, *, multi: bool = False, text: bool = False,
+              allow_missing: bool = False, hint: str = "") -> Cells:
+        """A feature's column over the rows: exact int64 ids or, with ``text``, the values as
+        text (integers as their decimal digits) for :mod:`gem_data.import_strings` to map.
+        Without ``allow_missing``, a null cell, an empty list and a null inside a list stop the
+        import naming the row; with it they are :attr:`Cells.missing` rows (nulls inside a
+        list are removed and counted, the list is missing if none is left)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = self.column(name, role, allow_missing=allow_missing, hint=hint)
+        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+        missing = np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+        if not multi:
+            if _is_list(column.type):
+                self.fail(None, name, f"{role} is single-valued but the column holds lists; "
+                                      "declare the feature multi_valued = true")
+            if text:
+                return Cells(None, self._texts(column, name, role), missing, 0, True)
+            if pa.types.is_integer(column.type):
+                return Cells(None, _integers(pc.fill_null(column, 0)), missing, 0, False)
+            if _is_text(column.type):
+                return Cells(None, self._parse_ids(pc.fill_null(column, "0"), None, name, role),
+                             missing, 0, False)
+            self._not_ids(name, role, column.type)
+        if _is_text(column.type):
+            column = pc.split_pattern(column, self.delimiter)
+        if _is_list(column.type):
+            lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0).to_numpy(
+                zero_copy_only=False), dtype=np.int64)
+            flat = pc.list_flatten(column)
+        elif pa.types.is_integer(column.type):
+            lengths = (~missing).astype(np.int64)
+            flat = column.drop_null()
+        else:
+            self.fail(None, name, f"{role} is multi-valued: expected a list column (Parquet) "
+                                  f"or {self.delimiter!r}-separated ids (CSV), got {column.type}")
+            raise AssertionError
+        empty = np.flatnonzero((lengths == 0) & ~missing)
+        if empty.size and not allow_missing:
+            self.fail(int(empty[0]), name, f"{role} is empty; every row needs at least one id "
+                                           f"({empty.size} empty rows){hint}")
+        owner = np.repeat(np.arange(lengths.size), lengths)
+        null_ids = 0
+        if flat.null_count:
+            nulls = np.flatnonzero(pc.is_null(flat).to_numpy(zero_copy_only=False))
+            if not allow_missing:
+                row = int(owner[nulls[0]])
+                start = int(np.searchsorted(owner, row))
+                self.fail(row, name, f"{role}: id {int(nulls[0] - start) + 1} of the "
+                                     f"{int(lengths[row])} in the list is null ({nulls.size} null "
+                                     "ids in the column); remove the null or give the id")
+            null_ids = int(nulls.size)
+            lengths = lengths - np.bincount(owner[nulls], minlength=lengths.size)
+            keep = np.ones(len(flat), dtype=bool)
+            keep[nulls] = False
+            owner = owner[keep]
+            flat = pc.filter(flat, pa.array(keep))
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        missing = missing | (lengths == 0)
+        if text:
+            values: Any = self._texts(flat, name, role)
+        elif _is_text(flat.type):
+            values = self._parse_ids(flat, owner, name, role,
+                                     f" (ids separated by {self.delimiter!r})")
+        elif pa.types.is_integer(flat.type):
+            values = _integers(flat)
+        else:
+            self.fail(None, name, f"{role} must be lists of integer ids, got {column.type}")
+            raise AssertionError
+        return Cells(offsets, values, missing, null_ids, text)
+
+    def _not_ids(self, name: str, role: str, arrow_type: Any) -> None:
         import pyarrow as pa
 
-        column = self.column(name, role)
-        if pa.types.is_integer(column.type):
-            return _integers(column)
+        hint = ""
+        if pa.types.is_floating(arrow_type):
+            hint = ("; ids are never read through floating point (2^53 + 1 would change): "
+                    "write the column as integers (pandas makes an integer column with missing "
+                    "values float: use its nullable \"Int64\" dtype)")
+        self.fail(None, name, f"{role} must be integer ids, got {arrow_type}{hint}")
+
+    def _texts(self, column: Any, name: str, role: str) -> Any:
+        """A string array of the values as text: text trimmed of surrounding spaces, integers
+        as decimal digits (uint64 unsigned), nulls kept."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if _is_text(column.type):
-            return self._parse_ids(column, None, name, role)
-        if _is_list(column.type):
-            self.fail(None, name, f"{role} is single-valued but the column holds lists; "
-                                  "declare the feature multi_valued = true")
-        self.fail(None, name, f"{role} must be integer ids, got {column.type}")
+            return pc.utf8_trim_whitespace(column).cast(pa.string())
+        if pa.types.is_integer(column.type):
+            return pc.cast(column, pa.string())
+        self.fail(None, name, f"{role} must be text or integers, got {column.type}")
         raise AssertionError
 
     @staticmethod
@@ -203,56 +318,31 @@ class Log:
 
     def multi_ids(self, name: str, role: str) -> tuple[np.ndarray, np.ndarray]:
         """A multi-valued id column: (offsets (rows + 1,), values), every row non-empty."""
+        cells = self.cells(name, role, multi=True)
+        return cells.offsets, cells.values
+
+    def floats(self, name: str, role: str) -> np.ndarray:
+        return self.float_cells(name, role)[0]
+
+    def float_cells(self, name: str, role: str, *, allow_missing: bool = False, hint: str = ""
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """A numeric column as float64 and which rows are missing (0.0 there; only with
+        ``allow_missing``); a value that is not finite stops the import."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        column = self.column(name, role)
-        if _is_text(column.type):
-            column = pc.split_pattern(column, self.delimiter)
-        elif pa.types.is_integer(column.type):
-            return (np.arange(self.table.num_rows + 1, dtype=np.int64),
-                    self.ids(name, role))
-        if not _is_list(column.type):
-            self.fail(None, name, f"{role} is multi-valued: expected a list column (Parquet) "
-                                  f"or {self.delimiter!r}-separated ids (CSV), got {column.type}")
-        column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-        empty = np.flatnonzero(lengths == 0)
-        if empty.size:
-            self.fail(int(empty[0]), name, f"{role} is empty; every row needs at least one id "
-                                           f"({empty.size} empty rows)")
-        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = pc.list_flatten(column)
-        owner = np.repeat(np.arange(lengths.size), lengths)
-        if flat.null_count:
-            nulls = np.flatnonzero(pc.is_null(flat).to_numpy(zero_copy_only=False))
-            row = int(owner[nulls[0]])
-            self.fail(row, name, f"{role}: id {int(nulls[0] - offsets[row]) + 1} of the "
-                                 f"{int(lengths[row])} in the list is null ({nulls.size} null "
-                                 "ids in the column); remove the null or give the id")
-        if _is_text(flat.type):
-            values = self._parse_ids(flat, owner, name, role,
-                                     f" (ids separated by {self.delimiter!r})")
-        elif pa.types.is_integer(flat.type):
-            values = _integers(flat)
-        else:
-            self.fail(None, name, f"{role} must be lists of integer ids, got {column.type}")
-            raise AssertionError
-        return offsets, values
-
-    def floats(self, name: str, role: str) -> np.ndarray:
-        import pyarrow as pa
-
-        column = self.column(name, role)
+        column = self.column(name, role, allow_missing=allow_missing, hint=hint)
         if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)
                 or pa.types.is_boolean(column.type)):
             self.fail(None, name, f"{role} must be numbers, got {column.type}")
+        missing = np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+        if column.null_count:
+            column = pc.fill_null(column, False if pa.types.is_boolean(column.type) else 0)
         values = column.to_numpy(zero_copy_only=False).astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             self.fail(int(bad[0]), name, f"{role} = {values[bad[0]]} is not finite")
-        return values
+        return values, missing
 
     def check_floor(self, times: np.ndarray, name: str, role: str, floor: int) -> None:
         """Refuse a time before ``floor`` (``[import] time_floor``), naming its row."""

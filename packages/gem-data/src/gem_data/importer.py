@@ -2,16 +2,21 @@
 
 Inputs (Parquet or CSV, by file suffix ``.parquet``/``.pq`` or ``.csv``):
 
-- an **impression log**: one row per impression (candidate shown), with the user, a request id
-  (impressions of one request share it), the request time, one column per candidate feature,
-  one per task label (0/1), and optionally context (``sparse``) and dense columns;
+- an **impression log**: one row per impression (candidate shown), with the user, the request
+  time, one column per candidate feature, one per task label (0/1), optionally a request id
+  (impressions of one request share it; without one a request is one user at one time:
+  :mod:`gem_data.import_requests`) and context (``sparse``) and dense columns;
 - an **event log**: one row per history event, with the user, the event time and one column per
-  event feature.
+  event feature;
+- optionally **side tables** (``[[import.join]]``): ad or user attributes joined into either log
+  by key, their columns becoming features (:mod:`gem_data.import_features`).
 
 and a **schema file** (TOML): the :class:`~gem_core.schema.FeatureSchema` fields
 (:func:`gem_core.schema.schema_from_dict`) plus an optional ``[import]`` table naming columns
-(:class:`ImportOptions`). By default a feature's column is its name (``ad_id``), a task's label
-column is the task name (``click``), a context feature's column is its name.
+and saying how missing values and string categories are treated
+(:class:`~gem_data.import_options.ImportOptions`). By default a feature's column is its name
+(``ad_id``), a task's label column is the task name (``click``), a context feature's column is
+its name.
 
 Each request's history is the user's events **strictly before** the request time (an event at
 exactly the request time is left out: it may be the logged outcome of the impression itself),
@@ -22,8 +27,9 @@ impressions.
 
 Multi-valued features are list columns in Parquet, or strings of ids joined by ``delimiter`` in
 CSV. Ids are exact 64-bit integers from either format (uint64 kept with the same bits; never
-through float64: :mod:`gem_data.import_log`). Timestamps are integers (any unit, the same in
-both logs, none before ``time_floor``) or Arrow timestamps (whole seconds, rounded down).
+through float64: :mod:`gem_data.import_log`), or text mapped to ids by ``[import.strings]``
+(:mod:`gem_data.import_strings`). Timestamps are integers (any unit, the same in both logs, none
+before ``time_floor``) or Arrow timestamps (whole seconds, rounded down).
 
 The data set is written into a staging directory beside ``out`` and renamed into place when
 complete, so a failed import leaves no files.
@@ -42,128 +48,17 @@ import attrs
 import click
 import numpy as np
 
-from gem_core.config.validators import between
+from gem_data.import_features import Features, describe_counts
 from gem_data.import_log import Log
-
-
-@attrs.frozen(kw_only=True)
-class ImportOptions:
-    """The ``[import]`` table of a schema file: which columns hold what."""
-
-    user_column: str = "user_id"
-    """Column of the user id, in both logs (integers or strings)."""
-
-    request_column: str = "request_id"
-    """Impression log column grouping impressions into requests (integers or strings)."""
-
-    timestamp_column: str = "timestamp"
-    """Column of the time, in both logs: the request time (impressions of one request share
-    it) and the event time."""
-
-    columns: dict[str, str] = attrs.field(factory=dict)
-    """Column of a feature whose column is not its name: keys ``event.<name>``,
-    ``candidate.<name>``, ``label.<task>`` or ``sparse.<name>``, values column names."""
-
-    dense_columns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Impression log columns of the ``num_dense`` dense request features, in order (the same
-    on every impression of a request)."""
-
-    delimiter: str = "|"
-    """Separator of the ids of a multi-valued feature in a CSV cell (``"3|17|4"``)."""
-
-    eval_fraction: float = attrs.field(default=0.1, validator=between(0.0, 0.9))
-    """Latest share of requests (by request time) written as the eval split; 0: none (the
-    ``parquet`` source then holds out trailing row groups). Requests of one time stay on one
-    side, so the share written can differ (by less than half of the tied requests at the cut);
-    the import reports it."""
-
-    time_floor: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
-    """Earliest plausible time: a request or event before it stops the import, naming the row.
-    The default, 0, is 1970-01-01 in seconds (a negative time is a placeholder or corrupt)."""
-
-
-def read_schema_file(path: str | Path) -> tuple[Any, ImportOptions]:
-    """The :class:`FeatureSchema` and :class:`ImportOptions` of a schema TOML file."""
-    import tomllib
-
-    from gem_core.config import structure
-    from gem_core.errors import GemConfigError, GemDataError
-    from gem_core.schema import schema_from_dict
-
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise GemDataError(f"{path}: cannot read the schema file ({error})") from None
-    section = data.pop("import", {})
-    try:
-        schema = schema_from_dict(data, where=str(path))  # its errors name the path
-        options = structure(ImportOptions, section, "import")
-    except (ValueError, GemConfigError) as error:
-        message = str(error)
-        raise GemDataError(message if message.startswith(str(path)) else f"{path}: {message}"
-                           ) from None
-    if schema.seq_dense_dim or schema.candidate_content or schema.user_embedding_dim:
-        raise GemDataError(f"{path}: gem data import does not read content vectors or user "
-                           "embeddings yet (seq_dense_dim, candidate_content, "
-                           "user_embedding_dim must be 0)")
-    _check_column_keys(path, schema, options)
-    if len(options.dense_columns) != schema.num_dense:
-        raise GemDataError(f"{path}: num_dense = {schema.num_dense} but import.dense_columns "
-                           f"names {len(options.dense_columns)} columns")
-    return schema, options
-
-
-def _check_column_keys(path: Path, schema: Any, options: ImportOptions) -> None:
-    """Refuse an ``[import.columns]`` key that names no feature or task of the schema (a typo
-    would otherwise leave the feature reading the column of its own name), with close
-    matches."""
-    import difflib
-
-    from gem_core.errors import GemDataError
-
-    known = ([f"event.{f.name}" for f in schema.event_features]
-             + [f"candidate.{f.name}" for f in schema.candidate_features]
-             + [f"label.{task}" for task in schema.tasks]
-             + [f"sparse.{f.name}" for f in schema.sparse_features])
-    for key in options.columns:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-            hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-            raise GemDataError(f"{path}: unknown key {key!r} in [import.columns]{hint}; keys are "
-                               "event.<feature>, candidate.<feature>, label.<task> or "
-                               f"sparse.<feature> of the schema: {', '.join(known)}")
-
-
-def _check_dense_ids(log: Log, column: str, values: np.ndarray, owner: np.ndarray | None,
-                     table: Any) -> None:
-    """Under the ``dense`` id policy, every id must be a row of the table: name the first
-    that is not, by input row."""
-    if table.id_policy != "dense" or values.size == 0:
-        return
-    bad = np.flatnonzero((values < 0) | (values >= table.num_embeddings))
-    if bad.size:
-        row = int(bad[0] if owner is None else owner[bad[0]])
-        log.fail(row, column, f"id {int(values[bad[0]])} is outside [0, {table.num_embeddings}) "
-                              f"of table {table.name!r} (id_policy dense; {bad.size} such ids); "
-                              "use id_policy = \"modulo\" or \"hash\" for unbounded ids")
-
+from gem_data.import_options import (  # noqa: F401  (the [import] table's API, re-exported)
+    FeatureImport,
+    ImportOptions,
+    JoinOptions,
+    read_schema_file,
+)
+from gem_data.import_requests import read_keys
 
 # -- building -------------------------------------------------------------------------------
-
-
-def _feature_ids(log: Log, feature: Any, column: str, role: str, schema: Any
-                 ) -> tuple[np.ndarray | None, np.ndarray]:
-    """(offsets or None, values) of a feature over the log's rows, checked."""
-    table = schema.table(feature.table)
-    if feature.multi_valued:
-        offsets, values = log.multi_ids(column, role)
-        owner = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
-        _check_dense_ids(log, column, values, owner, table)
-        return offsets, values
-    values = log.ids(column, role)
-    _check_dense_ids(log, column, values, None, table)
-    return None, values
 
 
 def _take(ids: tuple[np.ndarray | None, np.ndarray], rows: np.ndarray) -> Any:
@@ -183,16 +78,30 @@ def _take(ids: tuple[np.ndarray | None, np.ndarray], rows: np.ndarray) -> Any:
 
 
 def build_requests(impressions: str | Path, events: str | Path, schema: Any,
-                   options: ImportOptions) -> dict[str, Any]:
+                   options: ImportOptions, *, vocabularies: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
     """Per split (``train``, ``eval``), the requests of the logs as one JaggedBatch, in request
     time order. Raises GemDataError naming file, row and column of the first bad value."""
-    return _build(impressions, events, schema, options)[0]
+    return _build(impressions, events, schema, options, vocabularies)[0]
 
 
-def _build(impressions: str | Path, events: str | Path, schema: Any, options: ImportOptions
-           ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """:func:`build_requests` and the summary of the train/eval cut
-    (:func:`gem_data.import_split.split_time`)."""
+def _text_columns(schema: Any, o: ImportOptions, log: str) -> list[str]:
+    """Columns a CSV log reads as text, to be parsed exactly: keys and id features."""
+    joined = {key for join in o.join for key in join.features}
+    keys = [o.user_column, o.request_column or "request_id",
+            *(c for c in o.request_columns if c != o.timestamp_column)]
+    keys += [j.joined_column for j in o.join if j.log == log]
+    kinds = (("event", schema.event_features),) if log == "events" else \
+        (("candidate", schema.candidate_features), ("sparse", schema.sparse_features))
+    return keys + [o.columns.get(f"{kind}.{f.name}", f.name) for kind, features in kinds
+                   for f in features if f"{kind}.{f.name}" not in joined]
+
+
+def _build(impressions: str | Path, events: str | Path, schema: Any, options: ImportOptions,
+           vocabularies: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`build_requests` and the import's report: the train/eval cut
+    (:func:`gem_data.import_split.split_time`), per feature the missing-value counts, the
+    request key, the vocabularies built."""
     import torch
 
     from gem_core.batch import JaggedBatch
@@ -200,61 +109,66 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     from gem_data.import_split import split_time
 
     o = options
-
-    def col(kind: str, name: str) -> str:
-        return o.columns.get(f"{kind}.{name}", name)
-
-    # In a CSV, ids and keys are read as text and parsed exactly (never through float64).
-    keys = [o.user_column, o.request_column]
-    imp = Log(Path(impressions), "impression log", o.delimiter, keys + [
-        col(kind, f.name) for kind, features in (("candidate", schema.candidate_features),
-                                                 ("sparse", schema.sparse_features))
-        for f in features])
-    ev = Log(Path(events), "event log", o.delimiter,
-             keys + [col("event", f.name) for f in schema.event_features])
+    imp = Log(Path(impressions), "impression log", o.delimiter,
+              _text_columns(schema, o, "impressions"))
+    ev = Log(Path(events), "event log", o.delimiter, _text_columns(schema, o, "events"))
     if imp.table.num_rows == 0:
         raise GemDataError(f"{imp.path}: the impression log has no rows")
+    has_events = ev.table.num_rows > 0
+    features = Features(schema, o, imp, ev if has_events else None, vocabularies)
 
     # Keys: users shared by both logs, requests within the impression log.
     imp_user = imp.keys(o.user_column, "user")
-    ev_user = ev.keys(o.user_column, "user") if ev.table.num_rows else imp_user[:0]
-    if ev.table.num_rows and imp_user.dtype.kind != ev_user.dtype.kind:
+    ev_user = ev.keys(o.user_column, "user") if has_events else imp_user[:0]
+    if has_events and imp_user.dtype.kind != ev_user.dtype.kind:
         raise GemDataError(f"column {o.user_column!r}: the user ids of {imp.path} and {ev.path} "
                            "have different types (one integers, one text)")
     users, user_code = np.unique(np.concatenate([imp_user, ev_user]), return_inverse=True)
     imp_code, ev_code = user_code[:imp_user.size], user_code[imp_user.size:]
-    request_key = imp.keys(o.request_column, "request id")
+    keys = read_keys(imp, o)
     imp_time = imp.times(o.timestamp_column, "request time")
     imp.check_floor(imp_time, o.timestamp_column, "request time", o.time_floor)
-    ev_time = ev.times(o.timestamp_column, "event time") if ev.table.num_rows \
+    ev_time = ev.times(o.timestamp_column, "event time") if has_events \
         else np.zeros(0, dtype=np.int64)
     ev.check_floor(ev_time, o.timestamp_column, "event time", o.time_floor)
 
-    # Group impressions: by (request time, request id), impressions in file order.
-    _, request_code = np.unique(request_key, return_inverse=True)
-    order = np.lexsort((np.arange(request_code.size), request_code))
+    # Group the impressions kept (``missing = "drop"`` leaves some out) by request key,
+    # impressions in file order.
+    live = np.flatnonzero(features.keep["impressions"])
+    if live.size == 0:
+        raise GemDataError(f"{imp.path}: every impression was dropped for a missing value "
+                           f"(missing = \"drop\"): {'; '.join(describe_counts(features.counts))}")
+    _, live_code = np.unique(keys.code[live], return_inverse=True)
+    live_code = live_code.reshape(-1)
+    order = live[np.lexsort((live, live_code))]
+    request_code = np.full(imp.table.num_rows, -1, dtype=np.int64)
+    request_code[live] = live_code
     first = np.r_[True, request_code[order][1:] != request_code[order][:-1]]
     starts = np.flatnonzero(first)
     group_of = np.cumsum(first) - 1  # per sorted impression, its request
     for name, values, raw, role in ((o.user_column, imp_code, imp_user, "user"),
                                     (o.timestamp_column, imp_time, imp_time, "request time")):
+        if name in keys.columns:
+            continue
         differs = np.flatnonzero(values[order] != values[order][starts][group_of])
         if differs.size:
             row = int(order[differs[0]])
             other = int(order[starts][group_of][differs[0]])
-            imp.fail(row, name, f"request {request_key[row].item()!r} has impressions with "
+            imp.fail(row, name, f"{keys.name(row)} has impressions with "
                                 f"different {role}s ({raw[other].item()!r} and "
                                 f"{raw[row].item()!r}); one request is one user at one time")
     head = order[starts]  # the first impression of each request (file order)
+    keys.ids(head)  # the requests' 64-bit ids: checked one to one with their keys
     request_time, request_user = imp_time[head], imp_code[head]
     by_time = np.lexsort((head, request_time))  # requests ordered by time, then first row
     counts = np.diff(np.r_[starts, order.size])
 
-    # History: the user's events strictly before the request time. Sort events by (user,
-    # time, file row); merge requests in with ties placed before events, so an event at
+    # History: the user's events strictly before the request time. Sort the events kept by
+    # (user, time, file row); merge requests in with ties placed before events, so an event at
     # exactly the request time counts as later. Events before request r in the merged order
     # and of the same user are its history.
-    ev_order = np.lexsort((np.arange(ev_code.size), ev_time, ev_code))
+    ev_live = np.flatnonzero(features.keep["events"])
+    ev_order = ev_live[np.lexsort((ev_live, ev_time[ev_live], ev_code[ev_live]))]
     e_user, e_time = ev_code[ev_order], ev_time[ev_order]
     merged_user = np.r_[request_user, e_user]
     merged_time = np.r_[request_time, e_time]
@@ -268,41 +182,30 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     begin = np.maximum(user_first_event, end - schema.max_seq_len)
 
     # Features, checked over whole columns (errors name the input row).
-    event_ids = {f.name: _feature_ids(ev, f, col("event", f.name), f"event feature {f.name!r}",
-                                      schema) for f in schema.event_features} \
-        if ev.table.num_rows else {}
-    cand_ids = {f.name: _feature_ids(imp, f, col("candidate", f.name),
-                                     f"candidate feature {f.name!r}", schema)
-                for f in schema.candidate_features}
+    event_ids = {f.name: features.ids[f"event.{f.name}"] for f in schema.event_features} \
+        if has_events else {}
+    cand_ids = {f.name: features.ids[f"candidate.{f.name}"] for f in schema.candidate_features}
     labels = {}
     for task in schema.tasks:
-        name = col("label", task)
+        name = o.columns.get(f"label.{task}", task)
         values = imp.floats(name, f"label of task {task!r}")
         bad = np.flatnonzero((values != 0) & (values != 1))
         if bad.size:
             imp.fail(int(bad[0]), name, f"label {values[bad[0]]} of task {task!r} is not 0 or 1")
         labels[task] = values.astype(np.float32)
-    sparse = {}
-    for f in schema.sparse_features:
-        name = col("sparse", f.name)
-        offsets, values = imp.multi_ids(name, f"context feature {f.name!r}")
-        _check_dense_ids(imp, name, values,
-                         np.repeat(np.arange(offsets.size - 1), np.diff(offsets)),
-                         schema.table(f.table))
-        sparse[f.name] = (offsets, values)
-    dense = (np.stack([imp.floats(c, "dense feature") for c in o.dense_columns], axis=1)
-             if o.dense_columns else None)
+    sparse = {f.name: features.ids[f"sparse.{f.name}"] for f in schema.sparse_features}
+    dense = features.dense
 
     # Context describes the request: every impression of one must agree with its first.
     heads_of = order[starts][group_of]  # per impression (in `order`), its request's first
     for f in schema.sparse_features:
-        _same_bags(imp, col("sparse", f.name), f"context feature {f.name!r}", sparse[f.name],
-                   order, heads_of, request_key)
+        _same_bags(imp, features.column("sparse", f.name), f"context feature {f.name!r}",
+                   sparse[f.name], order, heads_of, keys)
     for index, name in enumerate(o.dense_columns):
         differs = np.flatnonzero(dense[order, index] != dense[heads_of, index])
         if differs.size:
             row, other = int(order[differs[0]]), int(heads_of[differs[0]])
-            imp.fail(row, name, f"request {request_key[row].item()!r} has impressions with "
+            imp.fail(row, name, f"{keys.name(row)} has impressions with "
                                 f"different values of dense feature {name!r} "
                                 f"({dense[other, index]:g} on {imp.row_name(other)}, "
                                 f"{dense[row, index]:g} here); a request's context is the "
@@ -345,11 +248,21 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
             dense=None if dense is None else t(dense[heads].astype(np.float32)),
             user_ids=t(_user_numbers(users)[request_user[req]]),
         )
-    return result, summary
+    all_requests = int(np.unique(keys.code).size)
+    report = {
+        "split": summary,
+        "requests": {"key": list(keys.columns), "requests": int(head.size),
+                     "dropped_impressions": int(imp.table.num_rows - live.size),
+                     "dropped_events": int(ev.table.num_rows - ev_live.size),
+                     "dropped_requests": all_requests - int(head.size)},
+        "features": features.counts,
+        "vocabularies": features.vocabularies,
+    }
+    return result, report
 
 
 def _same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarray],
-               rows: np.ndarray, heads: np.ndarray, request_key: np.ndarray) -> None:
+               rows: np.ndarray, heads: np.ndarray, keys: Any) -> None:
     """Refuse a context feature whose bag of ids (compared as a set with counts) on impression
     ``rows[i]`` is not the one on its request's first impression ``heads[i]``."""
     offsets, values = bags
@@ -372,10 +285,12 @@ def _same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarra
     if bad.size:
         row, other = int(rows[bad[0]]), int(heads[bad[0]])
         bag = lambda r: values[offsets[r]:offsets[r + 1]].tolist()  # noqa: E731
-        log.fail(row, name, f"request {request_key[row].item()!r} has impressions with different "
+        log.fail(row, name, f"{keys.name(row)} has impressions with different "
                             f"values of {role} ({bag(other)} on {log.row_name(other)}, "
                             f"{bag(row)} here); a request's context is the same on all its "
-                            f"impressions (impressions that differ: {bad.size})")
+                            f"impressions (impressions that differ: {bad.size}); to keep one "
+                            "value per impression, declare it under [[candidate_features]] "
+                            "instead")
 
 
 def _empty_ids(feature: Any) -> Any:
@@ -395,18 +310,29 @@ def _user_numbers(users: np.ndarray) -> np.ndarray:
 
 
 def import_logs(impressions: str | Path, events: str | Path, schema_file: str | Path,
-                out: str | Path, *, row_group_rows: int = 16384) -> Any:
-    """Import the logs into a data set directory ``out``; returns its manifest (its
-    ``info["split"]`` says what share of the requests went to eval). Written beside ``out`` and
-    renamed into place when complete: a failed import leaves ``out`` as it was."""
+                out: str | Path, *, row_group_rows: int = 16384,
+                vocabulary_from: str | Path | None = None) -> Any:
+    """Import the logs into a data set directory ``out``; returns its manifest. Its ``info``
+    says what share of the requests went to eval (``split``), how requests were keyed and how
+    many rows were dropped (``requests``), per feature how many values were missing and what
+    was done (``features``), and lists the vocabularies written (``vocabularies``: path, size,
+    SHA-256). ``vocabulary_from``: a data set imported earlier whose vocabularies are used
+    (values they lack get the out-of-vocabulary id) instead of building new ones. Written
+    beside ``out`` and renamed into place when complete: a failed import leaves ``out`` as it
+    was."""
+    from gem_data.import_strings import read_vocabularies
     from gem_data.writer import DatasetWriter, staged_directory
 
     schema, options = read_schema_file(schema_file)
+    given = read_vocabularies(vocabulary_from) if vocabulary_from is not None else None
     with staged_directory(out) as staging:
-        splits, summary = _build(impressions, events, schema, options)
+        splits, report = _build(impressions, events, schema, options, given)
         info = {"source": "gem data import", "impressions": str(impressions),
                 "events": str(events), "schema_file": str(schema_file),
-                "import": attrs.asdict(options), "split": summary}
+                "import": attrs.asdict(options), "split": report["split"],
+                "requests": report["requests"], "features": report["features"],
+                "vocabularies": {table: vocabulary.write(staging) for table, vocabulary
+                                 in sorted(report["vocabularies"].items())}}
         writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows, info=info)
         for split, batch in splits.items():
             batch.validate(schema, where=f"{out} ({split})")
@@ -415,9 +341,27 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
     return manifest
 
 
-@click.command("import", help="Turn an impression log and an event log (Parquet or CSV) into a "
-                              "request-level data set in OUT, with histories strictly before "
-                              "each request. See docs/byod.md.")
+def describe_import(info: dict[str, Any]) -> list[str]:
+    """The lines the import prints after its summary: how requests were keyed, what was
+    dropped, per feature its missing values, the vocabularies."""
+    requests = info.get("requests", {})
+    key = requests.get("key", [])
+    lines = [f"requests keyed by {' + '.join(key)}" if key else ""]
+    dropped = [f"{requests[k]} {k.split('_')[1]}" for k in
+               ("dropped_impressions", "dropped_events", "dropped_requests") if requests.get(k)]
+    if dropped:
+        lines.append(f"dropped for missing values: {', '.join(dropped)}")
+    lines += describe_counts(info.get("features", {}))
+    for table, entry in info.get("vocabularies", {}).items():
+        source = f" (from {entry['from']})" if entry.get("from") else ""
+        lines.append(f"vocabulary of table {table}: {entry['values']} values{source} in "
+                     f"{entry['path']}")
+    return [line for line in lines if line]
+
+
+@click.command("import", help="Turn an impression log and an event log (Parquet or CSV), with "
+                              "side tables joined by key, into a request-level data set in OUT, "
+                              "with histories strictly before each request. See docs/byod.md.")
 @click.option("--impressions", type=click.Path(dir_okay=False), required=True,
               help="Impression log: one row per candidate shown, with labels.")
 @click.option("--events", type=click.Path(dir_okay=False), required=True,
@@ -428,13 +372,17 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
               help="Output data set directory.")
 @click.option("--row-group-rows", type=click.IntRange(min=1), default=16384, show_default=True,
               help="Requests per Parquet row group.")
+@click.option("--vocabulary-from", "vocabulary_from", type=click.Path(file_okay=False),
+              default=None, help="A data set imported before: use its vocabularies "
+                                 "(import.strings = \"vocabulary\"); values they lack get the "
+                                 "out-of-vocabulary id, counted.")
 def import_command(impressions: str, events: str, schema_file: str, out: str,
-                   row_group_rows: int) -> None:
+                   row_group_rows: int, vocabulary_from: str | None) -> None:
     from gem_core.errors import GemError
 
     try:
         manifest = import_logs(impressions, events, schema_file, out,
-                               row_group_rows=row_group_rows)
+                               row_group_rows=row_group_rows, vocabulary_from=vocabulary_from)
     except GemError as error:
         raise click.ClickException(str(error)) from None
     from gem_data.import_split import describe
@@ -442,3 +390,5 @@ def import_command(impressions: str, events: str, schema_file: str, out: str,
     click.echo(f"wrote {manifest.rows('train')} train + {manifest.rows('eval')} eval requests "
                f"({manifest.tokens('train')} history events) to {out}; "
                f"{describe(manifest.info['split'])}")
+    for line in describe_import(manifest.info):
+        click.echo(line)
