@@ -73,6 +73,7 @@ def _eval_batches(run):
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_exported_programs_match_the_eager_model(exported, preset):
     from gem_core.serving.inputs import batch_inputs
+    from gem_core.serving.loading import load_program
 
     run, directory, manifest = exported[preset]
     assert manifest["checkpoint_step"] == 2 and manifest["tasks"] == ["click", "conversion"]
@@ -96,7 +97,7 @@ def test_exported_programs_match_the_eager_model(exported, preset):
             assert (f"candidate feature {candidate!r}"
                     in by_name[f"candidate.{candidate}"]["source"])
         assert by_name["dense"]["shape"] == ["requests", schema.num_dense]
-        program = torch.export.load(directory / entry["file"]).module()
+        program = load_program(directory, manifest, name)  # verified, nothing unpickled
         for batch in batches:
             with torch.no_grad():
                 user = loaded.model.user_embedding(batch) if name != "full" else None

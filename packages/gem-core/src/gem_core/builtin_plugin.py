@@ -234,6 +234,10 @@ def gem_register_cli_commands(register) -> None:
                                 load=lazy("gem_core.cli.export_model", "export_model"),
                                 description="Export a trained run as torch.export programs "
                                             "for serving."))
+    register(ImplementationSpec(name="export",
+                                load=lazy("gem_core.cli.export_verify", "export"),
+                                description="Verify an export directory against its "
+                                            "manifest's digests."))
     register(ImplementationSpec(name="bench.serve",
                                 load=lazy("gem_core.cli.bench_serve", "bench_serve"),
                                 description="Candidates/s of the exported ranker on the cached "

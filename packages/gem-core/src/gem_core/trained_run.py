@@ -18,7 +18,7 @@ import attrs
 from torch import nn
 
 from gem_core.checkpoint import complete_checkpoints
-from gem_core.config import DataConfig, GemConfig, load_config
+from gem_core.config import DataConfig, GemConfig, load_config, structure, unstructure
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
@@ -36,7 +36,8 @@ class LoadedRun:
     run_dir: Path
     """The run directory."""
     config: GemConfig
-    """The run's config (``config.toml``), with the overrides :func:`load_run` was given."""
+    """The configuration stored with the checkpoint (the run's ``config.toml`` must agree with
+    it on ``[model]`` and ``[data]``), with the overrides :func:`load_run` was given."""
     source: Any
     """The data source of ``config.data`` (the run's own data unless ``data`` was given)."""
     backends: RunBackends
@@ -65,17 +66,22 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     ``data``: read another data set than the run's (its feature schema must be the run's:
     same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
     the run's (an exporter swapping in an attention backend that exports); the weights do not
-    depend on these backends. ``check_config``: called with the run's config before anything is
-    loaded, to refuse a run the caller cannot use (it raises). Every problem is a
-    :class:`GemConfigError` naming the run.
+    depend on these backends. ``check_config``: called with the run's config before the model is
+    built, to refuse a run the caller cannot use (it raises). The model, its data and
+    backends are built from the configuration stored with the checkpoint
+    (:func:`checkpoint_config`, which refuses a ``config.toml`` edited since). Every problem
+    is a :class:`GemConfigError` naming the run.
     """
     run_dir = Path(run_dir)
     config_file = run_dir / "config.toml"
     if not config_file.is_file():
         raise GemConfigError(f"{run_dir} is not a run directory (no config.toml)")
-    config = load_config(path=config_file)
-    if check_config is not None:
-        check_config(config)
+    edited = load_config(path=config_file)
+    if backends:
+        unknown = sorted(set(backends) - set(attrs.fields_dict(type(edited.backends))))
+        if unknown:
+            raise GemConfigError(f"unknown backend kinds {unknown}; the kinds are "
+                                 f"{sorted(attrs.fields_dict(type(edited.backends)))}")
     checkpoints = complete_checkpoints(run_dir)
     if not checkpoints:
         raise GemConfigError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/COMPLETE); "
@@ -88,17 +94,6 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
             raise GemConfigError(f"{run_dir} has no complete checkpoint of step {step}; it has "
                                  f"{sorted(by_step)}")
         path = by_step[step]
-    if data is not None:
-        config = attrs.evolve(config, data=data)
-    if backends:
-        unknown = sorted(set(backends) - set(attrs.fields_dict(type(config.backends))))
-        if unknown:
-            raise GemConfigError(f"unknown backend kinds {unknown}; the kinds are "
-                                 f"{sorted(attrs.fields_dict(type(config.backends)))}")
-        config = attrs.evolve(config, backends=attrs.evolve(config.backends, **backends))
-    plugins = plugins if plugins is not None else build_plugins()
-    resolved = resolve_backends(config, plugins, ParallelContext())
-    source = resolved.data.impl(config.data, seed=config.train.seed)
     saved = read_checkpoint(path)
     state = saved["trainer"]
     saved_format = state.get("model_format", 1)
@@ -106,6 +101,16 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         raise GemConfigError(f"{path} holds model format {saved_format}; this version reads "
                              f"format {MODEL_FORMAT} (request-level samples with declared "
                              "feature schemas): retrain the run with this version")
+    config = checkpoint_config(state, path, edited, config_file)
+    if check_config is not None:
+        check_config(config)
+    if data is not None:
+        config = attrs.evolve(config, data=data)
+    if backends:
+        config = attrs.evolve(config, backends=attrs.evolve(config.backends, **backends))
+    plugins = plugins if plugins is not None else build_plugins()
+    resolved = resolve_backends(config, plugins, ParallelContext())
+    source = resolved.data.impl(config.data, seed=config.train.seed)
     # Teacher columns (gem distill-precompute) are not features: a data set that has them is
     # the same data for this model.
     trained = state.get("schema")
@@ -129,6 +134,57 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     return LoadedRun(run_dir=run_dir, config=config, source=source, backends=resolved,
                      model=model.float().eval(), step=step, checkpoint=path,
                      trainer_state=state)
+
+
+def checkpoint_config(state: dict[str, Any], path: Path, edited: GemConfig,
+                      config_file: Path) -> GemConfig:
+    """The configuration a checkpoint was trained with (its side file's ``config``), which a
+    reader of the run builds from; refuses, naming the keys, when ``edited`` (the run
+    directory's ``config.toml``) disagrees with it on what the model and its data are
+    (:data:`CHECKED_SECTIONS`): an edit there would otherwise rebuild another model than the
+    one trained, or be ignored without a word. Other sections (``[train]``, ``[backends]``,
+    ...) may change when a run resumes and do not change the weights."""
+    stored = state.get("config")
+    if not isinstance(stored, dict):
+        raise GemConfigError(f"{path} holds no configuration (trainer.json has no 'config'); "
+                             "it was not written by gem train")
+    config = structure(GemConfig, stored, str(path / "trainer.json"))
+    trained, current = unstructure(config), unstructure(edited)
+    differing = [key for section in CHECKED_SECTIONS
+                 for key in _differing_keys(trained[section], current[section], section)]
+    if differing:
+        shown = "; ".join(f"{key}: config.toml has {_at(current, key)!r}, the checkpoint "
+                          f"{_at(trained, key)!r}" for key in differing[:4])
+        raise GemConfigError(
+            f"{config_file} disagrees with the configuration {path} was trained with on "
+            f"{', '.join(differing)} ({shown}); a trained run is read with its checkpoint's "
+            "configuration: undo the edit of config.toml (train a new run to change them)")
+    return config
+
+
+#: Sections of the configuration a reader's model and data are built from, which config.toml
+#: must not contradict (the ones a resume also holds to, see ``train.resume``).
+CHECKED_SECTIONS = ("model", "data")
+
+
+def _differing_keys(saved: Any, current: Any, prefix: str) -> list[str]:
+    """Dotted keys where two unstructured configuration tables differ."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [key for name in sorted(set(saved) | set(current), key=str)
+                for key in _differing_keys(saved.get(name, _MISSING), current.get(name, _MISSING),
+                                           f"{prefix}.{name}")]
+    return [] if saved == current else [prefix]
+
+
+_MISSING = object()
+
+
+def _at(table: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(table, dict) or part not in table:
+            return "(unset)"
+        table = table[part]
+    return table
 
 
 def _schema_difference(saved: dict[str, Any], current: dict[str, Any]) -> str:

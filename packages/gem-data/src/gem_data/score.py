@@ -1,7 +1,11 @@
 """``gem score``: batch-score a Parquet data set with a model exported by ``gem export-model``.
 
 The exported program is loaded with torch alone (``torch.export.load``, or AOTInductor's
-package with ``--aoti``); nothing of the trained run is needed. Which program scores:
+package with ``--aoti``); nothing of the trained run is needed. The export is untrusted input:
+every file is checked against the size and SHA-256 its manifest records, and a program that
+holds code (pickles, Python in its graph) is refused before torch sees it
+(:mod:`gem_core.serving.loading`); every such problem is a one-line error naming the file.
+Which program scores:
 
 * ``ranker`` when the export has one and the data set carries the cached user embedding (a data
   set written by ``gem export-user-embeddings`` from the same run): the upstream is not run;
@@ -34,8 +38,11 @@ from torch import Tensor
 from gem_core.config import DataConfig
 from gem_core.errors import GemDataError
 from gem_core.metrics import task_report
-from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
+from gem_core.schema import FeatureSchema, schema_to_dict
 from gem_core.serving.inputs import batch_inputs
+from gem_core.serving.integrity import MANIFEST, open_export, trained_schema
+from gem_core.serving.loading import load_program
+from gem_data.dataset import split_units
 from gem_data.loader import ParquetStream
 from gem_data.sources import ParquetSource
 
@@ -60,30 +67,21 @@ class ExportedModel:
     """The loaded program."""
 
 
-def load_exported(model_dir: Path, program: str, *, aoti: bool = False) -> ExportedModel:
+def load_exported(model_dir: Path, program: str, *, aoti: bool = False,
+                  manifest: dict[str, Any] | None = None) -> ExportedModel:
     """Load ``program`` of the export in ``model_dir`` (the ``.pt2``, or the AOTInductor package
-    with ``aoti``)."""
-    path = model_dir / "manifest.json"
-    if not path.is_file():
-        raise GemDataError(f"{model_dir} is not an export directory (no manifest.json); make one "
-                           "with gem export-model RUN_DIR --out DIR")
-    manifest = json.loads(path.read_text())
+    with ``aoti``) through :func:`gem_core.serving.loading.load_program`: every file verified
+    against the manifest's digests (``manifest``: one :func:`open_export` already verified),
+    nothing unpickled."""
+    manifest = manifest if manifest is not None else open_export(model_dir)
     entry = manifest["programs"].get(program)
     if entry is None or program == "user_tower":
         raise GemDataError(f"{model_dir} has no scoring program {program!r}; it has "
                            f"{sorted(set(manifest['programs']) - {'user_tower'})}")
-    if aoti:
-        if "aoti_file" not in entry:
-            raise GemDataError(f"{model_dir} has no AOTInductor package of {program!r}; export "
-                               "with gem export-model --aoti")
-        from torch._inductor import aoti_load_package
-
-        call = aoti_load_package(str(model_dir / entry["aoti_file"]))
-    else:
-        call = torch.export.load(model_dir / entry["file"]).module()
     return ExportedModel(name=program, manifest=manifest,
-                         schema=schema_from_dict(manifest["schema"], where=str(path)),
-                         groups=tuple(entry["groups"]), call=call)
+                         schema=trained_schema(manifest, model_dir / MANIFEST),
+                         groups=tuple(entry["groups"]),
+                         call=load_program(model_dir, manifest, program, aoti=aoti))
 
 
 def choose_program(manifest: dict[str, Any], data_schema: FeatureSchema) -> str:
@@ -91,7 +89,7 @@ def choose_program(manifest: dict[str, Any], data_schema: FeatureSchema) -> str:
     if "ranker" in manifest["programs"] and "full" not in manifest["programs"]:
         return "ranker"
     if ("ranker" in manifest["programs"]
-            and data_schema.user_embedding_dim == manifest["user_embedding_dim"]):
+            and data_schema.user_embedding_dim == manifest.get("user_embedding_dim")):
         return "ranker"
     return "full"
 
@@ -115,8 +113,16 @@ def check_schema(model: ExportedModel, data_schema: FeatureSchema, data_dir: Pat
                 "same run, or score with --program full)")
 
 
-def _split_batches(source: ParquetSource, split: str, batch_size: int):
-    units = source.train_units if split == "train" else source.eval_units
+def _split_batches(source: ParquetSource, split: str, batch_size: int, data_dir: Path):
+    """The requests of ``split`` as the data set's manifest lists them (never row groups of
+    another split: the training source's held-out tail is no eval split)."""
+    units = split_units(source.manifest, split)
+    if not units or not sum(u.rows for u in units):
+        raise GemDataError(f"{data_dir} has no {split} rows (its manifest.json lists "
+                           f"{len(source.manifest.splits.get(split, ()))} {split} files, "
+                           f"{sum(u.rows for u in units)} rows): nothing to score as "
+                           f"{split!r}; score another --split or import the data with an "
+                           f"{split} split")
     reader = source._reader()  # noqa: SLF001 - the source's own reader, with its policy
     return ParquetStream(reader, units, batch_size=batch_size, seed=0, shuffle=False, epochs=1,
                          prefetch=0)
@@ -127,16 +133,13 @@ def score(model_dir: Path, data_dir: Path, out: Path, *, splits: tuple[str, ...]
           aoti: bool = False) -> dict[str, Any]:
     """Score ``splits`` of ``data_dir`` with the export in ``model_dir``; write predictions and
     ``score.json`` to ``out`` and return the summary."""
-    manifest_path = model_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise GemDataError(f"{model_dir} is not an export directory (no manifest.json); make one "
-                           "with gem export-model RUN_DIR --out DIR")
-    manifest = json.loads(manifest_path.read_text())
-    trained = schema_from_dict(manifest["schema"], where=str(manifest_path))
+    manifest = open_export(model_dir)
+    trained = trained_schema(manifest, model_dir / MANIFEST)
     source = ParquetSource(DataConfig(source="parquet", path=str(data_dir),
                                       max_seq_len=trained.max_seq_len), seed=0)
+    batches = {split: _split_batches(source, split, batch_size, data_dir) for split in splits}
     name = program or choose_program(manifest, source.schema)
-    model = load_exported(model_dir, name, aoti=aoti)
+    model = load_exported(model_dir, name, aoti=aoti, manifest=manifest)
     check_schema(model, source.schema, data_dir)
     tasks = tuple(manifest["tasks"])
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +152,7 @@ def score(model_dir: Path, data_dir: Path, out: Path, *, splits: tuple[str, ...]
         labels: dict[str, list[Tensor]] = {t: [] for t in tasks}
         columns: dict[str, list[Any]] = {"row": [], **{t: [] for t in tasks}}
         rows = 0
-        for batch in _split_batches(source, split, batch_size):
+        for batch in batches[split]:
             with torch.no_grad():
                 outputs = model.call(batch_inputs(batch, source.schema, model.groups))
             offsets = batch.candidate_offsets.numpy()

@@ -10,7 +10,8 @@ import click
 @click.command("export-model")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to write the programs and manifest.json to.")
+              help="Directory to write the programs and manifest.json to (an export already "
+                   "there is replaced once the new one is complete).")
 @click.option("--step", default=None, type=click.IntRange(min=0),
               help="Checkpoint step to export (default: the newest complete checkpoint).")
 @click.option("--attention", default=None,
@@ -21,7 +22,9 @@ import click
 def export_model(run_dir: Path, out: Path, step: int | None, attention: str | None,
                  aoti: bool) -> None:
     """Export a trained run: the full model (and for multi-stage runs the user tower and the
-    ranker on the cached user embedding) as .pt2 programs plus manifest.json."""
+    ranker on the cached user embedding) as .pt2 programs plus manifest.json, which records the
+    size and SHA-256 of every file (check them with gem export verify). The model is built from
+    the configuration stored with the checkpoint."""
     from gem_core.serving.export import export_model as export
 
     manifest = export(run_dir, out, attention=attention, step=step, aoti=aoti)

@@ -4,9 +4,12 @@ The programs (:mod:`gem_core.serving.programs`) are captured with dynamic reques
 candidates and multi-valued id counts, saved as ``<program>.pt2`` (``torch.export.save``) and,
 with ``aoti=True``, compiled by AOTInductor into ``<program>.aoti.pt2``. Either loads in a
 process that has only torch installed (``torch.export.load(path).module()(inputs)`` or
-``torch._inductor.aoti_load_package(path)(inputs)``). ``manifest.json`` names every input with
-its dtype, symbolic shape and the schema feature it carries, the outputs, the tasks, the run, the
-checkpoint step and the attention backend.
+``torch._inductor.aoti_load_package(path)(inputs)``); this repository's readers load them
+through :func:`gem_core.serving.loading.load_program`, which refuses code in an archive.
+``manifest.json`` names every input with its dtype, symbolic shape and the schema feature it
+carries, the outputs, the tasks, the run, the checkpoint step, the attention backend, and the
+size and SHA-256 of every file (:mod:`gem_core.serving.integrity`). The export is written to a
+staging directory beside ``out`` and published whole (:mod:`gem_core.serving.publish`).
 
 Attention backends declare whether ``torch.export`` can capture them (the ``torch_export``
 capability). When the run's backend cannot, the exporter swaps in gem-core's ``padded`` backend
@@ -31,18 +34,20 @@ from torch import Tensor
 
 from gem_core.attention import TORCH_EXPORT
 from gem_core.batch import JaggedBatch, select_ids
-from gem_core.errors import GemConfigError
+from gem_core.errors import GemConfigError, GemDataError
 from gem_core.jagged import offsets_from_lengths
 from gem_core.schema import schema_to_dict
+from gem_core.serving.archive import inspect_program
 from gem_core.serving.inputs import batch_inputs, input_specs
+from gem_core.serving.integrity import MANIFEST, MANIFEST_FORMAT, record_files
 from gem_core.serving.programs import RANKER, USER_TOWER, logit_name, programs_of
+from gem_core.serving.publish import check_target, staged
 from gem_core.trained_run import LoadedRun, load_run
 
 log = logging.getLogger(__name__)
 
 #: The attention backend swapped in when the run's cannot be exported.
 EXPORT_ATTENTION = "padded"
-MANIFEST_FORMAT = 1
 #: Largest absolute difference between exported and eager outputs the export accepts (float32).
 PARITY_TOLERANCE = 1e-5
 
@@ -216,9 +221,11 @@ def _check_parity(name: str, got: Mapping[str, Tensor], want: Mapping[str, Tenso
 
 def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
                  step: int | None = None, aoti: bool = False) -> dict[str, Any]:
-    """Export ``run_dir`` into ``out``; returns the manifest (also written as
-    ``out/manifest.json``). ``attention``: the backend to export with (must declare
-    ``torch_export``; None: the run's, or ``padded`` when the run's cannot export)."""
+    """Export ``run_dir`` into ``out`` (replacing an export there only once the new one is
+    complete); returns the manifest (also written as ``out/manifest.json``). ``attention``:
+    the backend to export with (must declare ``torch_export``; None: the run's, or ``padded``
+    when the run's cannot export)."""
+    check_target(Path(out))
     reference, run, attention_info = resolve_export_attention(Path(run_dir), attention, step)
     if run.config.model.relative_bias:
         raise GemConfigError(f"{run_dir} uses model.relative_bias, which no exportable attention "
@@ -236,7 +243,30 @@ def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
             "come from TorchRec's managed-collision remapper, which the export cannot capture "
             "yet; export a run whose tables use the 'hash' policy")
     example, held_out = example_batches(run)
-    out.mkdir(parents=True, exist_ok=True)
+    with staged(Path(out)) as staging:
+        programs = _write_programs(run, reference, example, held_out, staging, aoti)
+        manifest = {
+            "format": MANIFEST_FORMAT, "run": str(run_dir), "checkpoint_step": run.step,
+            "checkpoint": str(run.checkpoint), "preset": run.config.name,
+            "tasks": list(run.schema.tasks), "attention": attention_info,
+            "torch_version": torch.__version__,
+            "multi_stage": USER_TOWER in programs,
+            "user_embedding_dim": (run.config.model.pma_queries * run.config.model.embedding_dim
+                                   if RANKER in programs else 0),
+            "programs": programs, "schema": schema_to_dict(run.schema),
+            "parity_tolerance": PARITY_TOLERANCE,
+            "files": record_files(staging),
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write_programs(run: LoadedRun, reference: LoadedRun, example: JaggedBatch,
+                    held_out: JaggedBatch, staging: Path, aoti: bool) -> dict[str, Any]:
+    """Capture, check and save every program of ``run`` into ``staging``; their manifest
+    entries. Each saved ``.pt2`` must pass the loaders' rules
+    (:func:`gem_core.serving.archive.inspect_program`): an export that ``gem score`` would
+    refuse is not written."""
     programs: dict[str, Any] = {}
     for name, program in programs_of(run.model, run.backends.attention.impl).items():
         specs = input_specs(program.model.schema, program.groups)
@@ -248,8 +278,14 @@ def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
         with torch.no_grad():
             got = exported.module()(check_inputs)
         parity = _check_parity(name, got, _eager_outputs(name, reference, held_out))
-        path = out / f"{name}.pt2"
+        path = staging / f"{name}.pt2"
         torch.export.save(exported, path)
+        try:
+            inspect_program(path.read_bytes(), path.name)
+        except GemDataError as error:
+            raise GemConfigError(f"program {name!r} as torch {torch.__version__} saved it would "
+                                 f"be refused by gem score ({error}); the export was not "
+                                 "written") from None
         entry: dict[str, Any] = {
             "file": path.name, "groups": list(program.groups),
             "inputs": [{**attrs.asdict(s), "shape": list(s.shape)} for s in specs],
@@ -257,23 +293,11 @@ def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
             "min_sizes": minimum,
             "capture_s": round(capture_s, 2), "parity_max_abs_diff": parity}
         if aoti:
-            entry["aoti_file"] = _compile_aoti(exported, out / f"{name}.aoti.pt2", name,
+            entry["aoti_file"] = _compile_aoti(exported, staging / f"{name}.aoti.pt2", name,
                                                check_inputs, got)
         programs[name] = entry
         log.info("exported %s (%.1f s, max |exported - eager| %.2g)", name, capture_s, parity)
-    manifest = {
-        "format": MANIFEST_FORMAT, "run": str(run_dir), "checkpoint_step": run.step,
-        "checkpoint": str(run.checkpoint), "preset": run.config.name,
-        "tasks": list(run.schema.tasks), "attention": attention_info,
-        "torch_version": torch.__version__,
-        "multi_stage": USER_TOWER in programs,
-        "user_embedding_dim": (run.config.model.pma_queries * run.config.model.embedding_dim
-                               if RANKER in programs else 0),
-        "programs": programs, "schema": schema_to_dict(run.schema),
-        "parity_tolerance": PARITY_TOLERANCE,
-    }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    return programs
 
 
 def _compile_aoti(exported, path: Path, name: str, inputs: Mapping[str, Tensor],
