@@ -135,14 +135,23 @@ def test_a_train_without_a_terminal_logs_step_lines_and_the_start_up_once(restor
 
 def test_the_launcher_passes_the_log_options_given_after_the_sub_command_to_every_rank(
         restore_logging, tmp_path, monkeypatch):
-    import subprocess
-
     import gem_core.cli.launch as launch_cli
 
     launched = []
+
+    class Agent:  # torchrun's agent as the launcher starts it, done at once
+        def __init__(self, args, **options):
+            launched.append(args)
+            self.pid, self.returncode = 0, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return None
+
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(launch_cli.subprocess, "run", lambda args, check: (
-        launched.append(args), subprocess.CompletedProcess(args, 0))[1])
+    monkeypatch.setattr(launch_cli.subprocess, "Popen", Agent)
     result = CliRunner().invoke(cli, ["train", "--nproc-per-node", "2", "--out",
                                       str(tmp_path / "run"), "--log-level", "WARNING",
                                       "--log-format", "json"])

@@ -64,7 +64,7 @@ def read_digests(directory: Path) -> tuple[dict[str, dict[str, Any]] | None, str
             if not (isinstance(entry["bytes"], int) and isinstance(entry[ALGORITHM], str)):
                 raise ValueError(f"entry {name!r}")
             _inside(directory, name)
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as error:
         return None, f"{DIGESTS_FILE}: unreadable ({error})"
     return files, None
 

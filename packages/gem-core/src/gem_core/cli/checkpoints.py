@@ -28,14 +28,22 @@ def inspect_checkpoints(run_dir: Path) -> dict[str, Any]:
     entries = []
     for step, path in complete_checkpoints(run_dir):
         started = time.perf_counter()
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        if (path / LEGACY_TRAINER_FILE).exists() and not (path / TRAINER_FILE).exists():
-            status, problems = "older format", [f"{LEGACY_TRAINER_FILE}: a pickle, not loaded"]
-        else:
-            problems = verify_files(path)
-            status = "damaged" if problems else "ok"
+        size, unrecorded = 0, []
+        try:
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            if (path / LEGACY_TRAINER_FILE).exists() and not (path / TRAINER_FILE).exists():
+                status = "older format"
+                problems = [f"{LEGACY_TRAINER_FILE}: a pickle, not loaded"]
+            else:
+                problems = verify_files(path)
+                status = "damaged" if problems else "ok"
+            unrecorded = unrecorded_files(path)
+        except OSError as error:  # a file that cannot be read (I/O error, permissions)
+            where = Path(error.filename).relative_to(path) if error.filename and Path(
+                error.filename).is_relative_to(path) else path
+            status, problems = "damaged", [f"{where}: unreadable ({error.strerror or error})"]
         entries.append({"step": step, "path": str(path), "status": status,
-                        "problems": problems, "unrecorded_files": unrecorded_files(path),
+                        "problems": problems, "unrecorded_files": unrecorded,
                         "bytes": size, "seconds": time.perf_counter() - started})
     root = checkpoint_dir(run_dir)
     staging = [{"path": str(p), "status": ("finished, not published" if (p / COMPLETE).is_file()

@@ -1,17 +1,30 @@
 """How ``gem train`` starts several ranks: it runs itself again under torchrun
-(``torch.distributed.run``), which starts the ranks of this node and joins them with the other
-nodes' through torchrun's rendezvous. Nothing here is a launcher of its own: one node is
-torchrun ``--standalone``; several are torchrun's ``c10d`` rendezvous at ``--rdzv-endpoint``,
-the same as running ``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m
-gem_core.cli.main train ...`` on every node."""
+(``torch.distributed.run``, through :mod:`gem_core.cli.torchrun_agent`), which starts the ranks
+of this node and joins them with the other nodes' through torchrun's rendezvous. Nothing here
+is a launcher of its own: one node is torchrun ``--standalone``; several are torchrun's ``c10d``
+rendezvous at ``--rdzv-endpoint``, the same as running ``torchrun --nnodes N --rdzv-backend
+c10d --rdzv-endpoint HOST:PORT -m gem_core.cli.main train ...`` on every node.
+
+Stopping: SIGTERM or SIGINT to ``gem train`` goes to torchrun's agent (in a session of its own,
+so a terminal's Ctrl-C reaches it once, through here), which sends it to every rank of this
+node; the ranks stop after the same step with its checkpoint (:mod:`gem_core.train.stop_signal`)
+and this process exits with the signal's status (143, 130) and a line naming the step saved.
+A second signal (a second or more later) kills the agent, and with it the ranks. On Linux the
+agent dies with this process (``PR_SET_PDEATHSIG``: a ``kill -9`` of ``gem train`` kills the
+agent) and each rank gets SIGTERM when its agent dies, so no rank outlives the launcher by more
+than ``train.stop_grace_s``."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from types import FrameType
 from typing import Sequence
 
 import attrs
@@ -19,8 +32,19 @@ import click
 
 from gem_core.distributed import LAUNCH_NNODES
 from gem_core.logs import current_logging
+from gem_core.process_life import (
+    LAUNCHER_PID,
+    REPEAT_AFTER_S,
+    STOP_SIGNALS,
+    agent_preexec,
+    exit_status,
+    signal_name,
+)
 
 _ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+SHUTDOWN_MARGIN_S = 30
+"""What torchrun's agent waits past the ranks' grace period: their teardown after the save."""
 
 _RENDEZVOUS_ERRORS = {
     "RendezvousTimeoutError": "timeout",
@@ -50,6 +74,10 @@ class Launch:
 
     max_restarts: int = 0
     """Times torchrun restarts a failed group."""
+
+    stop_grace_s: float = 25.0
+    """The ranks' ``train.stop_grace_s``: torchrun's agent, once signalled, waits this long (and
+    a margin, :data:`SHUTDOWN_MARGIN_S`) for them to end before it kills them."""
 
     @property
     def needs_torchrun(self) -> bool:
@@ -84,15 +112,18 @@ def torchrun_command(launch: Launch, train_args: Sequence[str]) -> list[str]:
                  f"--rdzv-endpoint={launch.rdzv_endpoint}", "--rdzv-id=gem",
                  f"--rdzv-conf=join_timeout={launch.rdzv_timeout_s},"
                  f"read_timeout={launch.rdzv_timeout_s}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where,
+    return [sys.executable, "-m", "gem_core.cli.torchrun_agent", *where,
             f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}",
+            f"--shutdown-timeout={int(launch.stop_grace_s) + SHUTDOWN_MARGIN_S}",
             "-m", "gem_core.cli.main", "--log-level", log_level, "--log-format", log_format,
             "train", *train_args]
 
 
-def run_torchrun(launch: Launch, train_args: Sequence[str]) -> None:
+def run_torchrun(launch: Launch, train_args: Sequence[str], *,
+                 run_dir: Path | None = None) -> None:
     """Run torchrun and wait; a failed rendezvous or group is a ``ClickException`` that says
-    what to check. The agent's and the ranks' output goes to this process's stderr as it
+    what to check, a stop by a signal one with the signal's status that names the checkpoint
+    saved in ``run_dir``. The agent's and the ranks' output goes to this process's stderr as it
     comes (relayed line by line when several nodes meet, to recognise rendezvous errors)."""
     command = torchrun_command(launch, train_args)
     if launch.nnodes > 1:
@@ -101,25 +132,106 @@ def run_torchrun(launch: Launch, train_args: Sequence[str]) -> None:
             # The endpoint may also be an agent of this run that is going away (it gave up
             # waiting for a node started with another --nnodes): name that fix too.
             raise click.ClickException(f"{silent}; {same_command_hint(launch)}")
-    if launch.nnodes == 1:
-        completed = subprocess.run(command, check=False)
-        if completed.returncode != 0:
-            raise click.ClickException(
-                f"torchrun with {launch.nproc_per_node} ranks exited with status "
-                f"{completed.returncode}; the ranks' errors are printed above")
-        return
+    relay = launch.nnodes > 1
     seen: set[str] = set()
-    # The ranks check that every agent was told the same number of nodes.
-    env = {**os.environ, LAUNCH_NNODES: str(launch.nnodes)}
-    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, bufsize=1,
-                          env=env) as process:
-        assert process.stderr is not None
-        for line in process.stderr:
-            sys.stderr.write(line)
-            seen.update(kind for name, kind in _RENDEZVOUS_ERRORS.items() if name in line)
+    env = {**os.environ, LAUNCHER_PID: str(os.getpid())}
+    if relay:  # the ranks check that every agent was told the same number of nodes
+        env[LAUNCH_NNODES] = str(launch.nnodes)
+    with SignalForwarding(run_dir) as forwarding:
+        # A session of its own: a terminal's Ctrl-C reaches the agent only through here.
+        with subprocess.Popen(command, stderr=subprocess.PIPE if relay else None, text=True,
+                              bufsize=1, env=env, start_new_session=True,
+                              preexec_fn=agent_preexec(os.getpid())) as process:
+            forwarding.attach(process)
+            if relay:
+                assert process.stderr is not None
+                for line in process.stderr:
+                    sys.stderr.write(line)
+                    seen.update(kind for name, kind in _RENDEZVOUS_ERRORS.items()
+                                if name in line)
+    if forwarding.signum is not None:
+        stopped = click.ClickException(forwarding.outcome())
+        stopped.exit_code = exit_status(forwarding.signum)
+        raise stopped
     if process.returncode == 0:
         return
+    if not relay:
+        raise click.ClickException(
+            f"torchrun with {launch.nproc_per_node} ranks exited with status "
+            f"{process.returncode}; the ranks' errors are printed above")
     raise click.ClickException(rendezvous_failure(launch, seen, process.returncode))
+
+
+class SignalForwarding:
+    """While entered (main thread): SIGTERM and SIGINT to this process go to the agent's process
+    group (:meth:`attach`), the first as it came, a later one (:data:`REPEAT_AFTER_S` or more
+    after) as SIGKILL. :meth:`outcome` then says what the ranks saved in ``run_dir``."""
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self.run_dir = run_dir
+        self.signum: int | None = None
+        self._first_at = 0.0
+        self._newest_before: int | None = None
+        self._process: subprocess.Popen | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> SignalForwarding:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+    def attach(self, process: subprocess.Popen) -> None:
+        self._process = process
+        if self.signum is not None:  # it came while the agent was being started
+            self._send(self.signum)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.signum is None:
+            self.signum, self._first_at = signum, now
+            self._newest_before = self._newest_step()
+            self._send(signum)
+        elif now - self._first_at >= REPEAT_AFTER_S:
+            self._send(signal.SIGKILL)
+
+    def _send(self, signum: int) -> None:
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _newest_step(self) -> int | None:
+        from gem_core.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
+        return found[0] if found else None
+
+    def outcome(self) -> str:
+        """The line a stopped launch ends with: the step saved, and how to resume."""
+        from gem_core.checkpoint import latest_checkpoint
+
+        name = signal_name(self.signum or signal.SIGTERM)
+        found = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
+        again = (f"run the same command again (gem train --out {self.run_dir} ...) to resume "
+                 "from it")
+        if found and (self._newest_before is None or found[0] > self._newest_before):
+            return (f"stopped by {name}: every rank stopped after step {found[0]} and its "
+                    f"checkpoint was saved ({found[1]}); {again}")
+        if found:
+            return (f"stopped by {name} before the ranks saved the step they stopped at (see "
+                    f"their messages above); the newest checkpoint is step {found[0]} "
+                    f"({found[1]}): {again}")
+        return (f"stopped by {name} before any checkpoint was saved; running the same command "
+                "again starts the run over")
 
 
 def probe_endpoint(endpoint: str, timeout_s: float) -> str | None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import attrs
 import click
 
 from gem_core.cli.launch import Launch, check_launch, run_torchrun, train_arguments
@@ -78,17 +79,29 @@ def train(preset, config_file, overrides, nproc_per_node, nnodes, rdzv_endpoint,
     run_dir = Path(out).resolve()
 
     if launch.needs_torchrun and "WORLD_SIZE" not in os.environ:
-        run_torchrun(launch, train_arguments(
-            run_dir=run_dir, preset=preset, config_file=config_file, overrides=all_overrides,
-            fresh=fresh, until_step=until_step, allow_data_change=allow_data_change))
+        run_torchrun(attrs.evolve(launch, stop_grace_s=config.train.stop_grace_s),
+                     train_arguments(run_dir=run_dir, preset=preset, config_file=config_file,
+                                     overrides=all_overrides, fresh=fresh, until_step=until_step,
+                                     allow_data_change=allow_data_change), run_dir=run_dir)
         return  # rank 0 of the launched group printed the result
 
     from gem_core.cli.main import CATALOG
+    from gem_core.process_life import rank_dies_with_agent
+    from gem_core.rank_exit import is_process_group_rank
     from gem_core.train import train as run_training
+    from gem_core.train.stop_signal import RunStopped
 
-    result = run_training(config, CATALOG.plugins, run_dir, fresh=fresh,
-                          progress=not no_progress, until_step=until_step,
-                          allow_data_change=allow_data_change)
+    rank_dies_with_agent()  # a rank of torchrun's: SIGTERM when the agent dies
+    try:
+        result = run_training(config, CATALOG.plugins, run_dir, fresh=fresh,
+                              progress=not no_progress, until_step=until_step,
+                              allow_data_change=allow_data_change)
+    except RunStopped as stopped:  # with the signal's status (143, 130)
+        if is_process_group_rank():  # rank 0 logged it; the launcher says it last
+            raise SystemExit(stopped.exit_code) from None
+        error = click.ClickException(str(stopped))
+        error.exit_code = stopped.exit_code
+        raise error from None
     if int(os.environ.get("RANK", "0")) == 0:
         _print_result(result.run_dir)
 

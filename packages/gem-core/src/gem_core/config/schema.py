@@ -387,6 +387,10 @@ class TrainConfig:
     once every rank's write has finished. Engines with a full-state format (DeepSpeed) always
     save synchronously."""
 
+    stop_grace_s: float = attrs.field(default=25.0, validator=at_least(0))
+    """Seconds a run stopped by SIGTERM or SIGINT has to save the step it stops at, then it ends
+    without; 0: end at once."""
+
     log_every: int = attrs.field(default=1, validator=greater_than(0))
     """Write a ``metrics.jsonl`` line every N steps."""
 

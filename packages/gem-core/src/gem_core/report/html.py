@@ -47,28 +47,36 @@ def _rows(pairs: list[tuple[str, Any]]) -> str:
     return "".join(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>" for k, v in pairs)
 
 
+def _figure(summary: dict[str, Any], table: str, key: str) -> Any:
+    """``summary[table][key]``; None (shown as :data:`NOT_AVAILABLE`) where the summary has no
+    such figure (another version's, or a stopped run's)."""
+    values = summary.get(table)
+    return values.get(key) if isinstance(values, dict) else None
+
+
 def summary_rows(run: RunRecord) -> list[tuple[str, Any]]:
     s = run.summary
-    rows: list[tuple[str, Any]] = [("steps", s["run"]["steps"]),
-                                   ("world size", s["run"]["world_size"])]
+    rows: list[tuple[str, Any]] = [("steps", _figure(s, "run", "steps")),
+                                   ("world size", _figure(s, "run", "world_size"))]
     for task, report in s["eval"].items():
-        rows += [(f"{task} NE", report["ne"]), (f"{task} AUC", report["auc"]),
-                 (f"{task} calibration", report["calibration"])]
+        rows += [(f"{task} NE", report.get("ne")), (f"{task} AUC", report.get("auc")),
+                 (f"{task} calibration", report.get("calibration"))]
         if report.get("gauc_users"):
-            rows.append((f"{task} GAUC", report["gauc"]))
-    rows += [("impressions/s", s["throughput"]["samples_per_s"]),
-             ("requests/s", s["throughput"].get("requests_per_s")),
-             ("tokens/s", s["throughput"]["tokens_per_s"]),
-             ("FLOPs per step", s["flops"]["per_step"]),
-             ("padding saved (all FLOPs)", s["padding_saved"]["total"]),
-             ("padding saved (attention)", s["padding_saved"]["attention"]),
-             ("local MFU", s["mfu"]["local"]), ("scaling ratio", s["mfu"]["scaling_ratio"])]
+            rows.append((f"{task} GAUC", report.get("gauc")))
+    rows += [("impressions/s", _figure(s, "throughput", "samples_per_s")),
+             ("requests/s", _figure(s, "throughput", "requests_per_s")),
+             ("tokens/s", _figure(s, "throughput", "tokens_per_s")),
+             ("FLOPs per step", _figure(s, "flops", "per_step")),
+             ("padding saved (all FLOPs)", _figure(s, "padding_saved", "total")),
+             ("padding saved (attention)", _figure(s, "padding_saved", "attention")),
+             ("local MFU", _figure(s, "mfu", "local")),
+             ("scaling ratio", _figure(s, "mfu", "scaling_ratio"))]
     return rows
 
 
 def history_text(run: RunRecord) -> str:
     """One sentence on how the run got to its last step (in one go, or resumed)."""
-    steps = run.summary["run"]["steps"]
+    steps = _figure(run.summary, "run", "steps")
     if run.resumed_from:
         return (f"Resumed from the checkpoint of step {run.resumed_from} and trained to step "
                 f"{steps} (marked on the loss plot); throughput and MFU below are measured over "
@@ -84,8 +92,11 @@ def write_report(run: RunRecord, plots: dict[str, Path], path: Path) -> Path:
         figures.append(f'<figure><img alt="{name}" title="{caption}" '
                        f'src="data:image/png;base64,{data}"><figcaption>{caption}</figcaption>'
                        "</figure>")
-    backends = [(kind, f"{b['name']} ({b['package']} {b['version']}): {b['reason']}")
-                for kind, b in run.summary.get("backends", {}).items()]
+    listed = run.summary.get("backends")
+    backends = [(kind, f"{b.get('name')} ({b.get('package')} {b.get('version')}): "
+                       f"{b.get('reason')}")
+                for kind, b in (listed.items() if isinstance(listed, dict) else ())
+                if isinstance(b, dict)]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>GEM run "
             f"{html.escape(run.label)}</title><style>{_STYLE}</style></head><body>"
             f"<h1>GEM run {html.escape(run.label)}</h1>"

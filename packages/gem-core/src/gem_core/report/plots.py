@@ -22,6 +22,13 @@ def _series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _ne_series(evals: Sequence[dict], task: str) -> tuple[list[int], list[float]]:
+    """The evaluations' NE of ``task`` (entries without a number for it left out)."""
+    points = [(e["step"], e[task]["ne"]) for e in evals
+              if isinstance(e.get(task), dict) and isinstance(e[task].get("ne"), (int, float))]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -64,8 +71,7 @@ def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for task in run.tasks:
-        steps = [e["step"] for e in run.evals if task in e]
-        ax.plot(steps, [e[task]["ne"] for e in run.evals if task in e], marker="o", label=task)
+        ax.plot(*_ne_series(run.evals, task), marker="o", label=task)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="base rate")
     ax.set(xlabel="step", ylabel="normalized entropy", title="NE on the held-out split")
     ax.legend()
@@ -97,7 +103,8 @@ def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
     ax.legend()
     plots["padding"] = _save(fig, out / "padding.png")
 
-    if run.summary["run"]["world_size"] > 1:  # one rank is always balanced with itself
+    world_size = run.summary["run"].get("world_size")
+    if isinstance(world_size, int) and world_size > 1:  # one rank is balanced with itself
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(*_series(run.metrics, "rank_tokens_max_over_mean"), linewidth=1)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -111,7 +118,8 @@ def padding_saved_per_step(metrics: Sequence[dict], spent: str,
     """``1 - spent / padded`` at each step that logged both (records before the per-step
     attention counts were logged have none)."""
     points = [(r["step"], 1 - r[spent] / r[padded]) for r in metrics
-              if isinstance(r.get(spent), (int, float)) and r.get(padded)]
+              if isinstance(r.get(spent), (int, float))
+              and isinstance(r.get(padded), (int, float)) and r[padded]]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -123,9 +131,7 @@ def compare_plot(runs: Sequence[RunRecord], path: Path) -> Path:
     for run in runs:
         axes[0].plot(*_series(run.metrics, "loss"), label=run.label, linewidth=1)
         for ax, task in zip(axes[1:], tasks):
-            evals = [e for e in run.evals if task in e]
-            ax.plot([e["step"] for e in evals], [e[task]["ne"] for e in evals], marker="o",
-                    label=run.label)
+            ax.plot(*_ne_series(run.evals, task), marker="o", label=run.label)
     axes[0].set(xlabel="step", ylabel="training loss", yscale="log", title="Loss")
     for ax, task in zip(axes[1:], tasks):
         ax.set(xlabel="step", ylabel="NE", title=f"NE: {task}")

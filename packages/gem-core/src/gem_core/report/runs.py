@@ -1,18 +1,26 @@
-"""Reading a run directory back: metrics, evaluations, summary."""
+"""Reading a run directory back: metrics, evaluations, summary.
+
+Through the trainer's own readers (:func:`gem_core.train.run_dir.read_records`,
+:func:`~gem_core.train.run_dir.read_summary`): a damaged line of a log is skipped with a
+warning naming the file and line; a damaged ``summary.json`` is an error naming it; an
+unreadable checkpoint only loses the data comparison, with a warning."""
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from gem_core.checkpoint import complete_checkpoints
-from gem_core.errors import GemConfigError
+from gem_core.errors import GemConfigError, GemError
 from gem_core.train.checkpointer import read_trainer_state
 from gem_core.train.data_fingerprint import STATE_KEY as FINGERPRINT_KEY
 from gem_core.train.data_fingerprint import fingerprint_differences
+from gem_core.train.run_dir import read_records, read_summary
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -42,12 +50,14 @@ class RunRecord:
     @property
     def resumed_from(self) -> int:
         """The step the last part of the run resumed from (0: it ran in one go)."""
-        return int(self.summary["run"].get("resumed_from") or 0)
+        step = self.summary["run"].get("resumed_from")
+        return step if type(step) is int else 0
 
     @property
     def config(self) -> dict[str, Any]:
         """The resolved config as dotted keys (``train.steps``), lists and empty tables whole."""
-        return flatten(self.summary.get("config", {}))
+        config = self.summary.get("config")
+        return flatten(config) if isinstance(config, dict) else {}
 
 
 def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -91,33 +101,34 @@ def data_differences(runs: list[RunRecord]) -> list[str]:
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
+    """The records of a log; damaged lines are skipped, each with a warning."""
+    if not path.is_file():
         return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            raise GemConfigError(f"{path}, line {number}: not JSON ({error})") from None
-    return records
+    return [record for _, record in read_records(path, strict=False)]
 
 
 def read_run(path: str | Path) -> RunRecord:
-    """A finished (or stopped) run; a directory without summary.json is an error naming it."""
+    """A finished (or stopped) run; a directory without summary.json, or with a damaged one,
+    is an error naming it."""
     path = Path(path)
     summary_file = path / "summary.json"
     if not summary_file.exists():
         raise GemConfigError(f"{path} is not a finished run directory: {summary_file} is missing")
     return RunRecord(path=path, metrics=_json_lines(path / "metrics.jsonl"),
-                     evals=_json_lines(path / "eval.jsonl"),
-                     summary=json.loads(summary_file.read_text()),
+                     evals=_json_lines(path / "eval.jsonl"), summary=read_summary(path),
                      data_fingerprint=_newest_data_fingerprint(path))
 
 
 def _newest_data_fingerprint(path: Path) -> dict[str, Any] | None:
+    """What data the newest complete checkpoint was trained on; None (with a warning when it
+    cannot be read) where that is not known."""
     checkpoints = complete_checkpoints(path)
     if not checkpoints:
         return None
-    return read_trainer_state(checkpoints[-1][1]).get(FINGERPRINT_KEY)
+    try:
+        fingerprint = read_trainer_state(checkpoints[-1][1]).get(FINGERPRINT_KEY)
+    except (GemError, OSError) as error:
+        log.warning("the data of %s is not compared: its newest checkpoint does not read (%s)",
+                    path, error)
+        return None
+    return fingerprint if isinstance(fingerprint, dict) else None

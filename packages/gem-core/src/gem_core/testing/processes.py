@@ -13,8 +13,9 @@ def run_process_group(command: Sequence[str], *, timeout: float,
                       env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``command`` in a session of its own and return its result; past ``timeout`` seconds
     stop the whole session: SIGTERM first (torchrun's agent then stops its ranks, which hold
-    the pipes), SIGKILL 30 s later. Killing only the launcher would leave the ranks hanging and
-    the test (and CI) waiting on their pipes."""
+    the pipes), SIGKILL 30 s later. The whole session, not only the launcher: a command need not be
+    ``gem train`` (whose launcher takes its agent and ranks down with it), and any process
+    left holding the pipes would keep the test (and CI) waiting."""
     process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True,
                                env=None if env is None else dict(env))

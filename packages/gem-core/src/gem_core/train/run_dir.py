@@ -154,7 +154,7 @@ class RunDirectory:
             file = self.path / name
             if not file.exists():
                 continue
-            records = _read_lines(file)
+            records = read_records(file)
             kept = [line for line, record in records if record["step"] <= after_step]
             with write_errors_named(name, file):
                 temporary = file.with_name(file.name + ".tmp")
@@ -175,27 +175,66 @@ def _write_line(handle: Any, text: str) -> None:
     handle.flush()
 
 
-def _read_lines(file: Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(line, record)`` of every line of a JSON-lines log. The last line may be torn (no
-    newline, or not JSON): it is dropped with a warning naming the file and its bytes."""
-    text = file.read_text(errors="replace")
-    lines = text.split("\n")
+def read_records(file: Path, *, strict: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, record)`` of every line of a JSON-lines log of the run (``metrics.jsonl``,
+    ``eval.jsonl``): the one reader of them, for the trainer and for ``gem report``.
+
+    A line that is not a JSON object with an integer ``step`` (torn by an interrupted write,
+    not UTF-8, not JSON) is dropped with a warning naming the file, the line and its bytes when
+    it is the last line (the process died mid-write), or wherever it is when not ``strict``
+    (readers that only show the run). ``strict`` (the trainer, which rewrites the file on
+    resume): such a line before the last is an error naming the file and line."""
+    lines = Path(file).read_bytes().split(b"\n")
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line:
+    for number, raw in enumerate(lines, start=1):
+        if not raw:
             continue
         last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            if not isinstance(record, dict) or type(record.get("step")) is not int:
                 raise ValueError("not a record with an integer step")
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
             if last:
                 log.warning("%s: dropped its last line, torn by an interrupted write (%d bytes: "
-                            "%.60r...)", file, len(line), line)
+                            "%.60r...)", file, len(raw), raw)
                 continue
-            raise GemRunError(f"{file} line {number} is not a JSON record with a step ({error}); "
-                              "only the last line can be torn by an interrupted write. Delete "
-                              "the line, or use --fresh to start the run over") from None
+            if not strict:
+                log.warning("%s line %d: skipped, not a JSON record with a step (%s; %d bytes: "
+                            "%.60r...)", file, number, _reason(error), len(raw), raw)
+                continue
+            raise GemRunError(f"{file} line {number} is not a JSON record with a step "
+                              f"({_reason(error)}); only the last line can be torn by an "
+                              "interrupted write. Delete the line, or use --fresh to start the "
+                              "run over") from None
         records.append((line, record))
     return records
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """``summary.json`` of a run directory (which must exist): a damaged or foreign one (not
+    UTF-8, not JSON, truncated, not a summary with ``run`` and ``eval`` tables) is a
+    GemRunError naming the file."""
+    file = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(file.read_bytes())
+    except (ValueError, RecursionError) as error:
+        raise GemRunError(f"{file} is damaged ({_reason(error)}): truncated or overwritten; the "
+                          "trainer writes it again at the end of the run's next `gem train`"
+                          ) from None
+    if not (isinstance(summary, dict) and isinstance(summary.get("run"), dict)
+            and isinstance(summary.get("eval"), dict)
+            and all(isinstance(task, dict) for task in summary["eval"].values())):
+        raise GemRunError(f"{file} is not the summary of a GEM run: it needs a JSON object with "
+                          "'run' and 'eval' tables")
+    return summary
+
+
+def _reason(error: BaseException) -> str:
+    """One line of a JSON reader's error."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8: byte {error.object[error.start:error.start + 1]!r} at {error.start}"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.checkpoint import remove_torn
+from gem_core.checkpoint import latest_checkpoint, remove_torn
 from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig, unstructure
 from gem_core.contracts import LearningRateFollower
@@ -54,6 +54,7 @@ from gem_core.train.resume import (
 )
 from gem_core.train.run_dir import RunDirectory, evaluation_columns
 from gem_core.train.run_lock import hold_run_directory
+from gem_core.train.stop_signal import RunStopped, StopSignals
 from gem_core.train.teardown import stop_background_work
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
     ``until_step`` stops (with a checkpoint) after that step, with the schedule of the whole run
     unchanged, so that running again continues exactly where it stopped. The run holds
     ``run_dir``'s lock throughout (one trainer per directory); resuming on data other than the
-    checkpoint's is refused unless ``allow_data_change``.
+    checkpoint's is refused unless ``allow_data_change``. SIGTERM and SIGINT stop it after a
+    step, all ranks at the same one, with a checkpoint of that step: :class:`RunStopped` (see
+    :mod:`gem_core.train.stop_signal`).
     """
     config = resolve_distillation(config)  # [distill]'s model options, from the teacher
     ctx = init_from_environment(config.train.device)
@@ -83,10 +86,12 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
     try:
         # A full disk anywhere in the run (a background checkpoint too) is named with its path.
         with hold_run_directory(Path(run_dir), ctx), write_errors_named(
-                "the run's files", Path(run_dir), errnos=WRITE_ONLY_ERRNOS):
+                "the run's files", Path(run_dir), errnos=WRITE_ONLY_ERRNOS), StopSignals(
+                config.train.stop_grace_s, announce=ctx.is_main) as stop:
             try:
                 trainer = _Trainer(config, plugins, Path(run_dir), ctx, fresh=fresh,
-                                   progress=progress, allow_data_change=allow_data_change)
+                                   progress=progress, allow_data_change=allow_data_change,
+                                   stop=stop)
                 result, failed = trainer.run(until_step), False
                 return result
             finally:  # every background thread joined while the group and the lock still exist
@@ -124,9 +129,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 class _Trainer:
     def __init__(self, config: GemConfig, plugins: GemPlugins, run_dir: Path,
                  ctx: ParallelContext, *, fresh: bool, progress: bool,
-                 allow_data_change: bool = False) -> None:
+                 allow_data_change: bool = False, stop: StopSignals | None = None) -> None:
         self.config, self.ctx = config, ctx
         self.tc = config.train
+        # Asked to stop (a signal): read in each step's reduction, so all ranks agree.
+        self.stop = stop if stop is not None else StopSignals(self.tc.stop_grace_s)
+        self.stopping = False
         self.allow_data_change = allow_data_change
         if self.tc.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -272,6 +280,20 @@ class _Trainer:
                                 self.run_dir.path / "checkpoints"):
             self.checkpointer.save(self.step, state, ne=ne)
 
+    def _stop(self, *, saved: bool) -> None:
+        """End the run after this step on a signal: its checkpoint saved (unless it just was)
+        and published, then :class:`RunStopped` (every rank together)."""
+        if not saved:
+            self._save()
+        self.checkpointer.wait()
+        found = latest_checkpoint(self.run_dir.path)
+        stopped = RunStopped(signum=self.stop.signum, step=self.step,
+                             checkpoint=found[1] if found and found[0] == self.step else None,
+                             run_dir=self.run_dir.path)
+        if self.ctx.is_main and self.ctx.is_distributed:  # one process: the CLI prints it
+            log.warning("%s", stopped)
+        raise stopped
+
     def _data_fingerprint(self) -> dict[str, Any]:
         return data_fingerprint(self.config, self.source.fingerprint())
 
@@ -311,8 +333,13 @@ class _Trainer:
             if self.step % self.tc.log_every == 0 or self.step == self.tc.steps or evaluated:
                 self.run_dir.append_metrics(record)
             bar.update(record)
-            if last or (self.tc.checkpoint_every and self.step % self.tc.checkpoint_every == 0):
+            saved = last or bool(self.tc.checkpoint_every
+                                 and self.step % self.tc.checkpoint_every == 0)
+            if saved:
                 self._save()
+            if self.stopping and not last:  # every rank after the same step
+                bar.close()
+                self._stop(saved=saved)
         bar.close()
         if not self.eval_history or self.eval_history[-1]["step"] != self.step:
             self._evaluate()  # a resumed run that had nothing left to train
@@ -364,14 +391,16 @@ class _Trainer:
         local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
                               flops["padded_total"], flops["padded_attention"],
-                              0.0 if math.isfinite(grad_norm) else 1.0],
+                              0.0 if math.isfinite(grad_norm) else 1.0, self.stop.requested],
                              dtype=torch.float64)
-        # One reduction gives every rank the same loss and the same "any rank non-finite" flag,
-        # so all ranks take or skip the step together.
+        # One reduction gives every rank the same loss and the same "any rank non-finite" and
+        # "any rank asked to stop" flags, so all ranks take or skip the step, or stop, together.
         reduced = all_reduce_sum(local, ctx).tolist()
         num_tasks = len(self.schema.tasks)
         task_loss = [x / max(impressions, 1.0) for x in reduced[:num_tasks]]
-        requests, tokens, total, attention, padded, padded_attention, bad = reduced[num_tasks:]
+        (requests, tokens, total, attention, padded, padded_attention, bad,
+         stops) = reduced[num_tasks:]
+        self.stopping = stops > 0
         samples = impressions
         busiest = all_reduce_max(torch.tensor([float(batch.num_events)]), ctx).item()
         skipped = self.guard.verdict(sum(task_loss), math.inf if bad else grad_norm)
