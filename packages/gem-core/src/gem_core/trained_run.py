@@ -2,7 +2,8 @@
 weights of a complete checkpoint, in one process on the CPU.
 
 Every consumer of a finished run (``gem export-user-embeddings``, ``gem export-model``,
-``gem distill``'s teacher, ``gem score``) goes through :func:`load_run`, so a run is rebuilt one
+``gem distill``'s teacher, ``gem score``) goes through :func:`load_run`, at the checkpoint
+:func:`choose_checkpoint` picks (the best unless a step is asked for), so a run is rebuilt one
 way: with every backend the run resolved (attention, norm and embedding), its model-format check,
 and the TorchRec tables a full-state engine (DeepSpeed) keeps beside its ``engine.pt``. Resuming a
 run is the trainer's business (:class:`gem_core.train.checkpointer.Checkpointer`), which loads
@@ -17,7 +18,7 @@ from typing import Any, Callable
 import attrs
 from torch import nn
 
-from gem_core.checkpoint import complete_checkpoints
+from gem_core.checkpoint import BEST_BY, best_checkpoint, complete_checkpoints, read_info
 from gem_core.config import DataConfig, GemConfig, load_config, structure, unstructure
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
@@ -27,6 +28,61 @@ from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, witho
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.resume import MODEL_FORMAT
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointChoice:
+    """The checkpoint a reader of a run uses, and why."""
+
+    step: int
+    """Its step."""
+    path: Path
+    """Its directory."""
+    reason: str
+    """Why this one, for the user: e.g. ``best eval NE 0.9000 at step 200; the last, step 600,
+    had 0.9900``."""
+    best: bool
+    """Whether it is the best checkpoint (by :data:`gem_core.checkpoint.BEST_BY`)."""
+
+
+def choose_checkpoint(run_dir: Path, step: int | None = None) -> CheckpointChoice:
+    """The checkpoint of ``run_dir`` every reader uses: ``step``'s when given, else the *best*
+    complete one (the lowest evaluation NE recorded in its ``info.json``, the figure of
+    :func:`gem_core.train.evaluate.selection_ne`), else the newest when none has an NE.
+    Training past the data's first pass often makes the last checkpoint worse than an earlier
+    one; the best is what the run learnt. Raises :class:`GemConfigError` when there is none."""
+    run_dir = Path(run_dir)
+    checkpoints = complete_checkpoints(run_dir)
+    if not checkpoints:
+        raise GemConfigError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/COMPLETE); "
+                             "train it with train.checkpoint_every > 0 or let it finish")
+    by_step = dict(checkpoints)
+    last_step, last_path = checkpoints[-1]
+    last_ne = read_info(last_path).get("ne")
+    last = (f"the last, step {last_step}, had {last_ne:.4f}"
+            if isinstance(last_ne, (int, float)) else f"the last is step {last_step}")
+    best = best_checkpoint(run_dir)
+    if step is not None:
+        if step not in by_step:
+            raise GemConfigError(f"{run_dir} has no complete checkpoint of step {step}; it has "
+                                 f"{sorted(by_step)}")
+        ne = read_info(by_step[step]).get("ne")
+        shown = f" (eval NE {ne:.4f})" if isinstance(ne, (int, float)) else ""
+        versus = (f"; the best is step {best[0]} with eval NE {best[1]:.4f}"
+                  if best is not None and best[0] != step else "")
+        return CheckpointChoice(step=step, path=by_step[step], best=bool(best and best[0] == step),
+                                reason=f"step {step} as asked{shown}{versus}")
+    if best is None:
+        return CheckpointChoice(step=last_step, path=last_path, best=False,
+                                reason=f"the newest checkpoint, step {last_step} (none has an "
+                                       "evaluation NE)")
+    if best[0] == last_step:
+        return CheckpointChoice(step=last_step, path=last_path, best=True,
+                                reason=f"best eval NE {best[1]:.4f} ({BEST_BY}) at step "
+                                       f"{last_step}, the last checkpoint")
+    return CheckpointChoice(step=best[0], path=by_step[best[0]], best=True,
+                            reason=f"best eval NE {best[1]:.4f} ({BEST_BY}) at step {best[0]}; "
+                                   f"{last} (use --step {last_step} for it)")
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +106,8 @@ class LoadedRun:
     """That checkpoint's directory."""
     trainer_state: dict[str, Any]
     """The checkpoint's side file (step, counters, config, schema, ...)."""
+    choice: CheckpointChoice
+    """Which checkpoint was loaded and why (:func:`choose_checkpoint`)."""
 
     @property
     def schema(self) -> FeatureSchema:
@@ -61,7 +119,8 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
              backends: dict[str, str] | None = None,
              plugins: GemPlugins | None = None,
              check_config: Callable[[GemConfig], None] | None = None) -> LoadedRun:
-    """Open ``run_dir`` at its newest complete checkpoint (or the one of ``step``).
+    """Open ``run_dir`` at its best complete checkpoint (or the one of ``step``; see
+    :func:`choose_checkpoint`).
 
     ``data``: read another data set than the run's (its feature schema must be the run's:
     same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
@@ -82,18 +141,8 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         if unknown:
             raise GemConfigError(f"unknown backend kinds {unknown}; the kinds are "
                                  f"{sorted(attrs.fields_dict(type(edited.backends)))}")
-    checkpoints = complete_checkpoints(run_dir)
-    if not checkpoints:
-        raise GemConfigError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/COMPLETE); "
-                             "train it with train.checkpoint_every > 0 or let it finish")
-    if step is None:
-        step, path = checkpoints[-1]
-    else:
-        by_step = dict(checkpoints)
-        if step not in by_step:
-            raise GemConfigError(f"{run_dir} has no complete checkpoint of step {step}; it has "
-                                 f"{sorted(by_step)}")
-        path = by_step[step]
+    choice = choose_checkpoint(run_dir, step)
+    step, path = choice.step, choice.path
     saved = read_checkpoint(path)
     state = saved["trainer"]
     saved_format = state.get("model_format", 1)
@@ -133,7 +182,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
                              f"unexpected {unexpected[:8]}")
     return LoadedRun(run_dir=run_dir, config=config, source=source, backends=resolved,
                      model=model.float().eval(), step=step, checkpoint=path,
-                     trainer_state=state)
+                     trainer_state=state, choice=choice)
 
 
 def checkpoint_config(state: dict[str, Any], path: Path, edited: GemConfig,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,9 +42,13 @@ from gem_core.trained_run import load_run
 from gem_data.batch_ops import events_before
 from gem_data.writer import DatasetWriter
 
+log = logging.getLogger(__name__)
 
-def load_trained_model(run_dir: Path) -> tuple[GemConfig, Any, GEMModel, Any, int]:
-    """The run's config, data source, model with the weights of its latest checkpoint, the
+
+def load_trained_model(run_dir: Path, step: int | None = None
+                       ) -> tuple[GemConfig, Any, GEMModel, Any, int]:
+    """The run's config, data source, model with the weights of its best checkpoint (or
+    ``step``'s), the
     attention backend and the checkpoint's step (through :func:`gem_core.trained_run.load_run`)."""
     def check(config: GemConfig) -> None:
         m = config.model
@@ -54,7 +59,8 @@ def load_trained_model(run_dir: Path) -> tuple[GemConfig, Any, GEMModel, Any, in
                 "exporting needs a live upstream whose only output to the ranker is its PMA user "
                 "tokens: user_embeddings = 'live', downstream_history = 'events', pma_queries > 0")
 
-    run = load_run(run_dir, check_config=check)
+    run = load_run(run_dir, step=step, check_config=check)
+    log.info("checkpoint step %d: %s", run.step, run.choice.reason)
     return run.config, run.source, run.model, run.backends.attention.impl, run.step
 
 
@@ -83,8 +89,8 @@ def _ne(report: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def export(run_dir: Path, out: Path, *, train_rows: int, staleness_s: int,
-           batch_size: int) -> dict[str, Any]:
-    config, source, model, attention, step = load_trained_model(run_dir)
+           batch_size: int, step: int | None = None) -> dict[str, Any]:
+    config, source, model, attention, step = load_trained_model(run_dir, step)
     tasks = source.schema.tasks
     width = config.model.pma_queries * config.model.embedding_dim
     schema = attrs.evolve(source.schema, user_embedding_dim=width)
@@ -134,11 +140,18 @@ def export(run_dir: Path, out: Path, *, train_rows: int, staleness_s: int,
               help="Seconds: each embedding sees only history events this much older than "
                    "its request.")
 @click.option("--batch-size", default=512, show_default=True, type=click.IntRange(min=1))
+@click.option("--step", default=None, type=click.IntRange(min=0),
+              help="Checkpoint step to use (default: the best complete checkpoint, by "
+                   "evaluation NE; the newest when none has one).")
 def export_user_embeddings(run_dir: Path, out: Path, train_rows: int, staleness_s: int,
-                           batch_size: int) -> None:
+                           batch_size: int, step: int | None) -> None:
     """Run a trained run's upstream tower over its data; write the data plus user embeddings."""
+    from gem_core.trained_run import choose_checkpoint
+
+    choice = choose_checkpoint(run_dir, step)
+    click.echo(f"checkpoint step {choice.step}: {choice.reason}")
     summary = export(run_dir, out, train_rows=train_rows, staleness_s=staleness_s,
-                     batch_size=batch_size)
+                     batch_size=batch_size, step=choice.step)
     click.echo(f"wrote {summary['rows']['train']} train and {summary['rows']['eval']} eval rows "
                f"with {summary['user_embedding_dim']}-float user embeddings to {out}")
     for task in summary["eval_ne"]["live_upstream"]:

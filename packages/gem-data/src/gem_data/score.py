@@ -204,3 +204,5 @@ def score_command(model_dir: Path, data_dir: Path, out: Path, splits: tuple[str,
                    f"{part['seconds']:.2f} s -> {out / part['file']}")
         for task, report in part["metrics"].items():
             click.echo(f"  {task}: NE {report['ne']:.4f}, AUC {report['auc']:.4f}")
+    click.echo(f"scored with the export of checkpoint step {summary['checkpoint_step']} "
+               "(gem export-model exports the best checkpoint unless --step names another)")

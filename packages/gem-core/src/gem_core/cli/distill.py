@@ -22,15 +22,17 @@ DISTILL_SHORTCUTS = {
     "soft_weight": "distill.soft_weight",
     "hard_weight": "distill.hard_weight",
     "embedding_match_weight": "distill.embedding_match_weight",
+    "teacher_step": "distill.teacher_step",
 }
 
 
-def _distill(teacher: Path, signals, temperature, soft_weight, hard_weight, embedding_feature,
-             embedding_match_weight, adapter, **train_options) -> None:
+def _distill(teacher: Path, teacher_step, signals, temperature, soft_weight, hard_weight,
+             embedding_feature, embedding_match_weight, adapter, **train_options) -> None:
     """Train a student from a teacher run: soft labels (and optionally the teacher's user
     embedding) on top of the data's labels. Every `gem train` option applies."""
     values = {"signals": signals, "temperature": temperature, "soft_weight": soft_weight,
-              "hard_weight": hard_weight, "embedding_match_weight": embedding_match_weight}
+              "hard_weight": hard_weight, "embedding_match_weight": embedding_match_weight,
+              "teacher_step": teacher_step}
     overrides = [f"distill.teacher={teacher.resolve()}"]
     overrides += [f"{DISTILL_SHORTCUTS[k]}={v}" for k, v in values.items() if v is not None]
     if embedding_feature:
@@ -50,6 +52,9 @@ distill = click.Command(
         click.Option(["--teacher"], required=True,
                      type=click.Path(exists=True, file_okay=False, path_type=Path),
                      help="The teacher's run directory (needs a complete checkpoint)."),
+        click.Option(["--teacher-step"], type=click.IntRange(min=1), default=None,
+                     help="The teacher's checkpoint step (default: its best checkpoint, by "
+                          "evaluation NE)."),
         click.Option(["--signals"], type=click.Choice(["online", "precomputed"]), default=None,
                      help="Teacher signals computed in this process (online, default) or read "
                           "from a data set written by gem distill-precompute."),

@@ -13,7 +13,8 @@ import click
               help="Directory to write the programs and manifest.json to (an export already "
                    "there is replaced once the new one is complete).")
 @click.option("--step", default=None, type=click.IntRange(min=0),
-              help="Checkpoint step to export (default: the newest complete checkpoint).")
+              help="Checkpoint step to export (default: the best complete checkpoint, by "
+                   "evaluation NE; the newest when none has one).")
 @click.option("--attention", default=None,
               help="Attention backend to export with; it must declare the torch_export "
                    "capability (default: the run's, or 'padded' when the run's cannot export).")
@@ -26,8 +27,11 @@ def export_model(run_dir: Path, out: Path, step: int | None, attention: str | No
     size and SHA-256 of every file (check them with gem export verify). The model is built from
     the configuration stored with the checkpoint."""
     from gem_core.serving.export import export_model as export
+    from gem_core.trained_run import choose_checkpoint
 
-    manifest = export(run_dir, out, attention=attention, step=step, aoti=aoti)
+    choice = choose_checkpoint(run_dir, step)
+    click.echo(f"checkpoint step {choice.step}: {choice.reason}")
+    manifest = export(run_dir, out, attention=attention, step=choice.step, aoti=aoti)
     chosen = manifest["attention"]
     if chosen["swapped"]:
         click.echo(f"attention: the run used {chosen['run']!r}; exported with "

@@ -121,6 +121,15 @@ def _print_result(run_dir: Path) -> None:
     speed = throughput["samples_per_s"]
     requests = throughput.get("requests_per_s")
     click.echo(f"run directory: {run_dir}")
+    stopped = summary["run"].get("stopped") or {}
+    if stopped.get("reason") in ("epochs", "early_stopping"):
+        click.echo(stopped["message"])
+    for warning in summary.get("warnings", ()):
+        click.echo(f"warning: {warning}")
+    used = summary.get("checkpoint_used")
     click.echo(f"steps {summary['run']['steps']}: {tasks}"
                + (f"; {speed:.0f} impressions/s" if speed is not None else "")
                + (f" ({requests:.0f} requests/s)" if requests is not None else ""))
+    if used is not None:  # the figures above are this checkpoint's evaluation
+        click.echo(f"checkpoint used by export-model, score, distill and "
+                   f"export-user-embeddings: step {used['step']}: {used['reason']}")

@@ -381,6 +381,17 @@ class TrainConfig:
     """Also keep the checkpoint with the best evaluation NE (the mean over tasks, at a step that
     both evaluated and checkpointed); the keep-last rotation never deletes it."""
 
+    epochs: int = attrs.field(default=0, validator=at_least(0))
+    """Passes over a file-backed data set's train split: the run stops at the end of that many
+    (or at ``steps``, whichever comes first); 0: ``steps`` alone decides."""
+
+    early_stopping_patience: int = attrs.field(default=0, validator=at_least(0))
+    """Stop (checkpointed, exit 0) once the evaluation NE (as for ``keep_best``) has not improved
+    for this many evaluations; 0: off."""
+
+    overfit_warn_evals: int = attrs.field(default=2, validator=at_least(0))
+    """Warn when the evaluation NE has risen for this many evaluations in a row; 0: never."""
+
     async_checkpoint: bool = False
     """Write checkpoints in the background (``torch.distributed.checkpoint.async_save``):
     training blocks only while tensors are copied to CPU memory; the checkpoint is published
@@ -545,6 +556,9 @@ class DistillConfig:
     teacher: str = ""
     """The teacher's run directory (a complete checkpoint is required); empty: no
     distillation."""
+
+    teacher_step: int = attrs.field(default=0, validator=at_least(0))
+    """The teacher's checkpoint step; 0: its best checkpoint (by evaluation NE)."""
 
     signals: str = attrs.field(default="online", validator=choice("online", "precomputed"))
     """``online``: every rank runs the teacher on its own share of each batch; ``precomputed``:

@@ -126,7 +126,8 @@ class Distiller:
         # runs on the CPU, where load_run resolved its backends, on batches the stream yields
         # (before the trainer moves them to the device).
         with torch.random.fork_rng(devices=[]):
-            self.teacher = open_teacher(d.teacher, data=config.data)
+            self.teacher = open_teacher(d.teacher, data=config.data,
+                                        step=d.teacher_step or None)
         self._check_teacher()
         if d.signals == "precomputed":
             self._check_precomputed(source)
@@ -137,8 +138,9 @@ class Distiller:
         if d.adapter.enabled:
             self._fit_adapter(source)
         self.teacher_eval = self._evaluate_teacher(source) if ctx.is_main else {}
-        log.info("distilling from %s (step %d, signals %s): weights %s%s", d.teacher,
-                 self.teacher.run.step, d.signals, self.weights.as_dict(),
+        log.info("distilling from %s (step %d: %s; signals %s): weights %s%s", d.teacher,
+                 self.teacher.run.step, self.teacher.run.choice.reason, d.signals,
+                 self.weights.as_dict(),
                  ", with the Student Adapter" if self.adapter is not None else "")
 
     # -- set-up -----------------------------------------------------------------------------
@@ -263,6 +265,7 @@ class Distiller:
         d = self.config.distill
         return {
             "teacher": str(Path(d.teacher)), "teacher_step": self.teacher.run.step,
+            "teacher_checkpoint": self.teacher.run.choice.reason,
             "signals": d.signals, "weights": self.weights.as_dict(),
             "embedding_feature": d.embedding_feature,
             "adapter": ({"fit": self.adapter_report, "fit_batches": d.adapter.fit_batches,

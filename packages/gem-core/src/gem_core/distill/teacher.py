@@ -45,7 +45,8 @@ class Teacher:
 
 
 def open_teacher(run_dir: str | Path, *, data: DataConfig | None = None,
-                 device: torch.device | str = "cpu") -> Teacher:
-    """The teacher of ``run_dir`` at its newest complete checkpoint; ``data``: the student's
-    data, whose feature schema must be the teacher's (an error names what differs)."""
-    return Teacher(load_run(Path(run_dir), data=data), device)
+                 device: torch.device | str = "cpu", step: int | None = None) -> Teacher:
+    """The teacher of ``run_dir`` at its best complete checkpoint (by evaluation NE) or
+    ``step``'s; ``data``: the student's data, whose feature schema must be the teacher's (an
+    error names what differs)."""
+    return Teacher(load_run(Path(run_dir), data=data, step=step), device)

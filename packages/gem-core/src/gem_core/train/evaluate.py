@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+import statistics
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -47,3 +49,15 @@ def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batc
         named = groups.numel() == all_labels.numel() > 0
         report[task] = task_report(all_logits, all_labels, groups if named else None)
     return report
+
+
+def selection_ne(entry: Mapping[str, Any], tasks: Sequence[str]) -> float | None:
+    """The figure a run's checkpoints are ranked by (lower is better): the mean evaluation NE
+    over ``tasks`` of one ``eval_history`` entry (:data:`gem_core.checkpoint.BEST_BY`). The
+    trainer records it in each checkpoint's ``info.json``, so keep-best retention, the best
+    checkpoint readers load by default, early stopping and the overfitting warning all rank by
+    this one figure. None when a task's NE is undefined (one class in the eval set)."""
+    values = [entry.get(task, {}).get("ne") for task in tasks]
+    if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        return None
+    return statistics.fmean(values)

@@ -40,7 +40,7 @@ from gem_core.train.checkpointer import Checkpointer
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
 from gem_core.train.data_log import data_report, log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
-from gem_core.train.evaluate import evaluate
+from gem_core.train.evaluate import evaluate, selection_ne
 from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
 from gem_core.train.optim import learning_rate, make_adamw
@@ -185,6 +185,9 @@ class _Trainer:
         self.guard = StepGuard(self.tc)
         self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
         self.eval_history: list[dict[str, Any]] = []
+        self.ending: dict[str, str] | None = None  # why the run ends before train.steps
+        self.warnings: list[str] = []
+        self.passes_done: int | None = 0
         self.step_times: list[float] = []
         self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0,
                        "attention_flops": 0.0, "padded_flops": 0.0, "padded_attention_flops": 0.0}
@@ -264,7 +267,7 @@ class _Trainer:
         data_states = _gather_objects(self.steps.data_position(), self.ctx)  # last trained
         rng_states = _gather_objects(_rng_state(), self.ctx)
         last = self.eval_history[-1] if self.eval_history else None
-        ne = (statistics.fmean(last[t]["ne"] for t in self.schema.tasks)
+        ne = (selection_ne(last, self.schema.tasks)
               if last is not None and last["step"] == self.step else None)
         state = {
             "step": self.step, "data": data_states,
@@ -315,7 +318,15 @@ class _Trainer:
                       world_size=self.ctx.world_size, start_step=self.step, stop=stop,
                       run_dir=self.run_dir.path)
         self.engine.train()
-        while self.step < stop:
+        self.passes_done = self._passes()
+        if self.tc.epochs and self.passes_done is None and self.ctx.is_main:
+            log.warning("train.epochs = %d is ignored: data source %r has no passes (its batches "
+                        "are generated on demand); train.steps decides", self.tc.epochs,
+                        self.config.data.source)
+        self.ending = self._ending()  # a resumed run that had already stopped early
+        if self.ending is not None and self.ctx.is_main:
+            log.info("nothing to train: %s", self.ending["message"])
+        while self.step < stop and self.ending is None:
             looped = time.perf_counter()  # the step as the loop sees it, batch fetch included
             record = self.steps.run_step(lambda batch: self._train_step(batch, peak))
             record["loop_step_time_s"] = time.perf_counter() - looped
@@ -325,11 +336,16 @@ class _Trainer:
                 continue
             self.step += 1
             self.checkpointer.poll()
-            last = self.step == stop
+            self._count_passes()
+            passes_ended = self._ending(evaluations=False) is not None
+            last = self.step == stop or passes_ended
             evaluated = last or bool(self.tc.eval_every and self.step % self.tc.eval_every == 0)
             if evaluated:
                 self._evaluate()
                 record.update(evaluation_columns(self.eval_history[-1]))
+                self._warn_if_overfitting()
+                self.ending = self._ending()
+                last = last or self.ending is not None
             if self.step % self.tc.log_every == 0 or self.step == self.tc.steps or evaluated:
                 self.run_dir.append_metrics(record)
             bar.update(record)
@@ -341,6 +357,8 @@ class _Trainer:
                 bar.close()
                 self._stop(saved=saved)
         bar.close()
+        if self.ending is not None and self.ctx.is_main:
+            log.warning("%s", self.ending["message"])
         if not self.eval_history or self.eval_history[-1]["step"] != self.step:
             self._evaluate()  # a resumed run that had nothing left to train
             self._save()
@@ -493,6 +511,95 @@ class _Trainer:
                 t: round(report[t]["ne"], 4) for t in self.schema.tasks})
             log_data_counts(self.source, f"at step {self.step}")
 
+    # -- when to end, which checkpoint counts ----------------------------------------------------
+
+    def _passes(self) -> int | None:
+        """Complete passes over the training data at the last trained batch, or None when the
+        stream has none (generated data). With ``train.epochs``, the most of any rank's (a
+        collective: every rank calls it), so all ranks stop at the same step."""
+        position = self.steps.data_position()
+        epoch = position.get("epoch") if isinstance(position, dict) else None
+        if not isinstance(epoch, int):
+            return None
+        if self.tc.epochs and self.ctx.world_size > 1:
+            epoch = int(all_reduce_max(torch.tensor([float(epoch)]), self.ctx).item())
+        return epoch
+
+    def _count_passes(self) -> None:
+        if self.passes_done is None:
+            return  # the stream has no passes
+        passes = self._passes()
+        if passes is not None and passes > self.passes_done and self.ctx.is_main:
+            log.info("pass %d over the training data ended at step %d", passes, self.step)
+        self.passes_done = passes
+
+    def _ne_history(self) -> list[tuple[int, float]]:
+        """``(step, NE)`` of each evaluated step with a defined NE (:func:`selection_ne`); a
+        step evaluated twice (after a resharded resume) counts once."""
+        by_step = {e["step"]: selection_ne(e, self.schema.tasks) for e in self.eval_history}
+        return [(step, ne) for step, ne in by_step.items() if ne is not None]
+
+    def _ending(self, *, evaluations: bool = True) -> dict[str, str] | None:
+        """Why the run ends now before ``train.steps`` (``train.epochs`` reached, or with
+        ``evaluations`` early stopping), or None."""
+        tc = self.tc
+        if tc.epochs and self.passes_done is not None and self.passes_done >= tc.epochs:
+            return {"reason": "epochs",
+                    "message": f"stopped at step {self.step}: train.epochs = {tc.epochs} "
+                               f"pass{'es' if tc.epochs > 1 else ''} over the training data "
+                               f"done (before train.steps = {tc.steps})"}
+        history = self._ne_history()
+        if not (evaluations and tc.early_stopping_patience and history):
+            return None
+        best_at = min(range(len(history)), key=lambda i: (history[i][1], i))
+        since = len(history) - 1 - best_at
+        if since < tc.early_stopping_patience:
+            return None
+        step, ne = history[best_at]
+        return {"reason": "early_stopping",
+                "message": f"early stopping at step {self.step}: the eval NE has not improved "
+                           f"for {since} evaluations (train.early_stopping_patience = "
+                           f"{tc.early_stopping_patience}); the best was {ne:.4f} at step {step}, "
+                           f"now {history[-1][1]:.4f}"}
+
+    def _warn_if_overfitting(self) -> None:
+        """Warn once per streak when the eval NE has risen ``train.overfit_warn_evals`` times
+        in a row."""
+        n = self.tc.overfit_warn_evals
+        history = self._ne_history()
+        if not n or len(history) < n + 1 or history[-1][0] != self.step:
+            return
+        recent = history[-(n + 2):]
+        rises = [b[1] > a[1] for a, b in zip(recent, recent[1:])]
+        if not all(rises[-n:]) or (len(rises) > n and rises[0]):
+            return  # not (just) n rises in a row: warned already when the streak reached n
+        shown = ", ".join(f"{ne:.4f} at step {step}" for step, ne in history[-(n + 1):])
+        best_step, best_ne = min(history, key=lambda x: x[1])
+        message = (f"eval NE has risen for {n} evaluations in a row ({shown}): the model is "
+                   f"overfitting (a second pass over the data often does this). The best so far "
+                   f"is {best_ne:.4f} at step {best_step}; gem export-model and the other readers "
+                   "use the best checkpoint. Train fewer passes (train.epochs = 1, fewer "
+                   "train.steps), stop early (train.early_stopping_patience), or lower train.lr")
+        self.warnings.append(message)
+        if self.ctx.is_main:
+            log.warning("%s", message)
+
+    def _headline(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The evaluation of the checkpoint readers use by default (:func:`choose_checkpoint`:
+        the best), and which it is and why; the last evaluation when that one is not known."""
+        from gem_core.trained_run import choose_checkpoint  # it imports this package
+
+        try:
+            choice = choose_checkpoint(self.run_dir.path)
+        except Exception:  # noqa: BLE001 - no checkpoint here (another rank's files): the last
+            choice = None
+        entries = [e for e in self.eval_history if choice is not None and e["step"] == choice.step]
+        if not entries:
+            last = self.eval_history[-1]
+            return last, {"step": last["step"], "best": False,
+                          "reason": f"the last evaluation, step {last['step']}"}
+        return entries[-1], {"step": choice.step, "best": choice.best, "reason": choice.reason}
+
     def _summary(self, peak: float, start_step: int, wall_s: float) -> dict[str, Any]:
         timed = self.step_times[WARMUP_STEPS_EXCLUDED:] or self.step_times
         median_step = statistics.median(timed) if timed else float("nan")
@@ -501,13 +608,22 @@ class _Trainer:
         flops_per_step = t["flops"] / steps
         local_mfu = flops_per_step / (self.ctx.world_size * median_step * peak) if timed else None
         scaling = 1.0 if self.ctx.world_size == 1 else None
-        final = self.eval_history[-1]
+        final, used = self._headline()
         return {
             "run": {"name": self.config.name, "steps": self.step, "resumed_from": start_step,
-                    "finished": self.step >= self.tc.steps,
+                    "finished": self.step >= self.tc.steps or self.ending is not None,
+                    "stopped": self.ending or {
+                        "reason": "steps" if self.step >= self.tc.steps else "until_step",
+                        "message": f"stopped at step {self.step} (train.steps = "
+                                   f"{self.tc.steps})"},
+                    "data_passes": self.passes_done,
                     "world_size": self.ctx.world_size, "nodes": self.ctx.num_nodes,
                     "device": str(self.ctx.device), "wall_time_s": wall_s},
+            # The headline: the evaluation of the checkpoint readers use by default (the best).
             "eval": {task: final[task] for task in self.schema.tasks},
+            "eval_last": {task: self.eval_history[-1][task] for task in self.schema.tasks},
+            "checkpoint_used": used,
+            "warnings": self.warnings,
             "eval_history": self.eval_history,
             "throughput": {
                 "step_time_s_median": median_step,

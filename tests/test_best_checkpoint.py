@@ -1,0 +1,146 @@
+"""Epochs that do not ruin the model: a run trained for several passes over a small file-backed
+data set at a high learning rate gets worse after its best evaluation; the final line, the
+summary's headline and every reader of the run (``load_run``: export-model, score, distill,
+export-user-embeddings) use the best checkpoint unless ``--step`` names another, and say why; a
+warning names the rising NEs; ``train.early_stopping_patience`` and ``train.epochs`` end the run
+early, recorded in summary.json; the keep-last rotation keeps the best checkpoint."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gem_core.checkpoint import complete_checkpoints
+
+TASKS = ("click", "conversion")
+# 128 train requests in batches of 32: a pass is 4 steps, so 16 steps are 4 passes. At this
+# learning rate the mean eval NE was measured best at step 10 (0.890) and 0.945 at step 16.
+TRAIN = ("train.steps=16", "train.batch_size=32", "train.lr=0.05", "train.warmup_steps=1",
+         "train.eval_every=2", "train.checkpoint_every=2", "train.keep_checkpoints=1",
+         "data.max_seq_len=16", "model.interaction_dims=[16]", "data.eval_rows=128",
+         "train.eval_batch_size=128", "data.source=parquet", "data.options={}")
+
+
+def _sets(overrides) -> list[str]:
+    return [arg for item in overrides for arg in ("--set", item)]
+
+
+def _mean_ne(entry: dict) -> float:
+    return statistics.fmean(entry[t]["ne"] for t in TASKS)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, gem) -> Path:
+    out = tmp_path_factory.mktemp("best-data") / "data"
+    done = gem("data", "synth", "--rows", "128", "--eval-rows", "128", "--row-group-rows", "64",
+               "--out", str(out), "--set", "num_items=300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def overfit(tmp_path_factory, gem, data):
+    """(run directory, gem train's stdout, summary.json) of the default run on ``data``."""
+    run = tmp_path_factory.mktemp("best-run") / "run"
+    done = gem("train", "--preset", "tiny", "--out", str(run), "--no-progress",
+               *_sets(TRAIN + (f"data.path={data}",)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, done.stdout, json.loads((run / "summary.json").read_text())
+
+
+def _best(summary: dict) -> tuple[int, int]:
+    ne = {e["step"]: _mean_ne(e) for e in summary["eval_history"]}
+    best = min(ne, key=ne.get)
+    assert best != 16 and ne[16] > ne[best], f"the run did not overfit: {ne}"
+    return best, 16
+
+
+def test_the_default_run_ends_with_the_best_checkpoint_and_says_so(overfit):
+    from gem_core.trained_run import load_run
+
+    run, stdout, summary = overfit
+    best, last = _best(summary)
+    used = summary["checkpoint_used"]
+    assert used["step"] == best and used["best"], used
+    assert f"at step {best}; the last, step {last}, had" in used["reason"]
+    # The headline (and the final line) are the best checkpoint's evaluation, the last is kept.
+    entry = next(e for e in summary["eval_history"] if e["step"] == best)
+    assert summary["eval"] == {t: entry[t] for t in TASKS}
+    assert summary["eval_last"] == {t: summary["eval_history"][-1][t] for t in TASKS}
+    assert f"click NE {entry['click']['ne']:.4f}" in stdout
+    assert f"step {best}: best eval NE" in stdout
+    # Every reader opens the best one; a step asked for wins.
+    loaded = load_run(run)
+    assert loaded.step == best and loaded.choice.best
+    asked = load_run(run, step=last)
+    assert asked.step == last and "as asked" in asked.choice.reason
+    assert f"the best is step {best}" in asked.choice.reason
+    # keep_checkpoints = 1: the rotation kept the last and the best, nothing else.
+    assert [step for step, _ in complete_checkpoints(run)] == [best, last]
+
+
+def test_export_model_exports_the_best_step_unless_step_says_otherwise(overfit, tmp_path):
+    from gem_core.cli.export_model import export_model
+
+    run, _, summary = overfit
+    best, last = _best(summary)
+    done = CliRunner().invoke(export_model, [str(run), "--out", str(tmp_path / "best")],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output[-3000:]
+    assert f"checkpoint step {best}: best eval NE" in done.output
+    manifest = json.loads((tmp_path / "best" / "manifest.json").read_text())
+    assert manifest["checkpoint_step"] == best
+    from gem_core.trained_run import choose_checkpoint
+
+    assert choose_checkpoint(run, last).step == last  # what --step N passes on to the export
+
+
+def test_a_warning_names_the_rising_evaluations(overfit):
+    _, stdout, summary = overfit
+    assert summary["warnings"], summary["eval_history"]
+    warning = summary["warnings"][0]
+    assert "eval NE has risen for 2 evaluations in a row" in warning
+    assert "train.early_stopping_patience" in warning and "train.epochs" in warning
+    steps = [int(part.split("at step ")[1]) for part in
+             warning.split("(")[1].split(")")[0].split(", ")]
+    ne = {e["step"]: _mean_ne(e) for e in summary["eval_history"]}
+    assert len(steps) == 3 and ne[steps[0]] < ne[steps[1]] < ne[steps[2]]
+    assert f"warning: {warning}" in stdout
+
+
+def _train(data: Path, out: Path, *extra: str) -> dict:
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+    from gem_core.train import train
+
+    config = load_config(preset="tiny", overrides=[*TRAIN, f"data.path={data}", *extra])
+    return train(config, build_plugins(), out, progress=False).summary
+
+
+def test_early_stopping_stops_checkpointed_and_records_why(data, tmp_path):
+    summary = _train(data, tmp_path / "run", "train.early_stopping_patience=2")
+    ne = [(e["step"], _mean_ne(e)) for e in summary["eval_history"]]
+    stopped = summary["run"]["stopped"]
+    assert stopped["reason"] == "early_stopping", (stopped, ne)
+    step = summary["run"]["steps"]
+    assert step < 16 and summary["run"]["finished"]
+    best_at = min(range(len(ne)), key=lambda i: ne[i][1])
+    assert len(ne) - 1 - best_at == 2 and ne[-1][0] == step  # 2 evaluations without a better NE
+    assert f"the best was {ne[best_at][1]:.4f} at step {ne[best_at][0]}" in stopped["message"]
+    assert step in [s for s, _ in complete_checkpoints(tmp_path / "run")]
+    assert summary["checkpoint_used"]["step"] == ne[best_at][0]
+    again = _train(data, tmp_path / "run", "train.early_stopping_patience=2")  # nothing left
+    assert again["run"]["steps"] == step and again["run"]["stopped"]["reason"] == "early_stopping"
+
+
+def test_epochs_end_the_run_at_the_end_of_the_passes(data, tmp_path):
+    summary = _train(data, tmp_path / "run", "train.epochs=1")
+    assert summary["run"]["steps"] == 4 and summary["run"]["data_passes"] == 1  # 128 / 32
+    assert summary["run"]["stopped"]["reason"] == "epochs"
+    assert "train.epochs = 1 pass over the training data done" in (
+        summary["run"]["stopped"]["message"])
+    assert summary["run"]["finished"]
