@@ -125,8 +125,8 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     ``data``: read another data set than the run's (its feature schema must be the run's:
     same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
     the run's (an exporter swapping in an attention backend that exports); the weights do not
-    depend on these backends. ``check_config``: called with the run's config before the model is
-    built, to refuse a run the caller cannot use (it raises). The model, its data and
+    depend on these backends. ``check_config``: called with the run's config (``config.toml`` first, then the
+    checkpoint's) before the model is built, to refuse a run the caller cannot use (it raises). The model, its data and
     backends are built from the configuration stored with the checkpoint
     (:func:`checkpoint_config`, which refuses a ``config.toml`` edited since). Every problem
     is a :class:`GemConfigError` naming the run.
@@ -141,6 +141,8 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         if unknown:
             raise GemConfigError(f"unknown backend kinds {unknown}; the kinds are "
                                  f"{sorted(attrs.fields_dict(type(edited.backends)))}")
+    if check_config is not None:  # a run the caller cannot use is refused before any checkpoint
+        check_config(edited)
     choice = choose_checkpoint(run_dir, step)
     step, path = choice.step, choice.path
     saved = read_checkpoint(path)
