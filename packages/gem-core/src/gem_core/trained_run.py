@@ -125,11 +125,11 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     ``data``: read another data set than the run's (its feature schema must be the run's:
     same tables, features and tasks). ``backends``: kind -> implementation name to use instead of
     the run's (an exporter swapping in an attention backend that exports); the weights do not
-    depend on these backends. ``check_config``: called with the run's config (``config.toml`` first, then the
-    checkpoint's) before the model is built, to refuse a run the caller cannot use (it raises). The model, its data and
-    backends are built from the configuration stored with the checkpoint
-    (:func:`checkpoint_config`, which refuses a ``config.toml`` edited since). Every problem
-    is a :class:`GemConfigError` naming the run.
+    depend on these backends. ``check_config``: called with the run's config (``config.toml``
+    first, then the checkpoint's) before the model is built, to refuse a run the caller cannot
+    use (it raises). The model, its data and backends are built from the configuration stored
+    with the checkpoint (:func:`checkpoint_config`, which refuses a ``config.toml`` edited
+    since). Every problem is a :class:`GemConfigError` naming the run.
     """
     run_dir = Path(run_dir)
     config_file = run_dir / "config.toml"

@@ -35,6 +35,7 @@ class SideTable:
         from gem_core.errors import GemDataError
 
         self.join = join
+        self._memo: dict[tuple, Any] = {}
         self.log = Log(Path(join.file), "side table", delimiter, [join.key] + id_columns)
         keys = self.log.keys(join.key, "side-table key")
         order = np.argsort(keys, kind="stable")
@@ -46,6 +47,23 @@ class SideTable:
                 f"{self.log.path}, {self.log.row_name(second)}, column {join.key!r}: key "
                 f"{keys[second].item()!r} appears again (first on {self.log.row_name(first)}; "
                 f"{same.size} repeated keys); a side table has one row per key")
+
+    def cells(self, column: str, role: str, **options: Any) -> Cells:
+        """:meth:`Log.cells` of a side-table column, read once (a log read in blocks joins it
+        block by block); a fresh :class:`Cells` each time, as callers replace its values."""
+        key = ("cells", column, role, tuple(sorted(options.items())))
+        if key not in self._memo:
+            self._memo[key] = self.log.cells(column, role, **options)
+        c = self._memo[key]
+        return Cells(c.offsets, c.values, c.missing, c.null_ids, c.text)
+
+    def float_cells(self, column: str, role: str, **options: Any
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Log.float_cells` of a side-table column, read once."""
+        key = ("floats", column, role, tuple(sorted(options.items())))
+        if key not in self._memo:
+            self._memo[key] = self.log.float_cells(column, role, **options)
+        return self._memo[key]
 
     def rows_for(self, log: Log) -> tuple[np.ndarray, np.ndarray]:
         """Per row of ``log``: its side-table row (-1: none) and whether its key was null."""
@@ -133,51 +151,78 @@ def _check_dense_ids(log: Log, column: str, cells: Cells, table: Any) -> None:
                               "use id_policy = \"modulo\" or \"hash\" for unbounded ids")
 
 
-class Features:
-    """Every feature of both logs, resolved over the logs' rows (see the module doc)."""
+def read_sources(schema: Any, options: ImportOptions, logs: dict[str, Log | None],
+                 side_tables: dict[int, SideTable] | None = None) -> tuple[dict, dict, dict]:
+    """``(keys, sources, raw)``: every feature key (:func:`feature_keys`); per feature taken
+    from a side table, ``(side table, column, side-table row of each log row, null key)``; per
+    id feature of a log in ``logs`` (None: not read), ``(file, column, Cells)`` read from its
+    source, text kept as text. ``side_tables``: side tables read before, by their index in
+    ``[[import.join]]`` (filled here: a log read in blocks reads each once)."""
+    keys = feature_keys(schema, options)
+    tables = {} if side_tables is None else side_tables
+    source: dict[str, tuple[SideTable, str, np.ndarray, np.ndarray]] = {}
+    for index, join in enumerate(options.join):
+        log = logs[join.log]
+        if log is None:
+            continue
+        if index not in tables:
+            id_columns = [c for k, c in join.features.items() if keys[k][0] != "dense"]
+            tables[index] = SideTable(join, options.delimiter, id_columns)
+        side = tables[index]
+        rows, null = side.rows_for(log)
+        for key, column in join.features.items():
+            source[key] = (side, column, rows, null)
 
-    def __init__(self, schema: Any, options: ImportOptions, imp: Log, ev: Log | None,
-                 vocabularies: dict[str, Vocabulary] | None = None) -> None:
+    raw: dict[str, tuple[Log, str, Cells]] = {}
+    for key, (kind, feature) in keys.items():
+        if kind == "dense":
+            continue
+        log = logs[_log_of(kind)]
+        if log is None:
+            continue
+        text = feature.table in options.strings
+        multi = kind == "sparse" or feature.multi_valued
+        allow = options.feature(key).missing != "error"
+        role = f"{'context' if kind == 'sparse' else kind} feature {feature.name!r}"
+        if key in source:
+            side, column, _, _ = source[key]
+            raw[key] = (side.log, column, side.cells(column, role, multi=multi, text=text,
+                                                     allow_missing=allow,
+                                                     hint=missing_hint(key)))
+        else:
+            column = options.columns.get(f"{kind}.{feature.name}", feature.name)
+            raw[key] = (log, column, log.cells(column, role, multi=multi, text=text,
+                                               allow_missing=allow, hint=missing_hint(key)))
+    return keys, source, raw
+
+
+def vocabulary_texts(schema: Any, options: ImportOptions, logs: dict[str, Log | None],
+                     side_tables: dict[int, SideTable] | None = None) -> dict[str, list[Any]]:
+    """Per table with ``import.strings = "vocabulary"``, the texts its features have in
+    ``logs`` and their side tables (pyarrow arrays): what :class:`Features` builds the
+    vocabulary from, for an engine that reads the logs in blocks and builds it first."""
+    keys, _, raw = read_sources(schema, options, logs, side_tables)
+    return {table: [_present_texts(raw[k][2]) for k, (kind, f) in keys.items()
+                    if kind != "dense" and k in raw and f.table == table]
+            for table, policy in options.strings.items() if policy == "vocabulary"}
+
+
+class Features:
+    """Every feature of both logs, resolved over the logs' rows (see the module doc). ``imp``
+    or ``ev`` may be None (not read: a block of the other log)."""
+
+    def __init__(self, schema: Any, options: ImportOptions, imp: Log | None, ev: Log | None,
+                 vocabularies: dict[str, Vocabulary] | None = None,
+                 side_tables: dict[int, SideTable] | None = None) -> None:
         from gem_core.errors import GemDataError
 
         self.schema, self.options = schema, options
         self.logs = {"impressions": imp, "events": ev}
-        self.keep = {"impressions": np.ones(imp.table.num_rows, dtype=bool),
-                     "events": np.ones(0 if ev is None else ev.table.num_rows, dtype=bool)}
+        self.keep = {name: np.ones(0 if log is None else log.table.num_rows, dtype=bool)
+                     for name, log in self.logs.items()}
         self.counts: dict[str, dict[str, Any]] = {}
-        keys = feature_keys(schema, options)
-        source: dict[str, tuple[SideTable, str, np.ndarray, np.ndarray]] = {}
-        for join in options.join:
-            log = self.logs[join.log]
-            if log is None:
-                continue
-            id_columns = [c for k, c in join.features.items() if keys[k][0] != "dense"]
-            side = SideTable(join, options.delimiter, id_columns)
-            rows, null = side.rows_for(log)
-            for key, column in join.features.items():
-                source[key] = (side, column, rows, null)
+        keys, source, raw = read_sources(schema, options, self.logs, side_tables)
         self.sources = source
-
-        # Read every id feature's cells from its source, text kept as text for now.
-        raw: dict[str, tuple[Log, str, Cells]] = {}
-        for key, (kind, feature) in keys.items():
-            if kind == "dense":
-                continue
-            log = self.logs[_log_of(kind)]
-            if log is None:
-                continue
-            text = feature.table in options.strings
-            multi = kind == "sparse" or feature.multi_valued
-            allow = options.feature(key).missing != "error"
-            role = f"{'context' if kind == 'sparse' else kind} feature {feature.name!r}"
-            if key in source:
-                side, column, _, _ = source[key]
-                where = side.log
-            else:
-                column, where = self.column(kind, feature.name), log
-            raw[key] = (where, column, where.cells(column, role, multi=multi, text=text,
-                                                   allow_missing=allow,
-                                                   hint=missing_hint(key)))
 
         # Text to ids, per table: one vocabulary over every source of the table.
         self.vocabularies: dict[str, Vocabulary] = {}
@@ -226,18 +271,18 @@ class Features:
             self.ids[key] = self._treat(key, cells, default if default is not None else 0)
 
         self.dense: np.ndarray | None = None
-        if options.dense_columns:
+        if options.dense_columns and imp is not None:
             columns = []
             for name in options.dense_columns:
                 key = f"dense.{name}"
                 allow = options.feature(key).missing != "error"
                 if key in source:
-                    side, column, rows, _ = source[key]
-                    values, missing = side.log.float_cells(column, "dense feature",
-                                                           allow_missing=allow,
-                                                           hint=missing_hint(key))
-                    cells = _gather(Cells(None, values, missing, 0, False), rows)
-                    cells = self._joined(key, cells)
+                    side, column, _, _ = source[key]
+                    values, missing = side.float_cells(column, "dense feature",
+                                                       allow_missing=allow,
+                                                       hint=missing_hint(key))
+                    # _joined gathers the side table's rows onto the log's (once).
+                    cells = self._joined(key, Cells(None, values, missing, 0, False))
                 else:
                     values, missing = imp.float_cells(name, "dense feature", allow_missing=allow,
                                                       hint=missing_hint(key))
@@ -291,6 +336,30 @@ class Features:
             values[cells.missing] = default
             return None, values
         return _fill(cells, int(default))
+
+
+def read_labels(imp: Log, schema: Any, options: ImportOptions) -> dict[str, np.ndarray]:
+    """Per task, the label of every impression (float32), each 0 or 1."""
+    labels = {}
+    for task in schema.tasks:
+        name = options.columns.get(f"label.{task}", task)
+        values = imp.floats(name, f"label of task {task!r}")
+        bad = np.flatnonzero((values != 0) & (values != 1))
+        if bad.size:
+            imp.fail(int(bad[0]), name, f"label {values[bad[0]]} of task {task!r} is not 0 or 1")
+        labels[task] = values.astype(np.float32)
+    return labels
+
+
+def merge_counts(total: dict[str, dict[str, Any]], counts: dict[str, dict[str, Any]]) -> None:
+    """Add the per-feature counts of one block of rows to ``total``."""
+    for key, entry in counts.items():
+        into = total.setdefault(key, {})
+        for name, value in entry.items():
+            if name in ("policy", "default"):
+                into.setdefault(name, value)
+            else:
+                into[name] = into.get(name, 0) + value
 
 
 def _log_of(kind: str) -> str:

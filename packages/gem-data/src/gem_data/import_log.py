@@ -21,13 +21,9 @@ SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 _UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 
-def read_table(path: Path, text_columns: Iterable[str] = ()) -> Any:
-    """The table of a log file; in a CSV, ``text_columns`` (ids and keys) are read as text, to be
-    parsed exactly by :class:`Log`."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
+def file_kind(path: Path) -> str:
+    """``parquet`` or ``csv`` by the file's suffix; a missing file or another suffix stops the
+    import."""
     from gem_core.errors import GemDataError
 
     kind = SUFFIXES.get(path.suffix.lower())
@@ -36,24 +32,51 @@ def read_table(path: Path, text_columns: Iterable[str] = ()) -> Any:
                            ".csv")
     if not path.is_file():
         raise GemDataError(f"{path}: no such file")
+    return kind
+
+
+def check_names(path: Path, names: list[str], kind: str) -> None:
+    """Refuse a column name that appears twice in a file's header (CSV) or schema (Parquet)."""
+    from gem_core.errors import GemDataError
+
+    repeated = [name for name, count in Counter(names).items() if count > 1]
+    if repeated:
+        name = repeated[0]
+        places = [str(i + 1) for i, n in enumerate(names) if n == name]
+        where = "header" if kind == "csv" else "schema"
+        raise GemDataError(f"{path}: column {name!r} appears {len(places)} times in the {where} "
+                           f"(columns {', '.join(places)}); every column needs a name of its own")
+
+
+def csv_convert_options(text_columns: Iterable[str], types: dict[str, Any] | None = None) -> Any:
+    """How a CSV log is converted: ``text_columns`` (ids and keys) as text, to be parsed exactly
+    by :class:`Log`; empty cells (and NA, NULL, ...) of them are missing values, as they are in
+    the columns Arrow types itself; ``types``: more columns of a given type."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    column_types = dict(types or {})
+    column_types.update({name: pa.string() for name in text_columns})
+    return pacsv.ConvertOptions(column_types=column_types, strings_can_be_null=True)
+
+
+def read_table(path: Path, text_columns: Iterable[str] = ()) -> Any:
+    """The table of a log file; in a CSV, ``text_columns`` (ids and keys) are read as text, to be
+    parsed exactly by :class:`Log`."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from gem_core.errors import GemDataError
+
+    kind = file_kind(path)
     try:
         if kind == "parquet":
             table = pq.read_table(path)
         else:
-            # Empty cells (and NA, NULL, ...) of the text columns are missing values, as they
-            # are in the columns Arrow types itself.
-            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                column_types={name: pa.string() for name in text_columns},
-                strings_can_be_null=True))
+            table = pacsv.read_csv(path, convert_options=csv_convert_options(text_columns))
     except Exception as error:  # pyarrow raises several types; all mean "cannot read"
         raise GemDataError(f"{path}: cannot read ({type(error).__name__}: {error})") from None
-    repeated = [name for name, count in Counter(table.column_names).items() if count > 1]
-    if repeated:
-        name = repeated[0]
-        places = [str(i + 1) for i, n in enumerate(table.column_names) if n == name]
-        where = "header" if kind == "csv" else "schema"
-        raise GemDataError(f"{path}: column {name!r} appears {len(places)} times in the {where} "
-                           f"(columns {', '.join(places)}); every column needs a name of its own")
+    check_names(path, table.column_names, kind)
     return table
 
 
@@ -87,17 +110,41 @@ class Cells:
         self.null_ids, self.text = null_ids, text
 
 
+class KeyCells:
+    """A key column (user, request, side-table key) over the rows: ``numbers`` (int64; uint64
+    with the same bits) when every value is an integer, else None and ``texts`` (the values as
+    text, a numpy array); which rows are ``missing``; and, for a text column read as numbers,
+    whether some number is negative (``signed``) or needs uint64 (``unsigned``): a column
+    read in blocks (:mod:`gem_data.import_blocks`) is numbers only if its blocks agree."""
+
+    def __init__(self, numbers: np.ndarray | None, texts: Any, missing: np.ndarray, *,
+                 from_text: bool, signed: bool = False, unsigned: bool = False) -> None:
+        self.numbers, self.texts, self.missing = numbers, texts, missing
+        self.from_text, self.signed, self.unsigned = from_text, signed, unsigned
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.numbers if self.numbers is not None else self.texts
+
+
 class Log:
-    """One input table with the helpers that convert its columns, naming file, row, column."""
+    """One input table with the helpers that convert its columns, naming file, row, column.
+
+    ``first_row``: the table's first row in the file (a block of a log read in blocks);
+    ``columns``: the file's columns (the table may hold only some of them)."""
 
     def __init__(self, path: Path, what: str, delimiter: str,
-                 text_columns: Iterable[str] = ()) -> None:
+                 text_columns: Iterable[str] = (), *, table: Any = None, first_row: int = 0,
+                 columns: list[str] | None = None) -> None:
         self.path, self.what, self.delimiter = path, what, delimiter
-        self.table = read_table(path, text_columns)
+        self.table = read_table(path, text_columns) if table is None else table
         self.csv = SUFFIXES[path.suffix.lower()] == "csv"
+        self.first_row = first_row
+        self.columns = list(self.table.column_names if columns is None else columns)
 
     def row_name(self, row: int) -> str:
         # CSV: the file line (header is line 1); Parquet: the 0-based row.
+        row += self.first_row
         return f"line {row + 2}" if self.csv else f"row {row}"
 
     def fail(self, row: int | None, column: str, message: str) -> None:
@@ -116,7 +163,7 @@ class Log:
 
         if name not in self.table.column_names:
             raise GemDataError(f"{self.path}: the {self.what} has no column {name!r} ({role}); "
-                               f"its columns: {', '.join(self.table.column_names)}")
+                               f"its columns: {', '.join(self.columns)}")
         column = self.table.column(name)
         if allow_missing:
             return column
@@ -136,22 +183,32 @@ class Log:
                   ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`keys` and, when ``allow_missing``, which rows have none (their key is 0 or
         the empty text)."""
+        key = self.key_column(name, role, allow_missing=allow_missing)
+        return key.values, key.missing
+
+    def key_column(self, name: str, role: str, *, allow_missing: bool = False) -> KeyCells:
+        """The :class:`KeyCells` of a key column: integers as they are (uint64: the same bits),
+        text that is all 64-bit integers as the integers, other text as text."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         column = self.column(name, role, allow_missing=allow_missing)
         missing = np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
         if pa.types.is_integer(column.type):
-            return _integers(pc.fill_null(column, 0)), missing
+            return KeyCells(_integers(pc.fill_null(column, 0)), None, missing, from_text=False)
         if _is_text(column.type):
             filled = pc.fill_null(column, "")
+            texts = filled.to_numpy(zero_copy_only=False).astype(str)
             present = pc.filter(filled, pa.array(~missing)) if missing.any() else filled
-            numbers = self._cast_ids(present)
-            if numbers is not None and missing.any():
+            numbers, unsigned = self._cast_ids(present, with_target=True)
+            if numbers is None:
+                return KeyCells(None, texts, missing, from_text=True)
+            signed = bool((numbers < 0).any()) and not unsigned
+            if missing.any():
                 numbers, some = np.zeros(missing.size, dtype=np.int64), numbers
                 numbers[~missing] = some
-            return (numbers if numbers is not None else
-                    filled.to_numpy(zero_copy_only=False).astype(str)), missing
+            return KeyCells(numbers, texts, missing, from_text=True, signed=signed,
+                            unsigned=unsigned)
         self.fail(None, name, f"{role} must be integers or strings, got {column.type}")
         raise AssertionError
 
@@ -278,9 +335,9 @@ class Log:
         raise AssertionError
 
     @staticmethod
-    def _cast_ids(texts: Any) -> np.ndarray | None:
+    def _cast_ids(texts: Any, with_target: bool = False) -> Any:
         """Text ids as int64 exactly (as int64, else as uint64 with the same bits); None if some
-        text is neither."""
+        text is neither. ``with_target``: also whether uint64 was needed."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -290,8 +347,10 @@ class Log:
                 values = pc.cast(trimmed, target).to_numpy()
             except pa.ArrowInvalid:
                 continue
-            return values.view(np.int64) if values.dtype == np.uint64 else values
-        return None
+            unsigned = values.dtype == np.uint64
+            values = values.view(np.int64) if unsigned else values
+            return (values, unsigned) if with_target else values
+        return (None, False) if with_target else None
 
     def _parse_ids(self, texts: Any, owner: np.ndarray | None, name: str, role: str,
                    hint: str = "") -> np.ndarray:

@@ -201,6 +201,35 @@ def read_schema_file(path: str | Path) -> tuple[Any, ImportOptions]:
     return schema, attrs.evolve(options, join=joins)
 
 
+def text_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
+    """Columns a CSV ``log`` (``impressions`` or ``events``) reads as text, to be parsed
+    exactly: keys and id features."""
+    o = options
+    joined = {key for join in o.join for key in join.features}
+    keys = [o.user_column, o.request_column or "request_id",
+            *(c for c in o.request_columns if c != o.timestamp_column)]
+    keys += [j.joined_column for j in o.join if j.log == log]
+    kinds = (("event", schema.event_features),) if log == "events" else \
+        (("candidate", schema.candidate_features), ("sparse", schema.sparse_features))
+    return keys + [o.columns.get(f"{kind}.{f.name}", f.name) for kind, features in kinds
+                   for f in features if f"{kind}.{f.name}" not in joined]
+
+
+def number_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
+    """Columns of ``log`` read as numbers: the labels and the dense columns (impressions)."""
+    if log == "events":
+        return []
+    joined = {key for join in options.join for key in join.features}
+    return ([options.columns.get(f"label.{task}", task) for task in schema.tasks]
+            + [c for c in options.dense_columns if f"dense.{c}" not in joined])
+
+
+def log_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
+    """Every column of ``log`` the import may read."""
+    return list(dict.fromkeys([*text_columns(schema, options, log), options.timestamp_column,
+                               *number_columns(schema, options, log)]))
+
+
 def feature_keys(schema: Any, options: ImportOptions) -> dict[str, tuple[str, Any]]:
     """Every key of ``[import.features]``: ``key -> (kind, feature or dense column)``."""
     keys: dict[str, tuple[str, Any]] = {}

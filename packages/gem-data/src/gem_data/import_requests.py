@@ -29,9 +29,54 @@ def key_columns(options: Any, log: Log) -> tuple[str, ...]:
         return tuple(options.request_columns)
     if options.request_column is not None:
         return (options.request_column,)
-    if "request_id" in log.table.column_names:
+    if "request_id" in log.columns:
         return ("request_id",)
     return (options.user_column, options.timestamp_column)
+
+
+def key_name(columns: tuple[str, ...], values: list[Any]) -> str:
+    """A request's key as a message names it: ``request 'r1'``, or ``request (user 5,
+    time_stamp 1494000000)``."""
+    if len(columns) == 1:
+        return f"request {values[0]!r}"
+    return f"request ({', '.join(f'{c} {v!r}' for c, v in zip(columns, values))})"
+
+
+def mixed_request(request: str, role: str, first: Any, here: Any) -> str:
+    """The message of a request whose impressions have different users or times."""
+    return (f"{request} has impressions with different {role}s ({first!r} and {here!r}); one "
+            "request is one user at one time")
+
+
+def mixed_context(request: str, role: str, first: Any, first_row: str, here: Any,
+                  differ: int) -> str:
+    """The message of a request whose impressions have different bags of a context feature."""
+    return (f"{request} has impressions with different values of {role} ({first} on "
+            f"{first_row}, {here} here); a request's context is the same on all its impressions "
+            f"(impressions that differ: {differ}); to keep one value per impression, declare it "
+            "under [[candidate_features]] instead")
+
+
+def mixed_dense(request: str, name: str, first: float, first_row: str, here: float) -> str:
+    """The message of a request whose impressions have different values of a dense column."""
+    return (f"{request} has impressions with different values of dense feature {name!r} "
+            f"({first:g} on {first_row}, {here:g} here); a request's context is the same on all "
+            "its impressions")
+
+
+def same_id(path: Any, first: str, second: str, request_id: int) -> str:
+    """The message of two request keys with one 64-bit id."""
+    return (f"{path}: {first} and {second} have the same 64-bit request id {request_id}; give "
+            "the log a request id column (import.request_column)")
+
+
+def fold_ids(values: list[np.ndarray]) -> np.ndarray:
+    """The 64-bit ids of keys given column by column (see the module doc)."""
+    h = None
+    for column in values:
+        v = _as_numbers(column)
+        h = _splitmix(v) if h is None else _splitmix(h ^ v)
+    return np.zeros(0, dtype=np.int64) if h is None else h
 
 
 def _as_numbers(values: np.ndarray) -> np.ndarray:
@@ -68,29 +113,20 @@ class RequestKeys:
     def name(self, row: int) -> str:
         """The key of impression ``row`` as a message names it: ``request 'r1'``, or
         ``request (user 5, time_stamp 1494000000)``."""
-        if len(self.columns) == 1:
-            return f"request {self.values[0][row].item()!r}"
-        parts = ", ".join(f"{c} {v[row].item()!r}" for c, v in zip(self.columns, self.values))
-        return f"request ({parts})"
+        return key_name(self.columns, [v[row].item() for v in self.values])
 
     def ids(self, heads: np.ndarray) -> np.ndarray:
         """The 64-bit ids of the requests whose first impressions are ``heads``; stops the
         import if two keys have one id."""
         from gem_core.errors import GemDataError
 
-        h = None
-        for column in self.values:
-            v = _as_numbers(column[heads])
-            h = _splitmix(v) if h is None else _splitmix(h ^ v)
-        ids = np.zeros(0, dtype=np.int64) if h is None else h
+        ids = fold_ids([column[heads] for column in self.values])
         distinct, first, counts = np.unique(ids, return_index=True, return_counts=True)
         if distinct.size != ids.size:
             twice = int(np.flatnonzero(counts > 1)[0])
             rows = heads[np.flatnonzero(ids == distinct[twice])[:2]]
-            raise GemDataError(f"{self.log.path}: {self.name(int(rows[0]))} and "
-                               f"{self.name(int(rows[1]))} have the same 64-bit request id "
-                               f"{int(distinct[twice])}; give the log a request id column "
-                               "(import.request_column)")
+            raise GemDataError(same_id(self.log.path, self.name(int(rows[0])),
+                                       self.name(int(rows[1])), int(distinct[twice])))
         return ids
 
 
@@ -99,6 +135,10 @@ def read_keys(log: Log, options: Any) -> RequestKeys:
     columns by :meth:`Log.keys`)."""
     columns = key_columns(options, log)
     values = [log.times(c, "request time") if c == options.timestamp_column
-              else log.keys(c, "user" if c == options.user_column else "request id")
-              for c in columns]
+              else log.keys(c, key_role(c, options)) for c in columns]
     return RequestKeys(log, columns, values)
+
+
+def key_role(column: str, options: Any) -> str:
+    """What a key column other than the time is, as errors name it."""
+    return "user" if column == options.user_column else "request id"

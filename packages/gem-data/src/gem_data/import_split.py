@@ -10,7 +10,7 @@ time, ``eval_fraction = 0.1`` wrote 80 % to eval). What was achieved is reported
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,27 +26,37 @@ def wanted_eval(count: int, fraction: float) -> int:
 def split_time(times: np.ndarray, fraction: float) -> tuple[int | None, dict[str, Any]]:
     """``(cut, summary)``: eval holds the requests at or after ``cut`` (None: no eval split);
     the summary says what was asked, what was achieved and why they differ."""
-    count = int(times.size)
+    ordered = np.sort(times)
+    return choose_cut(
+        int(times.size), fraction, value_at=lambda i: int(ordered[i]),
+        before=lambda t: int(np.searchsorted(ordered, t, side="left")),
+        through=lambda t: int(np.searchsorted(ordered, t, side="right")))
+
+
+def choose_cut(count: int, fraction: float, *, value_at: Callable[[int], int],
+               before: Callable[[int], int], through: Callable[[int], int]
+               ) -> tuple[int | None, dict[str, Any]]:
+    """:func:`split_time` over ``count`` request times known through three questions (an
+    engine answers them without holding the times): ``value_at(i)``, the ``i``-th smallest
+    time (from 0); ``before(t)`` and ``through(t)``, how many times are ``< t`` and ``<= t``."""
     wanted = wanted_eval(count, fraction)
     summary: dict[str, Any] = {"eval_fraction": fraction, "requests": count,
                                "wanted_eval_requests": wanted}
     cut = None
     if wanted:
-        ordered = np.sort(times)
-        at = ordered[count - wanted]
-        first = int(np.searchsorted(ordered, at, side="left"))  # the tie is [first, last)
-        last = int(np.searchsorted(ordered, at, side="right"))
+        at = value_at(count - wanted)
+        first, last = before(at), through(at)  # the tie is [first, last)
         # (distance from the wanted count, -eval count, cut): the tie to eval (unless that
         # leaves no training request) or to train (no eval split if the tie is the latest).
         options = [(abs(count - last - wanted), -(count - last),
-                    int(ordered[last]) if last < count else None)]
+                    value_at(last) if last < count else None)]
         if first > 0:
             options.append((abs(count - first - wanted), -(count - first), int(at)))
         cut = min(options, key=lambda option: option[:2])[2]
         if last - first > 1:
             side = "eval" if cut == int(at) else "train"
             summary["tie_at_cut"] = {"time": int(at), "requests": last - first, "side": side}
-    achieved = 0 if cut is None else int(np.count_nonzero(times >= cut))
+    achieved = 0 if cut is None else count - before(cut)
     summary.update(eval_requests=achieved,
                    achieved_eval_fraction=round(achieved / count, 6) if count else 0.0,
                    eval_from_time=cut)

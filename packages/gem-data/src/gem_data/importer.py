@@ -34,9 +34,12 @@ before ``time_floor``) or Arrow timestamps (whole seconds, rounded down).
 The data set is written into a staging directory beside ``out`` and renamed into place when
 complete, so a failed import leaves no files.
 
-Implementation: pyarrow reads and sorts; numpy does the grouping and the history cut with
-sorts and searches (no Python loop per row or per request). The whole log is held in memory:
-for logs larger than memory, import disjoint sets of users into separate data sets.
+Engines (``--engine``): ``numpy``, here, the reference: pyarrow reads and sorts; numpy does the
+grouping and the history cut with sorts and searches (no Python loop per row or per request),
+the whole log held in memory. ``duckdb`` (:mod:`gem_data.import_duckdb`), for logs larger than
+memory: the logs read in blocks and converted by this path's code
+(:mod:`gem_data.import_stage`), then the join, grouping and split in DuckDB, out of core. Both
+write the same data set.
 """
 
 from __future__ import annotations
@@ -48,15 +51,16 @@ import attrs
 import click
 import numpy as np
 
-from gem_data.import_features import Features, describe_counts
+from gem_data.import_features import Features, describe_counts, read_labels
 from gem_data.import_log import Log
 from gem_data.import_options import (  # noqa: F401  (the [import] table's API, re-exported)
     FeatureImport,
     ImportOptions,
     JoinOptions,
     read_schema_file,
+    text_columns,
 )
-from gem_data.import_requests import read_keys
+from gem_data.import_requests import mixed_context, mixed_dense, mixed_request, read_keys
 
 # -- building -------------------------------------------------------------------------------
 
@@ -85,18 +89,6 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
     return _build(impressions, events, schema, options, vocabularies)[0]
 
 
-def _text_columns(schema: Any, o: ImportOptions, log: str) -> list[str]:
-    """Columns a CSV log reads as text, to be parsed exactly: keys and id features."""
-    joined = {key for join in o.join for key in join.features}
-    keys = [o.user_column, o.request_column or "request_id",
-            *(c for c in o.request_columns if c != o.timestamp_column)]
-    keys += [j.joined_column for j in o.join if j.log == log]
-    kinds = (("event", schema.event_features),) if log == "events" else \
-        (("candidate", schema.candidate_features), ("sparse", schema.sparse_features))
-    return keys + [o.columns.get(f"{kind}.{f.name}", f.name) for kind, features in kinds
-                   for f in features if f"{kind}.{f.name}" not in joined]
-
-
 def _build(impressions: str | Path, events: str | Path, schema: Any, options: ImportOptions,
            vocabularies: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`build_requests` and the import's report: the train/eval cut
@@ -110,8 +102,8 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
 
     o = options
     imp = Log(Path(impressions), "impression log", o.delimiter,
-              _text_columns(schema, o, "impressions"))
-    ev = Log(Path(events), "event log", o.delimiter, _text_columns(schema, o, "events"))
+              text_columns(schema, o, "impressions"))
+    ev = Log(Path(events), "event log", o.delimiter, text_columns(schema, o, "events"))
     if imp.table.num_rows == 0:
         raise GemDataError(f"{imp.path}: the impression log has no rows")
     has_events = ev.table.num_rows > 0
@@ -154,9 +146,8 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
         if differs.size:
             row = int(order[differs[0]])
             other = int(order[starts][group_of][differs[0]])
-            imp.fail(row, name, f"{keys.name(row)} has impressions with "
-                                f"different {role}s ({raw[other].item()!r} and "
-                                f"{raw[row].item()!r}); one request is one user at one time")
+            imp.fail(row, name, mixed_request(keys.name(row), role, raw[other].item(),
+                                              raw[row].item()))
     head = order[starts]  # the first impression of each request (file order)
     keys.ids(head)  # the requests' 64-bit ids: checked one to one with their keys
     request_time, request_user = imp_time[head], imp_code[head]
@@ -185,14 +176,7 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     event_ids = {f.name: features.ids[f"event.{f.name}"] for f in schema.event_features} \
         if has_events else {}
     cand_ids = {f.name: features.ids[f"candidate.{f.name}"] for f in schema.candidate_features}
-    labels = {}
-    for task in schema.tasks:
-        name = o.columns.get(f"label.{task}", task)
-        values = imp.floats(name, f"label of task {task!r}")
-        bad = np.flatnonzero((values != 0) & (values != 1))
-        if bad.size:
-            imp.fail(int(bad[0]), name, f"label {values[bad[0]]} of task {task!r} is not 0 or 1")
-        labels[task] = values.astype(np.float32)
+    labels = read_labels(imp, schema, o)
     sparse = {f.name: features.ids[f"sparse.{f.name}"] for f in schema.sparse_features}
     dense = features.dense
 
@@ -205,11 +189,8 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
         differs = np.flatnonzero(dense[order, index] != dense[heads_of, index])
         if differs.size:
             row, other = int(order[differs[0]]), int(heads_of[differs[0]])
-            imp.fail(row, name, f"{keys.name(row)} has impressions with "
-                                f"different values of dense feature {name!r} "
-                                f"({dense[other, index]:g} on {imp.row_name(other)}, "
-                                f"{dense[row, index]:g} here); a request's context is the "
-                                "same on all its impressions")
+            imp.fail(row, name, mixed_dense(keys.name(row), name, dense[other, index],
+                                            imp.row_name(other), dense[row, index]))
 
     # Splits by request time: eval from the cut on (none without a cut).
     cut, summary = split_time(request_time, o.eval_fraction)
@@ -285,12 +266,8 @@ def _same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarra
     if bad.size:
         row, other = int(rows[bad[0]]), int(heads[bad[0]])
         bag = lambda r: values[offsets[r]:offsets[r + 1]].tolist()  # noqa: E731
-        log.fail(row, name, f"{keys.name(row)} has impressions with different "
-                            f"values of {role} ({bag(other)} on {log.row_name(other)}, "
-                            f"{bag(row)} here); a request's context is the same on all its "
-                            f"impressions (impressions that differ: {bad.size}); to keep one "
-                            "value per impression, declare it under [[candidate_features]] "
-                            "instead")
+        log.fail(row, name, mixed_context(keys.name(row), role, bag(other), log.row_name(other),
+                                          bag(row), int(bad.size)))
 
 
 def _empty_ids(feature: Any) -> Any:
@@ -309,34 +286,78 @@ def _user_numbers(users: np.ndarray) -> np.ndarray:
     return np.arange(users.size, dtype=np.int64)
 
 
+ENGINES = ("numpy", "duckdb")
+"""The engines of ``gem data import`` (``--engine``)."""
+
+DEFAULT_ENGINE = "numpy"
+
+
 def import_logs(impressions: str | Path, events: str | Path, schema_file: str | Path,
                 out: str | Path, *, row_group_rows: int = 16384,
-                vocabulary_from: str | Path | None = None) -> Any:
+                vocabulary_from: str | Path | None = None, engine: str = DEFAULT_ENGINE,
+                memory_limit: str | None = None, temp_dir: str | Path | None = None,
+                threads: int | None = None, block_rows: int | None = None,
+                block_bytes: int | None = None) -> Any:
     """Import the logs into a data set directory ``out``; returns its manifest. Its ``info``
     says what share of the requests went to eval (``split``), how requests were keyed and how
     many rows were dropped (``requests``), per feature how many values were missing and what
-    was done (``features``), and lists the vocabularies written (``vocabularies``: path, size,
-    SHA-256). ``vocabulary_from``: a data set imported earlier whose vocabularies are used
-    (values they lack get the out-of-vocabulary id) instead of building new ones. Written
-    beside ``out`` and renamed into place when complete: a failed import leaves ``out`` as it
-    was."""
+    was done (``features``), lists the vocabularies written (``vocabularies``: path, size,
+    SHA-256) and the engine that ran (``engine``). ``vocabulary_from``: a data set imported
+    earlier whose vocabularies are used (values they lack get the out-of-vocabulary id)
+    instead of building new ones. Written beside ``out`` and renamed into place when complete:
+    a failed import leaves ``out`` as it was.
+
+    ``engine``: ``numpy`` (both logs in memory, the reference) or ``duckdb``
+    (:mod:`gem_data.import_duckdb`: out of core under ``memory_limit``, spilling into
+    ``temp_dir``, by default inside the staging directory; ``threads``: DuckDB's, default
+    every core; ``block_rows`` / ``block_bytes``: rows of a Parquet block, bytes of a CSV
+    block read at a time). Both write the same requests."""
+    from gem_core.errors import GemDataError
     from gem_data.import_strings import read_vocabularies
     from gem_data.writer import DatasetWriter, staged_directory
 
+    if engine not in ENGINES:
+        raise GemDataError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
+    if engine == "numpy":
+        given_options = [name for name, value in (("--memory-limit", memory_limit),
+                                                  ("--temp-dir", temp_dir),
+                                                  ("--threads", threads)) if value is not None]
+        if given_options:
+            verb = "applies" if len(given_options) == 1 else "apply"
+            raise GemDataError(f"{' and '.join(given_options)} {verb} to --engine duckdb; the "
+                               "numpy engine holds both logs in memory")
     schema, options = read_schema_file(schema_file)
     given = read_vocabularies(vocabulary_from) if vocabulary_from is not None else None
-    with staged_directory(out) as staging:
-        splits, report = _build(impressions, events, schema, options, given)
-        info = {"source": "gem data import", "impressions": str(impressions),
+
+    def info_of(report: dict[str, Any], staging: Path, engine_info: dict[str, Any]) -> dict:
+        return {"source": "gem data import", "impressions": str(impressions),
                 "events": str(events), "schema_file": str(schema_file),
                 "import": attrs.asdict(options), "split": report["split"],
                 "requests": report["requests"], "features": report["features"],
                 "vocabularies": {table: vocabulary.write(staging) for table, vocabulary
-                                 in sorted(report["vocabularies"].items())}}
-        writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows, info=info)
-        for split, batch in splits.items():
-            batch.validate(schema, where=f"{out} ({split})")
-            writer.write(split, batch)
+                                 in sorted(report["vocabularies"].items())},
+                "engine": engine_info}
+
+    with staged_directory(out) as staging:
+        if engine == "numpy":
+            splits, report = _build(impressions, events, schema, options, given)
+            writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows,
+                                   info=info_of(report, staging, {"name": "numpy"}))
+            for split, batch in splits.items():
+                batch.validate(schema, where=f"{out} ({split})")
+                writer.write(split, batch)
+        else:
+            from gem_data.import_duckdb import DuckDBImport
+
+            with DuckDBImport(impressions, events, schema, options, vocabularies=given,
+                              memory_limit=memory_limit,
+                              temp_dir=staging if temp_dir is None else temp_dir,
+                              threads=threads, block_rows=block_rows,
+                              block_bytes=block_bytes) as run:
+                report = run.prepare()
+                writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows,
+                                       info=info_of(report, staging, run.engine_info()))
+                run.write(writer, str(out), row_group_rows)
         manifest = writer.close()
     return manifest
 
@@ -376,13 +397,27 @@ def describe_import(info: dict[str, Any]) -> list[str]:
               default=None, help="A data set imported before: use its vocabularies "
                                  "(import.strings = \"vocabulary\"); values they lack get the "
                                  "out-of-vocabulary id, counted.")
+@click.option("--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True,
+              help="numpy: both logs in memory (the reference). duckdb: the join, grouping "
+                   "and split in DuckDB, out of core (pip install 'gem-data[duckdb]').")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="duckdb: DuckDB's memory limit, e.g. 2GB (default: 80 % of the memory); "
+                   "what does not fit spills to --temp-dir.")
+@click.option("--temp-dir", type=click.Path(file_okay=False), default=None,
+              help="duckdb: where DuckDB spills and stages the logs (default: inside the "
+                   "staging directory beside OUT); removed after the import.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="duckdb: threads DuckDB runs on (default: every core).")
 def import_command(impressions: str, events: str, schema_file: str, out: str,
-                   row_group_rows: int, vocabulary_from: str | None) -> None:
+                   row_group_rows: int, vocabulary_from: str | None, engine: str,
+                   memory_limit: str | None, temp_dir: str | None, threads: int | None) -> None:
     from gem_core.errors import GemError
 
     try:
         manifest = import_logs(impressions, events, schema_file, out,
-                               row_group_rows=row_group_rows, vocabulary_from=vocabulary_from)
+                               row_group_rows=row_group_rows, vocabulary_from=vocabulary_from,
+                               engine=engine, memory_limit=memory_limit, temp_dir=temp_dir,
+                               threads=threads)
     except GemError as error:
         raise click.ClickException(str(error)) from None
     from gem_data.import_split import describe

@@ -66,6 +66,11 @@ def gem_register_cli_commands(register: Any) -> None:
         name="bench.loader", load=_load_bench_loader, requires=("pyarrow",),
         description="Loader throughput from Parquet to batches, ours vs the TorchRec KJT path"))
     register(ImplementationSpec(
+        name="bench.import", load=lazy("gem_data.bench_import", "bench_import"),
+        requires=("pyarrow",),
+        description="gem data import with each engine (numpy, duckdb) on the same generated "
+                    "logs: rows/s and peak memory"))
+    register(ImplementationSpec(
         name="export-user-embeddings",
         load=lazy("gem_data.export_user_embeddings", "export_user_embeddings"),
         requires=("pyarrow",),

@@ -1,0 +1,498 @@
+"""``gem data import --engine duckdb``: the join, the grouping and the split in DuckDB, embedded and
+out of core (``--memory-limit``; what does not fit spills to ``--temp-dir``).
+
+The logs are first staged by :mod:`gem_data.import_stage` (read in blocks, every row converted
+and checked by the numpy path's code). DuckDB then, over the staged Parquet files:
+
+- groups the impressions kept into requests by the request key
+  (:mod:`gem_data.import_requests`), the first impression in the file heading each, and runs
+  the checks that need whole requests, in the numpy path's order and with its messages: one
+  user and one time per request, no two keys with one 64-bit request id (computed by the numpy
+  path's function, :func:`~gem_data.import_requests.fold_ids`, as a DuckDB function; a key of
+  one integer column cannot collide and is not checked), the same context on every impression;
+- cuts train from eval by :func:`gem_data.import_split.choose_cut`, asking DuckDB for the
+  times it needs;
+- numbers each user's events kept by (time, row in the file) and counts, per request, the
+  user's events strictly before its time (requests placed before events at one time); the
+  history is the last ``max_seq_len`` of them, oldest first;
+- returns the requests by (time, first impression), which are cut into row groups of
+  ``row_group_rows`` and handed to :class:`~gem_data.writer.DatasetWriter` block by block,
+  each block checked as the numpy path checks its batches.
+
+Every id is a BIGINT holding the int64 of the id's bits (uint64 ids were reinterpreted at
+staging, as the numpy path does), never a float. Where an error names the first offending row
+of several, it is the one the numpy path names: the first in request key order, then in file
+order. A DuckDB failure (out of memory under the limit, a full disk) is an error naming the
+engine and the option to change, not a traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from gem_data.import_options import ImportOptions
+from gem_data.import_requests import (
+    fold_ids,
+    key_name,
+    mixed_context,
+    mixed_dense,
+    mixed_request,
+    same_id,
+)
+from gem_data.import_split import choose_cut
+from gem_data.import_stage import stage_logs
+
+#: The DuckDB release gem-data is tested with (``gem-data[duckdb]`` pins it).
+DUCKDB_VERSION = "1.5.6"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str | Path) -> str:
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def connect(memory_limit: str | None, work: Path, threads: int | None = None) -> Any:
+    """A DuckDB connection on a database file in ``work``, spilling there, under
+    ``memory_limit`` (DuckDB's syntax: ``2GB``, ``512MiB``; None: DuckDB's default, 80 % of
+    the memory)."""
+    from gem_core.errors import GemDataError
+
+    try:
+        import duckdb
+    except ImportError:
+        raise GemDataError("--engine duckdb needs the duckdb package: pip install "
+                           f"'gem-data[duckdb]' (duckdb=={DUCKDB_VERSION})") from None
+    con = duckdb.connect(str(work / "import.duckdb"))
+    try:
+        con.execute(f"SET temp_directory = {_literal(work / 'spill')}")
+        con.execute("SET preserve_insertion_order = false")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+    except duckdb.Error as error:
+        con.close()
+        raise GemDataError(f"DuckDB: {error}") from None
+    if memory_limit is not None:
+        try:
+            con.execute(f"SET memory_limit = {_literal(memory_limit)}")
+        except duckdb.Error as error:
+            con.close()
+            raise GemDataError(f"--memory-limit {memory_limit!r} is not a size DuckDB reads "
+                               f"(write it as 2GB, 512MB or 1.5GiB): {error}") from None
+    return con
+
+
+class DuckDBImport:
+    """One import on DuckDB: :meth:`prepare` stages the logs, checks the requests and cuts the
+    split (returning the import's report), :meth:`write` streams the requests into a writer,
+    :meth:`close` removes the work directory (the spill files and the database)."""
+
+    def __init__(self, impressions: str | Path, events: str | Path, schema: Any,
+                 options: ImportOptions, *, vocabularies: dict[str, Any] | None = None,
+                 memory_limit: str | None = None, temp_dir: str | Path,
+                 threads: int | None = None, block_rows: int | None = None,
+                 block_bytes: int | None = None) -> None:
+        self.impressions, self.events = Path(impressions), Path(events)
+        self.schema, self.options, self.given = schema, options, vocabularies
+        self.memory_limit = memory_limit
+        Path(temp_dir).mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="gem-import-", dir=temp_dir))
+        self.blocks = {k: v for k, v in (("block_rows", block_rows),
+                                         ("block_bytes", block_bytes)) if v}
+        self.con: Any = None
+        self.threads = threads
+        self.cut: int | None = None
+
+    def __enter__(self) -> DuckDBImport:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- SQL -------------------------------------------------------------------------------------
+
+    def _sql(self, query: str, parameters: list[Any] | None = None) -> Any:
+        """Run ``query``; a DuckDB error becomes a GemDataError naming the engine."""
+        import duckdb
+
+        from gem_core.errors import GemDataError
+
+        try:
+            return self.con.execute(query, parameters or [])
+        except duckdb.OutOfMemoryException as error:
+            limit = self.con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+            raise GemDataError(f"DuckDB ran out of memory under its memory limit ({limit}; "
+                               f"--memory-limit {self.memory_limit or 'not given'}): raise "
+                               "--memory-limit, or point --temp-dir at a disk with room to "
+                               f"spill ({str(error).splitlines()[0]})") from None
+        except duckdb.Error as error:
+            raise GemDataError(f"DuckDB ({type(error).__name__}): {error}; its work directory "
+                               f"was {self.work} (--temp-dir)") from None
+
+    def _one(self, query: str, parameters: list[Any] | None = None) -> Any:
+        return self._sql(query, parameters).fetchone()
+
+    # -- preparing -------------------------------------------------------------------------------
+
+    def prepare(self) -> dict[str, Any]:
+        """Stage, check and split; the import's report (as the numpy path's)."""
+        self.con = connect(self.memory_limit, self.work, self.threads)  # a bad limit: at once
+        self.staged = stage_logs(self.impressions, self.events, self.schema, self.options,
+                                 self.work, vocabularies=self.given, **self.blocks)
+        self._views()
+        self._requests()
+        self._check_requests()
+        count = self._one("SELECT count(*) FROM req")[0]
+        self.cut, summary = choose_cut(
+            count, self.options.eval_fraction,
+            value_at=lambda i: self._one("SELECT rt FROM req ORDER BY rt LIMIT 1 OFFSET ?",
+                                         [i])[0],
+            before=lambda t: self._one("SELECT count(*) FROM req WHERE rt < ?", [t])[0],
+            through=lambda t: self._one("SELECT count(*) FROM req WHERE rt <= ?", [t])[0])
+        all_requests = self._one(f"SELECT count(*) FROM (SELECT DISTINCT {self.key} FROM imp)")[0]
+        s = self.staged
+        return {
+            "split": summary,
+            "requests": {"key": list(s.key), "requests": int(count),
+                         "dropped_impressions": s.rows["impressions"] - s.kept["impressions"],
+                         "dropped_events": s.rows["events"] - s.kept["events"],
+                         "dropped_requests": int(all_requests - count)},
+            "features": s.counts,
+            "vocabularies": s.vocabularies,
+        }
+
+    def _views(self) -> None:
+        s, o = self.staged, self.options
+        numbers = s.kinds["u_impressions"].numbers
+        user = "u_n" if numbers else "u_s"
+        self.user_numbers = numbers
+        others = [c for c in s.key if c not in (o.user_column, o.timestamp_column)]
+        keys = []
+        for column in s.key:
+            if column == o.user_column:
+                keys.append("u")
+            elif column == o.timestamp_column:
+                keys.append("t")
+            else:
+                keys.append(f"k{others.index(column)}")
+        self.key_exprs = keys
+        self.key = ", ".join(keys)
+        k_columns = "".join(f", {'k%d_n' % i if s.kinds[f'k{i}'].numbers else 'k%d_s' % i} "
+                            f"AS k{i}" for i in range(len(others)))
+        self._sql(f"CREATE VIEW imp AS SELECT * EXCLUDE (u_n, u_s"
+                  f"{''.join(f', k{i}_n, k{i}_s' for i in range(len(others)))}), "
+                  f"{user} AS u{k_columns} FROM read_parquet({_literal(s.impressions)})")
+        self._sql(f"CREATE VIEW ev AS SELECT * EXCLUDE (u_n, u_s), {user} AS u "
+                  f"FROM read_parquet({_literal(s.events)})")
+
+    def _requests(self) -> None:
+        """``live``: the impressions kept, each with its request's head (first impression in
+        the file) and the head's user, time and context; ``req``: one row per request."""
+        schema, o = self.schema, self.options
+        heads = ["first_value(row) OVER w AS head", "first_value(u) OVER w AS head_u",
+                 "first_value(t) OVER w AS head_t"]
+        heads += [f"first_value(s{j}) OVER w AS head_s{j}"
+                  for j in range(len(schema.sparse_features))]
+        heads += [f"first_value(d{j}) OVER w AS head_d{j}" for j in range(len(o.dense_columns))]
+        self._sql(f"CREATE TABLE live AS SELECT *, {', '.join(heads)} FROM imp WHERE keep "
+                  f"WINDOW w AS (PARTITION BY {self.key} ORDER BY row)")
+        context = "".join(f", any_value(head_s{j}) AS s{j}"
+                          for j in range(len(schema.sparse_features)))
+        context += "".join(f", any_value(head_d{j}) AS d{j}" for j in range(len(o.dense_columns)))
+        self._sql(f"CREATE TABLE req AS SELECT head, any_value(head_u) AS ru, "
+                  f"any_value(head_t) AS rt, count(*) AS n{context}, {self.key} FROM live "
+                  f"GROUP BY head, {self.key}")
+
+    def _request_name(self, values: list[Any]) -> str:
+        return key_name(self.staged.key, values)
+
+    def _check_requests(self) -> None:
+        """The checks over whole requests, in the numpy path's order (see the module doc)."""
+        schema, o, s = self.schema, self.options, self.staged
+        checks: list[tuple[str, str]] = []  # (name, condition)
+        if o.user_column not in s.key:
+            checks.append(("user", "u IS DISTINCT FROM head_u"))
+        if o.timestamp_column not in s.key:
+            checks.append(("time", "t <> head_t"))
+        for j in range(len(schema.sparse_features)):
+            checks.append((f"length{j}", f"len(s{j}) <> len(head_s{j})"))
+            checks.append((f"bag{j}", f"list_sort(s{j}) <> list_sort(head_s{j})"))
+        for j in range(len(o.dense_columns)):
+            checks.append((f"dense{j}", f"d{j} <> head_d{j}"))
+        counts = {}
+        if checks:
+            row = self._one("SELECT " + ", ".join(f"count(*) FILTER (WHERE {condition})"
+                                                  for _, condition in checks) + " FROM live")
+            counts = dict(zip([name for name, _ in checks], row))
+        conditions = dict(checks)
+
+        def first(condition: str, columns: str) -> Any:
+            found = self._one(f"SELECT row, head, {columns}, {self.key} FROM live WHERE "
+                              f"{condition} ORDER BY {self.key}, row LIMIT 1")
+            return (found[0], found[1], list(found[4:]), found[2], found[3])
+
+        imp = s.imp_log
+        for name, column, role, raw in (("user", o.user_column, "user", "u"),
+                                        ("time", o.timestamp_column, "request time", "t")):
+            if counts.get(name):
+                row, head, key, here, other = first(conditions[name], f"{raw}, head_{raw}")
+                imp.fail(row, column, mixed_request(self._request_name(key), role, other, here))
+        self._check_ids()
+        for j, feature in enumerate(schema.sparse_features):
+            name = f"length{j}" if counts[f"length{j}"] else f"bag{j}"
+            if counts[name]:
+                row, head, key, here, other = first(conditions[name], f"s{j}, head_s{j}")
+                imp.fail(row, o.columns.get(f"sparse.{feature.name}", feature.name),
+                         mixed_context(self._request_name(key), f"context feature "
+                                       f"{feature.name!r}", other, imp.row_name(head), here,
+                                       int(counts[name])))
+        for j, column in enumerate(o.dense_columns):
+            if counts[f"dense{j}"]:
+                row, head, key, here, other = first(conditions[f"dense{j}"], f"d{j}, head_d{j}")
+                imp.fail(row, column, mixed_dense(self._request_name(key), column, other,
+                                                  imp.row_name(head), here))
+
+    def _check_ids(self) -> None:
+        """No two request keys with one 64-bit id (:meth:`RequestKeys.ids`)."""
+        import pyarrow as pa
+
+        from gem_core.errors import GemDataError
+
+        s = self.staged
+        numbers = [self._numbers(i) for i in range(len(s.key))]
+        if len(s.key) == 1 and numbers[0]:
+            return  # one integer column: splitmix64 is a bijection, no two keys share an id
+
+        def request_id(keys: Any) -> Any:
+            keys = keys.combine_chunks() if hasattr(keys, "combine_chunks") else keys
+            values = [keys.field(i).to_numpy(zero_copy_only=False) for i in range(len(numbers))]
+            values = [v if n else v.astype(str) for v, n in zip(values, numbers)]
+            return pa.array(fold_ids(values), pa.int64())
+
+        struct = ", ".join(f"f{i} {'BIGINT' if n else 'VARCHAR'}" for i, n in enumerate(numbers))
+        self.con.create_function("gem_request_id", request_id, [f"STRUCT({struct})"], "BIGINT",
+                                 type="arrow", side_effects=False)
+        fields = ", ".join(f"'f{i}': {e}" for i, e in enumerate(self.key_exprs))
+        self._sql(f"CREATE TABLE ids AS SELECT gem_request_id({{{fields}}}) AS id, {self.key} "
+                  "FROM req")
+        twice = self._one("SELECT id FROM ids GROUP BY id HAVING count(*) > 1 ORDER BY id "
+                          "LIMIT 1")
+        if twice:
+            keys = self._sql(f"SELECT {self.key} FROM ids WHERE id = ? ORDER BY {self.key} "
+                             "LIMIT 2", [twice[0]]).fetchall()
+            raise GemDataError(same_id(s.imp_log.path, self._request_name(list(keys[0])),
+                                       self._request_name(list(keys[1])), int(twice[0])))
+
+    def _numbers(self, index: int) -> bool:
+        """Whether the key's ``index``-th column holds numbers (else text)."""
+        o, s = self.options, self.staged
+        column = s.key[index]
+        if column == o.timestamp_column:
+            return True
+        if column == o.user_column:
+            return self.user_numbers
+        return s.kinds[self.key_exprs[index]].numbers
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _histories(self) -> None:
+        """``evs``: the events kept, numbered per user by (time, row in the file) from 1;
+        ``ends``: per request with a history, the number of its user's events strictly before
+        its time (requests sort before the events of their time)."""
+        events = "".join(f"e{j}, " for j in range(len(self.schema.event_features)))
+        self._sql(f"CREATE TABLE evs AS SELECT u, t, row, {events}row_number() OVER "
+                  "(PARTITION BY u ORDER BY t, row) AS pos FROM ev WHERE keep")
+        self._sql("CREATE TABLE ends AS SELECT head, rt, u, e_end::BIGINT AS e_end FROM (SELECT "
+                  "head, rt, u, is_ev, sum(is_ev) OVER (PARTITION BY u ORDER BY t, is_ev ROWS "
+                  "BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS e_end FROM (SELECT head, rt, "
+                  "ru AS u, rt AS t, 0 AS is_ev FROM req UNION ALL SELECT NULL, NULL, u, t, 1 "
+                  "FROM evs)) WHERE is_ev = 0 AND e_end > 0")
+        if not self.user_numbers:
+            self._sql("CREATE TABLE users AS SELECT u, row_number() OVER (ORDER BY u) - 1 AS n "
+                      "FROM (SELECT u FROM imp UNION SELECT u FROM ev)")
+
+    def _streams(self, split: str) -> tuple[str, str, str]:
+        """The three queries of a split's requests, each in request order (time, then first
+        impression): one row per request, per candidate, per history event."""
+        schema, o = self.schema, self.options
+        length = int(schema.max_seq_len)
+
+        def keep(time: str) -> str:
+            if self.cut is None:
+                return "TRUE" if split == "train" else "FALSE"
+            return f"{time} {'>=' if split == 'eval' else '<'} {int(self.cut)}"
+
+        user = "r.ru" if self.user_numbers else "n.n"
+        users = "" if self.user_numbers else " JOIN users n ON n.u = r.ru"
+        context = "".join(f", r.s{j}" for j in range(len(schema.sparse_features)))
+        context += "".join(f", r.d{j}::FLOAT AS d{j}" for j in range(len(o.dense_columns)))
+        requests = (f"SELECT r.head, r.rt, {user} AS user_id, r.n, least(coalesce(x.e_end, "
+                    f"0), {length}) AS h{context} FROM req r{users} LEFT JOIN ends x ON x.head = "
+                    f"r.head WHERE {keep('r.rt')} ORDER BY r.rt, r.head")
+        features = "".join(f", c{j}" for j in range(len(schema.candidate_features)))
+        features += "".join(f", l{j}" for j in range(len(schema.tasks)))
+        candidates = (f"SELECT head{features} FROM live WHERE {keep('head_t')} "
+                      "ORDER BY head_t, head, row")
+        events = "".join(f", e.e{j}" for j in range(len(schema.event_features)))
+        history = (f"SELECT x.head, e.t{events} FROM (SELECT head, rt, u, unnest(range("
+                   f"greatest(e_end - {length}, 0) + 1, e_end + 1)) AS pos FROM ends WHERE "
+                   f"{keep('rt')}) x JOIN evs e ON e.u = x.u AND e.pos = x.pos "
+                   "ORDER BY x.rt, x.head, e.pos")
+        return requests, candidates, history
+
+    def tables(self, split: str, rows: int) -> Iterator[Any]:
+        """The requests of ``split`` in order, as tables of ``rows`` requests (the last one
+        fewer) with the data set's arrow schema: DuckDB sorts the three streams of
+        :meth:`_streams` (out of core), this lays their rows into the data set's lists."""
+        import numpy as np
+        import pyarrow as pa
+
+        from gem_data import format as fmt
+
+        schema, o = self.schema, self.options
+        target = fmt.arrow_schema(schema)
+        queries = self._streams(split)
+        # Three cursors: three results streaming at once (DuckDB's memory limit is shared).
+        streams = []
+        try:
+            for query in queries:
+                cursor = self.con.cursor()
+                streams.append(_Rows(cursor, self._sql_on(cursor, query).to_arrow_reader(rows),
+                                     self))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        requests, candidates, history = streams
+        try:
+            while True:
+                block = requests.take(rows)
+                if block is None:
+                    return
+                heads = block.column("head").to_numpy()
+                n = block.column("n").to_numpy()
+                h = block.column("h").to_numpy()
+                cands = candidates.take(int(n.sum()))
+                events = history.take(int(h.sum()))
+                for part, counts in ((cands, n), (events, h)):
+                    got = np.zeros(0) if part is None else part.column("head").to_numpy()
+                    if not np.array_equal(got, np.repeat(heads, counts)):
+                        raise AssertionError("DuckDB's streams of one split are out of step")
+
+                def lists(part: Any, counts: np.ndarray, column: str) -> Any:
+                    offsets = np.zeros(counts.size + 1, dtype=np.int32)
+                    np.cumsum(counts, out=offsets[1:])
+                    values = part.column(column).combine_chunks() if part is not None else \
+                        pa.array([], pa.int64())
+                    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+                columns = [block.column("user_id"), block.column("rt"),
+                           lists(events, h, "t")]
+                columns += [lists(events, h, f"e{j}") if events is not None else
+                            pa.array([[]] * len(heads), target.field(
+                                fmt.event_column(f.name)).type)
+                            for j, f in enumerate(schema.event_features)]
+                columns += [lists(cands, n, f"c{j}")
+                            for j in range(len(schema.candidate_features))]
+                columns += [lists(cands, n, f"l{j}") for j in range(len(schema.tasks))]
+                columns += [block.column(f"s{j}") for j in range(len(schema.sparse_features))]
+                if o.dense_columns:
+                    flat = np.stack([block.column(f"d{j}").to_numpy()
+                                     for j in range(len(o.dense_columns))], axis=1)
+                    columns.append(pa.FixedSizeListArray.from_arrays(
+                        pa.array(flat.reshape(-1), pa.float32()), len(o.dense_columns)))
+                yield pa.Table.from_arrays([_array(c) for c in columns],
+                                           schema=target).cast(target)
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def _sql_on(self, cursor: Any, query: str) -> Any:
+        previous, self.con = self.con, cursor
+        try:
+            return self._sql(query)
+        finally:
+            self.con = previous
+
+    def write(self, writer: Any, where: str, row_group_rows: int) -> None:
+        """Stream every split's requests into ``writer``, checked block by block."""
+        from gem_data.arrow_io import table_to_batch
+
+        self._histories()
+        for split in ("train", "eval"):
+            for table in self.tables(split, row_group_rows):
+                table_to_batch(table, self.schema).validate(self.schema,
+                                                            where=f"{where} ({split})")
+                writer.write(split, table)
+
+    def engine_info(self) -> dict[str, Any]:
+        import duckdb
+
+        limit = self._one("SELECT current_setting('memory_limit')")[0]
+        threads = self._one("SELECT current_setting('threads')")[0]
+        return {"name": "duckdb", "version": duckdb.__version__, "memory_limit": limit,
+                "threads": int(threads)}
+
+
+
+def _array(column: Any) -> Any:
+    import pyarrow as pa
+
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+class _Rows:
+    """A DuckDB result read as blocks of exactly the rows asked for."""
+
+    def __init__(self, cursor: Any, reader: Any, run: DuckDBImport) -> None:
+        self.cursor, self.reader, self.run = cursor, reader, run
+        self.pending: list[Any] = []
+        self.count = 0
+        self.done = False
+
+    def take(self, rows: int) -> Any:
+        """The next ``rows`` rows as a table (fewer at the end; None when none are left)."""
+        import pyarrow as pa
+
+        while self.count < rows and not self.done:
+            batch = self._next()
+            if batch is None:
+                self.done = True
+            elif batch.num_rows:
+                self.pending.append(batch)
+                self.count += batch.num_rows
+        if not self.count or not rows:
+            return None
+        table = pa.Table.from_batches(self.pending)
+        taken, rest = table.slice(0, rows), table.slice(rows)
+        self.pending, self.count = rest.to_batches(), rest.num_rows
+        return taken
+
+    def _next(self) -> Any:
+        from gem_core.errors import GemDataError
+
+        try:
+            return self.reader.read_next_batch()
+        except StopIteration:
+            return None
+        except Exception as error:  # DuckDB's own, or wrapped by pyarrow's reader
+            if "memory" in str(error).lower():
+                raise GemDataError(f"DuckDB ran out of memory under --memory-limit "
+                                   f"{self.run.memory_limit or '(not given)'} while returning "
+                                   f"the requests: raise --memory-limit ({error})") from None
+            raise GemDataError(f"DuckDB: {error}") from None
+
+    def close(self) -> None:
+        self.reader.close()
+        self.cursor.close()

@@ -1,0 +1,276 @@
+"""The first stage of an engine of ``gem data import`` other than numpy: both logs read in blocks
+(:mod:`gem_data.import_blocks`), every row converted and checked by the numpy path's own code
+(:class:`~gem_data.import_features.Features`, :class:`~gem_data.import_log.Log`: exact 64-bit
+ids, strings, side tables, missing policies, labels, times), written as typed Parquet files
+for the engine to join, group and split. Only a block is in memory at a time (and the side
+tables, read once, whole).
+
+What needs the whole log is left to the engine, with what it needs to decide it: whether a key
+column of text is numbers (:class:`KeyKind`: the numpy path reads a text column as integers
+only when every value is one, so a block's verdict is not the column's) and the raw values of
+every row. Vocabularies (``import.strings = "vocabulary"``) are built by a first pass over the
+logs, before the rows are converted. A side table's key column in a log is read as numbers or
+text block by block (the same as the whole column's unless one column mixes text and numbers,
+or negative numbers and numbers of 2^63 and more).
+
+Staged impressions: ``row`` (in the file, from 0), ``keep`` (no feature's ``missing = "drop"``
+left it out), the user (``u_n``: the number, ``u_s``: the text), every other request key column
+``i`` (``k{i}_n``, ``k{i}_s``), the time ``t``, candidate features ``c{j}`` (int64, or a list),
+labels ``l{j}`` (float32), context bags ``s{j}`` and dense values ``d{j}`` (float64). Staged
+events: ``row``, ``keep``, ``u_n``, ``u_s``, ``t`` and event features ``e{j}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from gem_data.import_blocks import BLOCK_BYTES, BLOCK_ROWS, read_blocks
+from gem_data.import_features import (
+    Features,
+    describe_counts,
+    merge_counts,
+    read_labels,
+    vocabulary_texts,
+)
+from gem_data.import_log import KeyCells, Log, file_kind
+from gem_data.import_options import ImportOptions, log_columns, number_columns, text_columns
+from gem_data.import_requests import key_columns, key_role
+
+
+@attrs.define
+class KeyKind:
+    """What a key column is over all its blocks: numbers when every block read numbers and no
+    two blocks needed int64 (a negative number) and uint64 (one of 2^63 or more) apiece, as the
+    numpy path reading the whole column would (:meth:`Log.key_column`)."""
+
+    from_text: bool = False
+    text: bool = False
+    signed: bool = False
+    unsigned: bool = False
+
+    def add(self, key: KeyCells) -> None:
+        self.from_text |= key.from_text
+        self.text |= key.numbers is None
+        self.signed |= key.signed
+        self.unsigned |= key.unsigned
+
+    @property
+    def numbers(self) -> bool:
+        return not self.text and not (self.signed and self.unsigned)
+
+
+@attrs.define
+class Staged:
+    """The staged logs and what the stage learnt of them."""
+
+    impressions: Path
+    events: Path
+    imp_log: Log
+    """The impression log, without rows: names files and rows in errors."""
+    ev_log: Log
+    key: tuple[str, ...]
+    """The request key's columns (:func:`gem_data.import_requests.key_columns`)."""
+    kinds: dict[str, KeyKind]
+    """Per staged key column (``u`` of ``impressions`` / ``events``, ``k{i}``), its kind."""
+    rows: dict[str, int]
+    kept: dict[str, int]
+    counts: dict[str, dict[str, Any]]
+    vocabularies: dict[str, Any]
+
+
+def _list(offsets: np.ndarray | None, values: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    if offsets is None:
+        return pa.array(values, pa.int64())
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values,
+                                                                                pa.int64()))
+
+
+def _key_arrays(key: KeyCells) -> tuple[Any, Any]:
+    import pyarrow as pa
+
+    numbers = pa.nulls(key.missing.size, pa.int64()) if key.numbers is None \
+        else pa.array(key.numbers, pa.int64())
+    texts = pa.nulls(key.missing.size, pa.string()) if key.texts is None \
+        else pa.array(key.texts, pa.string())
+    return numbers, texts
+
+
+def staged_schema(schema: Any, options: ImportOptions, log: str, key_count: int) -> Any:
+    """The arrow schema of a staged log (see the module doc)."""
+    import pyarrow as pa
+
+    ids = pa.list_(pa.int64())
+    fields = [("row", pa.int64()), ("keep", pa.bool_()), ("u_n", pa.int64()),
+              ("u_s", pa.string())]
+    if log == "events":
+        fields.append(("t", pa.int64()))
+        fields += [(f"e{j}", ids if f.multi_valued else pa.int64())
+                   for j, f in enumerate(schema.event_features)]
+        return pa.schema(fields)
+    for i in range(key_count):
+        fields += [(f"k{i}_n", pa.int64()), (f"k{i}_s", pa.string())]
+    fields.append(("t", pa.int64()))
+    fields += [(f"c{j}", ids if f.multi_valued else pa.int64())
+               for j, f in enumerate(schema.candidate_features)]
+    fields += [(f"l{j}", pa.float32()) for j in range(len(schema.tasks))]
+    fields += [(f"s{j}", ids) for j in range(len(schema.sparse_features))]
+    fields += [(f"d{j}", pa.float64()) for j in range(len(options.dense_columns))]
+    return pa.schema(fields)
+
+
+class _Stager:
+    def __init__(self, impressions: Path, events: Path, schema: Any, options: ImportOptions,
+                 directory: Path, block_rows: int, block_bytes: int) -> None:
+        self.paths = {"impressions": impressions, "events": events}
+        self.schema, self.options, self.directory = schema, options, directory
+        self.block_rows, self.block_bytes = block_rows, block_bytes
+        self.side_tables: dict[int, Any] = {}
+
+    def blocks(self, log: str) -> Any:
+        o = self.options
+        what = "impression log" if log == "impressions" else "event log"
+        return read_blocks(self.paths[log], what, o.delimiter,
+                           text_columns(self.schema, o, log),
+                           wanted=log_columns(self.schema, o, log),
+                           floats=number_columns(self.schema, o, log),
+                           times=[o.timestamp_column], block_rows=self.block_rows,
+                           block_bytes=self.block_bytes)
+
+    def vocabularies(self) -> dict[str, Any]:
+        """A first pass: the vocabulary of every ``vocabulary`` table over both logs."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from gem_data.import_strings import Vocabulary
+
+        seen: dict[str, Any] = {}
+        for log in ("impressions", "events"):
+            for block in self.blocks(log):
+                logs = {"impressions": None, "events": None, log: block}
+                for table, arrays in vocabulary_texts(self.schema, self.options, logs,
+                                                      self.side_tables).items():
+                    merged = [a.cast(pa.string()) for a in arrays]
+                    if table in seen:
+                        merged.append(seen[table])
+                    if merged:
+                        distinct = pc.unique(pa.chunked_array(merged, pa.string()))
+                        seen[table] = distinct.combine_chunks() \
+                            if isinstance(distinct, pa.ChunkedArray) else distinct
+        return {table: Vocabulary.build(table, [seen[table]] if table in seen else [])
+                for table, policy in self.options.strings.items() if policy == "vocabulary"}
+
+    def run(self, vocabularies: dict[str, Any] | None) -> Staged:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from gem_core.errors import GemDataError
+
+        o, schema = self.options, self.schema
+        for path in self.paths.values():  # both files there before either is read
+            file_kind(path)
+        if vocabularies is None and "vocabulary" in o.strings.values():
+            vocabularies = self.vocabularies()
+        counts: dict[str, dict[str, Any]] = {}
+        kinds: dict[str, KeyKind] = {}
+        rows = {"impressions": 0, "events": 0}
+        kept = {"impressions": 0, "events": 0}
+        key: tuple[str, ...] = ()
+        report: dict[str, Any] = {}
+        paths = {log: self.directory / f"{log}.parquet" for log in rows}
+        for log in ("impressions", "events"):
+            writer = None
+            for block in self.blocks(log):
+                if log == "impressions" and not key:
+                    key = key_columns(o, block)
+                others = [c for c in key if c not in (o.user_column, o.timestamp_column)]
+                if writer is None:
+                    writer = pq.ParquetWriter(paths[log], staged_schema(schema, o, log,
+                                                                        len(others)))
+                logs = {"impressions": None, "events": None, log: block}
+                features = Features(schema, o, logs["impressions"], logs["events"],
+                                    vocabularies, self.side_tables)
+                report = {"vocabularies": features.vocabularies}
+                merge_counts(counts, features.counts)
+                user = block.key_column(o.user_column, "user")
+                kinds.setdefault(f"u_{log}", KeyKind()).add(user)
+                keep = features.keep[log]
+                n = block.table.num_rows
+                columns = [pa.array(np.arange(block.first_row, block.first_row + n)),
+                           pa.array(keep), *_key_arrays(user)]
+                if log == "impressions":
+                    for i, name in enumerate(others):
+                        cells = block.key_column(name, key_role(name, o))
+                        kinds.setdefault(f"k{i}", KeyKind()).add(cells)
+                        columns += _key_arrays(cells)
+                what = "request time" if log == "impressions" else "event time"
+                times = block.times(o.timestamp_column, what)
+                block.check_floor(times, o.timestamp_column, what, o.time_floor)
+                columns.append(pa.array(times, pa.int64()))
+                if log == "impressions":
+                    columns += [_list(*features.ids[f"candidate.{f.name}"])
+                                for f in schema.candidate_features]
+                    columns += [pa.array(v, pa.float32())
+                                for v in read_labels(block, schema, o).values()]
+                    columns += [_list(*features.ids[f"sparse.{f.name}"])
+                                for f in schema.sparse_features]
+                    if features.dense is not None:
+                        columns += [pa.array(features.dense[:, j], pa.float64())
+                                    for j in range(features.dense.shape[1])]
+                else:
+                    columns += [_list(*features.ids[f"event.{f.name}"])
+                                for f in schema.event_features]
+                writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
+                rows[log] += n
+                kept[log] += int(keep.sum())
+            if writer is None:  # no rows: an empty staged log
+                pq.write_table(staged_schema(schema, o, log, 0).empty_table(), paths[log])
+            else:
+                writer.close()
+            if log == "impressions" and not rows[log]:
+                raise GemDataError(f"{self.paths[log]}: the impression log has no rows")
+        if not kept["impressions"]:
+            raise GemDataError(f"{self.paths['impressions']}: every impression was dropped for a "
+                               f"missing value (missing = \"drop\"): "
+                               f"{'; '.join(describe_counts(counts))}")
+        if rows["events"] and "u_events" in kinds and kinds["u_events"].numbers != \
+                kinds["u_impressions"].numbers:
+            raise GemDataError(f"column {o.user_column!r}: the user ids of "
+                               f"{self.paths['impressions']} and {self.paths['events']} have "
+                               "different types (one integers, one text)")
+        pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
+        vocabularies_found = report.get("vocabularies", vocabularies or {})
+        return Staged(impressions=paths["impressions"], events=paths["events"],
+                      imp_log=_empty_log(self.paths["impressions"], "impression log", o),
+                      ev_log=_empty_log(self.paths["events"], "event log", o), key=key,
+                      kinds=kinds, rows=rows, kept=kept, counts=_ordered(counts, schema, o),
+                      vocabularies=vocabularies_found)
+
+
+def _empty_log(path: Path, what: str, options: ImportOptions) -> Log:
+    import pyarrow as pa
+
+    return Log(path, what, options.delimiter, table=pa.table({}), columns=[])
+
+
+def _ordered(counts: dict[str, dict[str, Any]], schema: Any, options: ImportOptions
+             ) -> dict[str, dict[str, Any]]:
+    from gem_data.import_options import feature_keys
+
+    order = list(feature_keys(schema, options))
+    return {key: counts[key] for key in sorted(counts, key=order.index)}
+
+
+def stage_logs(impressions: Path, events: Path, schema: Any, options: ImportOptions,
+               directory: Path, *, vocabularies: dict[str, Any] | None = None,
+               block_rows: int = BLOCK_ROWS, block_bytes: int = BLOCK_BYTES) -> Staged:
+    """Stage both logs into ``directory`` (see the module doc); ``vocabularies``: those of
+    ``--vocabulary-from`` (else built from the logs). Raises GemDataError naming file, row and
+    column of the first bad value found."""
+    return _Stager(Path(impressions), Path(events), schema, options, Path(directory),
+                   block_rows, block_bytes).run(vocabularies)
