@@ -41,8 +41,8 @@ def test_registration_is_complete():
     commands = registered(plugin.gem_register_cli_commands)
     assert set(sources) == {"parquet", "movielens-100k", "synthetic-ads"}
     assert "synthetic" not in sources  # gem-core owns that name
-    assert set(commands) == {"data", "bench.loader", "export-user-embeddings", "score",
-                             "distill-precompute"}
+    assert set(commands) == {"data", "bench.loader", "bench.import", "export-user-embeddings",
+                             "score", "distill-precompute"}
     for name in ("export-user-embeddings", "score", "distill-precompute", "bench.loader"):
         assert isinstance(commands[name].load(), click.Command)
     assert isinstance(commands["data"].load(), click.Group)
