@@ -370,7 +370,7 @@ class DuckDBImport:
                 cursor = self.con.cursor()
                 streams.append(_Rows(cursor, self._sql_on(cursor, query).to_arrow_reader(rows),
                                      self))
-        except BaseException:
+        except BaseException:  # a failed query or an interrupt: close what opened, re-raise
             for stream in streams:
                 stream.close()
             raise

@@ -128,12 +128,12 @@ def staged_directory(out: str | Path) -> Iterator[Path]:
             out.rename(old)
         try:
             staging.rename(out)
-        except BaseException:
+        except BaseException:  # the rename failed or was interrupted: put the old set back
             if replacing:
                 old.rename(out)  # the previous data set stays as it was
             raise
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException:  # a failed or interrupted import: no partial files, re-raise as is
         shutil.rmtree(staging, ignore_errors=True)
         raise
 

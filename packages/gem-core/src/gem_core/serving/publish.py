@@ -122,7 +122,7 @@ def staged(target: Path) -> Iterator[Path]:
     staging = prepare_staging(target)
     try:
         yield staging
-    except BaseException:
+    except BaseException:  # any failure or interrupt: drop the staging copy, re-raise as is
         shutil.rmtree(staging, ignore_errors=True)
         raise
     publish(staging, target)
