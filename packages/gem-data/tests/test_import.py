@@ -69,7 +69,7 @@ def test_doc_example_in_memory(tmp_path):
     assert topics.values.tolist() == [1, 2, 2, 1, 2, 3, 1, 2]
     assert topics.offsets.tolist() == [0, 2, 3, 4, 6, 8]
     assert train.sparse["surface"].values.tolist() == [0, 1, 0]
-    # Users keep one number per user (their rank when ids are text).
+    # Users keep one number per user (the hash of their text when ids are text).
     assert train.user_ids.tolist()[0] == train.user_ids.tolist()[2]
 
 

@@ -39,3 +39,8 @@ TORCH_COMPILE = "torch_compile"
 """``torch.compile`` traces the backend whole (``fullgraph``: no graph break, no data-dependent
 Python control flow; custom ops with fake implementations are fine) with dynamic token and batch
 dimensions: what ``train.compile`` needs of the run's attention backend."""
+
+TIME_WINDOWS = "time_windows"
+"""Capability of a data source that can stream its training data in time order, window after
+window, and evaluate each window on its own (:class:`gem_core.contracts.WindowedSource`): what
+``data.order = "time"`` needs (checked at start-up by :mod:`gem_core.train.time_order`)."""

@@ -333,6 +333,50 @@ class DataSource(abc.ABC):
         return {}
 
 
+class WindowedSource(DataSource):
+    """A data source whose training data is divided into time windows, oldest first, and that
+    can stream them in time order (capability ``time_windows``; ``data.order = "time"``).
+
+    With ``data.order = "time"``, ``train_stream`` reads the windows once, in order, ending
+    every window with a batch of its own (a window's last batch may be short), so no batch mixes
+    two windows; it raises ``StopIteration`` after the last window. Its position (the
+    ``state_dict()``) stays valid when the data set gains windows after the last one read: a
+    run stopped at the end of the data continues with the new windows. ``fingerprint()`` then
+    holds ``windows``: ``"name=digest;name=digest..."`` of the windows in order, which a
+    checkpoint's must be the start of (a data set that gained windows is the same data,
+    continued)."""
+
+    @abc.abstractmethod
+    def windows(self) -> Sequence[DataWindow]:
+        """The time windows, oldest first; empty when the data is not divided into windows."""
+
+    @abc.abstractmethod
+    def window_at(self, position: Mapping[str, Any]) -> tuple[int, bool]:
+        """For a time-order training stream's ``position`` (its ``state_dict()``): the index
+        of the window its next batch comes from (``len(windows())`` once every window has been
+        read) and whether that window has been begun (some of its requests already read)."""
+
+    @abc.abstractmethod
+    def window_eval_batches(self, index: int, *, batch_size: int) -> Iterator[JaggedBatch]:
+        """Window ``index``'s requests (at most ``data.eval_rows``), in file order, the same on
+        every rank: what progressive evaluation scores before training on the window."""
+
+
+class DataWindow:
+    """One time window of a :class:`WindowedSource`: its name, requests and time range
+    (``request_timestamp`` seconds)."""
+
+    __slots__ = ("name", "rows", "first_time", "last_time")
+
+    def __init__(self, *, name: str, rows: int, first_time: int, last_time: int) -> None:
+        self.name, self.rows = name, rows
+        self.first_time, self.last_time = first_time, last_time
+
+    def __repr__(self) -> str:
+        return (f"DataWindow(name={self.name!r}, rows={self.rows}, first_time={self.first_time}, "
+                f"last_time={self.last_time})")
+
+
 DataFactory = Callable[..., DataSource]
 """``(config: DataConfig, *, seed: int) -> DataSource``: what a ``data`` spec's ``load()``
 returns."""

@@ -14,6 +14,7 @@ from gem_core.capabilities import (
     RELATIVE_BIAS,
     SILU,
     SOFTMAX,
+    TIME_WINDOWS,
     TORCH_COMPILE,
     TORCH_EXPORT,
 )
@@ -37,7 +38,8 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
 
 
 DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, SOFTMAX, SILU,
-                                          RELATIVE_BIAS, TORCH_EXPORT, TORCH_COMPILE)
+                                          RELATIVE_BIAS, TORCH_EXPORT, TORCH_COMPILE,
+                                          TIME_WINDOWS)
 """The capability names gem-core checks (:mod:`gem_core.capabilities`), re-exported here where
 plugins import them from."""
 

@@ -21,6 +21,7 @@ from gem_data.manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
+    all_files,
     file_digest,
     missing_digests,
     read_manifest,
@@ -97,16 +98,22 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
     checked = 0
     broken_files: set[str] = set()
     damaged_files: list[str] = []
-    for files in reader.manifest.splits.values():
-        for entry in files:
-            if entry.sha256 is None or not (directory / entry.path).is_file():
-                continue  # a missing file is reported when it is opened
-            actual = file_digest(directory / entry.path)
-            if actual != entry.sha256:
-                damaged_files.append(entry.path)
-                errors.append(f"{directory / entry.path}: SHA-256 {actual} differs from the "
-                              f"manifest's {entry.sha256}: the file was damaged or replaced "
-                              "after the data set was written")
+    state_files = {entry.path for window in reader.manifest.windows for entry in window.state}
+    for entry in all_files(reader.manifest):  # the splits' files, then the windows' state files
+        if entry.path in state_files and not (directory / entry.path).is_file():
+            # Training never opens a state file, so its absence is reported here.
+            broken_files.add(entry.path)
+            errors.append(f"{directory / entry.path}: state file listed in the manifest does not "
+                          "exist (the next window appended continues from it)")
+            continue
+        if entry.sha256 is None or not (directory / entry.path).is_file():
+            continue  # a missing data file is reported when it is opened
+        actual = file_digest(directory / entry.path)
+        if actual != entry.sha256:
+            damaged_files.append(entry.path)
+            errors.append(f"{directory / entry.path}: SHA-256 {actual} differs from the "
+                          f"manifest's {entry.sha256}: the file was damaged or replaced "
+                          "after the data set was written")
     missing = missing_digests(reader.manifest)
     if missing and (directory / MANIFEST_NAME).is_file() and not write_digests:
         result["warnings"].append(
@@ -135,8 +142,8 @@ def validate_dataset(directory: Path, schema: FeatureSchema | None = None, *,
             write_manifest(directory, with_digests(directory, read_manifest(directory)))
             result["digests_written"] = len(missing)
     listed = [entry.path for files in reader.manifest.splits.values() for entry in files]
-    return {**result, "opened": True, "files": len(listed),
-            "files_unreadable": [f for f in listed if f in broken_files],
+    return {**result, "opened": True, "files": len(listed), "state_files": len(state_files),
+            "files_unreadable": [f for f in listed + sorted(state_files) if f in broken_files],
             "files_damaged": damaged_files, "rows_checked": reader.report.rows_checked,
             "row_groups": checked,
             "row_groups_listed": sum(len(split_units(reader.manifest, split))
@@ -152,8 +159,10 @@ def validation_summary(result: dict[str, Any]) -> str:
     if not result["opened"]:
         return (f"{where}: the data set could not be opened (its manifest or files), so no file "
                 f"was checked; {errors} error{'s' if errors != 1 else ''}")
-    parts = [f"{result['files']} files, {result['row_groups']} of {result['row_groups_listed']} "
-             f"row groups and {result['rows_checked']} requests checked"]
+    state = f" (and {result['state_files']} state files)" if result.get("state_files") else ""
+    parts = [f"{result['files']} files{state}, {result['row_groups']} of "
+             f"{result['row_groups_listed']} row groups and {result['rows_checked']} requests "
+             "checked"]
     if result["files_unreadable"]:
         parts.append(f"{len(result['files_unreadable'])} of {result['files']} files could not "
                      f"be read ({', '.join(result['files_unreadable'])})")
@@ -224,9 +233,33 @@ def describe_dataset(directory: Path) -> dict[str, Any]:
             report["out_of_range_ids"] = int(((ids < 0) | (ids >= table.num_embeddings)).sum())
         tables[table.name] = {"num_embeddings": table.num_embeddings,
                               "id_policy": table.id_policy, **report}
-    return {"directory": str(directory), "format_version": fmt.FORMAT_VERSION,
-            "splits": splits, "tables": tables, "schema": schema_to_dict(schema),
+    described = {"directory": str(directory), "format_version": fmt.FORMAT_VERSION,
+                 "splits": splits}
+    if manifest.windows:
+        described["windows"] = describe_windows(manifest)
+    return {**described, "tables": tables, "schema": schema_to_dict(schema),
             "info": manifest.info}
+
+
+def describe_windows(manifest: Manifest) -> list[dict[str, Any]]:
+    """Per time window, oldest first: its name, time range (seconds and UTC), requests, history
+    events (in its requests' histories), files and state files (path, rows, bytes)."""
+    import datetime
+
+    def utc(seconds: int) -> str | None:
+        try:
+            return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
+        except (OverflowError, OSError, ValueError):
+            return None  # not a representable date (a time in another unit than seconds)
+
+    entries = {entry.path: entry for entry in manifest.splits["train"]}
+    return [{"name": w.name, "first_time": w.first_time, "first_time_utc": utc(w.first_time),
+             "last_time": w.last_time, "last_time_utc": utc(w.last_time),
+             "requests": manifest.window_rows(w),
+             "history_events": sum(entries[path].tokens for path in w.files),
+             "files": list(w.files),
+             "state": [{"path": e.path, "rows": e.rows, "size": e.size} for e in w.state]}
+            for w in manifest.windows]
 
 
 def _percentiles(lengths: np.ndarray) -> dict[str, float]:

@@ -33,12 +33,47 @@ def _fail(error: GemError) -> None:
               help="Rows per Parquet row group (the unit of sharding and resuming).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Generator option, e.g. --set length_distribution=zipf --set max_length=4096.")
+@click.option("--windows", type=click.IntRange(min=1), default=None,
+              help="Write N consecutive time windows (one day each: day-000, day-001, ...) "
+                   "of --window-rows requests instead of --rows and --eval-rows: the click "
+                   "process drifts "
+                   "(drift_weight and drift_period, in windows, have window defaults unless "
+                   "--set), new ads appear, and each window records its true probabilities "
+                   "(docs/data-format.md).")
+@click.option("--window-rows", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Requests per window (with --windows).")
+@click.option("--new-ads", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.05,
+              show_default=True, help="Share of the catalogue's ads replaced by new ads (fresh "
+              "ids) at each window after the first (with --windows).")
 def synth_command(rows: int, eval_rows: int, seed: int, out: str, row_group_rows: int,
-                  overrides: tuple[str, ...]) -> None:
+                  overrides: tuple[str, ...], windows: int | None, window_rows: int,
+                  new_ads: float) -> None:
+    from click.core import ParameterSource
+
     from gem_data.generator import SynthOptions
     from gem_data.synth import synthesize
 
+    given = {name for name in ("rows", "eval_rows", "window_rows", "new_ads")
+             if click.get_current_context().get_parameter_source(name)
+             not in (ParameterSource.DEFAULT, None)}
+    # Refused rather than ignored: a windowed set has no eval split (each window is evaluated
+    # before training on it) and its size is --windows x --window-rows.
+    if windows is not None and given & {"rows", "eval_rows"}:
+        raise click.UsageError("--rows and --eval-rows do not apply with --windows: the data "
+                               "set is --windows x --window-rows requests and has no eval split")
+    if windows is None and given & {"window_rows", "new_ads"}:
+        raise click.UsageError("--window-rows and --new-ads need --windows N")
     try:
+        if windows is not None:
+            from gem_data.synth_windows import synthesize_windows, window_synth_options
+
+            manifest = synthesize_windows(
+                out, windows=windows, window_rows=window_rows, seed=seed,
+                options=window_synth_options(apply_overrides({}, overrides)),
+                new_ads_per_window=new_ads, row_group_rows=row_group_rows)
+            click.echo(f"wrote {len(manifest.windows)} windows of {window_rows} requests "
+                       f"({manifest.tokens('train')} history events) to {out}")
+            return
         options = structure(SynthOptions, apply_overrides({}, overrides), "synth")
         manifest = synthesize(out, rows=rows, seed=seed, eval_rows=eval_rows, options=options,
                               row_group_rows=row_group_rows)
@@ -112,8 +147,9 @@ def validate_command(directory: str, schema_file: str | None, write_digests: boo
 
 
 @data_group.command("inspect", help="Describe the data set in DIRECTORY: per split the "
-                    "history lengths and candidates per request, per table the id collision "
-                    "rate under its id policy.")
+                    "history lengths and candidates per request, per time window its time range, "
+                    "requests and state files, per table the id collision rate under its id "
+                    "policy.")
 @click.argument("directory", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect_command(directory: str, as_json: bool) -> None:
@@ -132,6 +168,14 @@ def inspect_command(directory: str, as_json: bool) -> None:
                 click.echo(f"table {name}: {table['id_policy']}, {table['num_embeddings']} rows, "
                            f"{table['distinct_ids']} distinct ids on {table['rows_used']} rows, "
                            f"collision rate {table['collision_rate']:.4f}")
+            continue
+        if key == "windows":  # one line per time window, oldest first
+            for w in value:
+                state = ", ".join(f"{s['path']} ({s['rows']} rows, {s['size']} bytes)"
+                                  for s in w["state"]) or "none"
+                click.echo(f"window {w['name']}: {w['first_time_utc']} .. {w['last_time_utc']} "
+                           f"({w['first_time']} .. {w['last_time']} s), {w['requests']} "
+                           f"requests, {w['history_events']} history events; state: {state}")
             continue
         click.echo(f"{key}: {_short(value)}")
 

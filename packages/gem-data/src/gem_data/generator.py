@@ -62,9 +62,15 @@ Both redraw some candidates so that their terms fire often
 (:data:`gem_data.planted.EXPANSION_FRACTION`).
 
 With ``drift_weight > 0`` the click logit also has a per-category term that turns with the
-chunk's time (``train_start`` + index for training chunks, ``eval_time`` for the eval split):
-a drifting world where a model trained on an older window goes stale (see
-:meth:`AdsLogGenerator.category_drift`).
+chunk's time (``train_start`` + index for training chunks, ``eval_time`` for the eval split,
+the window's index for :meth:`AdsLogGenerator.window_chunk`): a drifting world where a model
+trained on an older window goes stale (see :meth:`AdsLogGenerator.category_drift`).
+
+**Time windows** (:meth:`AdsLogGenerator.window_chunk`, written by ``gem data synth --windows``,
+:mod:`gem_data.synth_windows`): the requests of a window lie in its own span of seconds, in time
+order, and their labels come from the process at the window's time. An ad may be replaced by a
+new one (a fresh raw id, :meth:`AdsLogGenerator.ad_id`, with the same advertiser, category,
+topics and content): the labels depend on attributes only, so only the ids change.
 
 :meth:`AdsLogGenerator.chunk_with_probabilities` returns the true probability of every label
 (``P(click)`` and ``P(conversion) = P(click) * P(conversion | click)``), and
@@ -80,7 +86,7 @@ byte, chunks can be generated in any order, and in-memory streams resume exactly
 from __future__ import annotations
 
 import math
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import attrs
 import numpy as np
@@ -106,6 +112,10 @@ from gem_data.planted import (
 NUM_ACTIONS = 3  # view, click, conversion
 ACTION_PROBS = (0.8, 0.17, 0.03)
 SPLIT_IDS = {"train": 1, "eval": 2}
+WINDOW_STREAM = 6
+"""First key of the random streams of window chunks, ``[seed, 6, window + 1, index + 1]``
+(numpy pads seed lists with zeros, so no key may be a list of another key with zeros added:
+the ``+ 1`` keeps them apart from ``[seed, 6]``)."""
 TASKS = ("click", "conversion")
 EVAL_CHUNK_ROWS = 4096
 """The eval split is generated in chunks of this many requests (the last one shorter), whatever
@@ -223,7 +233,8 @@ class SynthOptions:
     process, the data of earlier versions byte for byte."""
 
     drift_period: float = attrs.field(default=400.0, validator=greater_than(0))
-    """Chunks of time per full turn of the drifting category preferences."""
+    """Chunks of time per full turn of the drifting category preferences (windows of time for
+    ``gem data synth --windows``, whose time is the window's index)."""
 
     train_start: int = attrs.field(default=0, validator=at_least(0))
     """Time window of the training split: training chunk ``i`` is chunk ``train_start + i``
@@ -291,6 +302,10 @@ class PlantedChunk(NamedTuple):
     request: ``dense[0]``, ``dense[1]``, ``[segment[0] % 4 == 0]``, ``[context == 3]``."""
 
 
+AdIds = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""``(items, times) -> raw ids``: the id each ad (index) had at each time (seconds)."""
+
+
 def truncated_zipf_pmf(exponent: float, maximum: int) -> np.ndarray:
     """P(K = k) for k = 1..maximum, proportional to k ** -exponent."""
     weights = np.arange(1, maximum + 1, dtype=np.float64) ** -exponent
@@ -324,8 +339,7 @@ class AdsLogGenerator:
         self.item_content = (centroids[self.item_cluster] + 0.5 * world.standard_normal(
             (o.num_items, dim)))[:, :o.seq_dense_dim].astype(np.float32)
         # Raw ad ids: 64-bit hashes of (seed, index), all over the int64 range (negative too).
-        salted = torch.arange(o.num_items, dtype=torch.int64) + (seed * 1_000_003 + _AD_ID_SALT)
-        self.ad_ids = splitmix64(salted).numpy()
+        self.ad_ids = self.ad_id(np.arange(o.num_items))
         self.candidates_cdf = np.cumsum(truncated_zipf_pmf(o.candidates_exponent,
                                                            o.max_candidates))
         self.schema = synthetic_ads_schema(o)
@@ -340,6 +354,33 @@ class AdsLogGenerator:
         o = self.options
         phase = 2.0 * math.pi * time / o.drift_period
         return o.drift_weight * (math.cos(phase) * self.drift_u + math.sin(phase) * self.drift_v)
+
+    def ad_id(self, items: np.ndarray, generation: np.ndarray | int = 0) -> np.ndarray:
+        """Raw id of ad ``items`` (indices) in its ``generation``: 0 is the catalogue's id
+        (:attr:`ad_ids`), each later one the id of a new ad that replaced it (same attributes).
+        splitmix64 is a bijection of int64 and ``index + generation * num_items`` differs for
+        every pair, so no two (ad, generation) share an id."""
+        salted = (np.asarray(items, dtype=np.int64)
+                  + np.asarray(generation, dtype=np.int64) * self.options.num_items
+                  + (self.seed * 1_000_003 + _AD_ID_SALT))
+        return splitmix64(torch.from_numpy(np.ascontiguousarray(salted))).numpy()
+
+    def probabilities_at(self, chunk: PlantedChunk, *, drawn_at: float, time: float
+                         ) -> dict[str, np.ndarray]:
+        """Per task, the probability of a positive label of ``chunk``'s impressions (drawn by
+        the process at time ``drawn_at``) under the process at ``time``: what a model that knew
+        the process of ``time`` perfectly predicts. Only the click logit's category drift
+        differs; ``P(conversion | click)`` does not drift."""
+        if not self.options.drift_weight or time == drawn_at:
+            return dict(chunk.probabilities)
+        category = chunk.batch.candidate_ids["category"].numpy()
+        shift = self.category_drift(time)[category] - self.category_drift(drawn_at)[category]
+        p_click = chunk.probabilities["click"]
+        moved = _sigmoid(np.log(p_click) - np.log1p(-p_click) + shift)
+        # P(conversion) = P(click) * P(conversion | click): keep the second factor.
+        convert = np.divide(chunk.probabilities["conversion"], p_click,
+                            out=np.zeros_like(p_click), where=p_click > 0)
+        return {"click": moved, "conversion": moved * convert}
 
     # -- drawing helpers ----------------------------------------------------------------------
 
@@ -386,8 +427,25 @@ class AdsLogGenerator:
         o = self.options
         if split == "train":
             index += o.train_start
-        time = index if split == "train" else o.eval_time
-        rng = np.random.default_rng([self.seed, SPLIT_IDS[split], index])
+        return self._generate(n, stream=(SPLIT_IDS[split], index),
+                              time=index if split == "train" else o.eval_time)
+
+    def window_chunk(self, n: int, *, window: int, index: int, start: int, stop: int,
+                     ad_ids: AdIds | None = None) -> PlantedChunk:
+        """Chunk ``index`` of time window ``window``: ``n`` requests in time order, at seconds
+        ``start <= t < stop``, labelled by the process at time ``window`` (so ``drift_period``
+        counts windows). Histories reach back before ``start`` as far as their events go.
+        ``ad_ids(items, times)`` gives the raw id of each shown ad (indices) at each time
+        (seconds), e.g. a new ad's id once it replaced the catalogue's; default
+        :attr:`ad_ids`."""
+        return self._generate(n, stream=(WINDOW_STREAM, window + 1, index + 1), time=window,
+                              span=(start, max(stop, start + 1)), ad_ids=ad_ids)
+
+    def _generate(self, n: int, *, stream: tuple[int, ...], time: float,
+                  span: tuple[int, int] | None = None, ad_ids: AdIds | None = None
+                  ) -> PlantedChunk:
+        o = self.options
+        rng = np.random.default_rng([self.seed, *stream])
         users = rng.integers(0, o.num_users, n)
         lengths = self._lengths(rng, n)
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -411,7 +469,10 @@ class AdsLogGenerator:
         action_probs = RARE_ACTION_PROBS if o.planted == "rare_action" else ACTION_PROBS
         actions = np.searchsorted(np.cumsum(action_probs), rng.random(total)).clip(
             0, NUM_ACTIONS - 1)
-        request_ts = 1_700_000_000 + rng.integers(0, 30 * 86400, n)
+        if span is None:
+            request_ts = 1_700_000_000 + rng.integers(0, 30 * 86400, n)
+        else:  # the requests are exchangeable, so sorted times put the chunk in time order
+            request_ts = span[0] + np.sort(rng.integers(0, span[1] - span[0], n))
         # Event times: exponential gaps summed back from the request (strictly before it).
         gaps = rng.exponential(3600.0, total)
         suffix = np.cumsum(gaps[::-1])[::-1]
@@ -447,7 +508,7 @@ class AdsLogGenerator:
                                                  advertiser[source_event])
         if o.planted in ("multi_valued", "hierarchy"):  # drawn from a stream of their own
             expand_candidates(o, self.planted_world,
-                              np.random.default_rng([self.seed, SPLIT_IDS[split], index, 7]),
+                              np.random.default_rng([self.seed, *stream, 7]),
                               candidate, retarget, owner, lengths, offsets, items,
                               from_groups=self._from_groups, item_cluster=self.item_cluster,
                               by_cluster=(self._cluster_items, self._cluster_starts))
@@ -483,11 +544,16 @@ class AdsLogGenerator:
         bag_lengths = rng.integers(1, 3, n)  # one or two segments per user
         segment_values = segment[np.arange(2)[None, :] < bag_lengths[:, None]]
         t = torch.from_numpy
-        event_ids = {"ad_id": t(self.ad_ids[items]),
+        if ad_ids is None:
+            event_ad, candidate_ad = self.ad_ids[items], self.ad_ids[candidate]
+        else:
+            event_ad = ad_ids(items, timestamps)
+            candidate_ad = ad_ids(candidate, request_ts[owner])
+        event_ids = {"ad_id": t(event_ad),
                      "advertiser": t(advertiser.astype(np.int64)),
                      "category": t(category.astype(np.int64)),
                      "action": t(actions.astype(np.int64))}
-        candidate_ids = {"ad_id": t(self.ad_ids[candidate]),
+        candidate_ids = {"ad_id": t(candidate_ad),
                          "advertiser": t(cand_advertiser.astype(np.int64)),
                          "category": t(cand_category.astype(np.int64))}
         if topics is not None:

@@ -14,7 +14,12 @@ and checked by the numpy path's code). DuckDB then, over the staged Parquet file
   times it needs;
 - numbers each user's events kept by (time, row in the file) and counts, per request, the
   user's events strictly before its time (requests placed before events at one time); the
-  history is the last ``max_seq_len`` of them, oldest first;
+  history is the last ``max_seq_len`` of them, oldest first. Users are keyed there by their
+  stable number (:func:`~gem_data.import_requests.user_numbers`: text ids by their hash, as a
+  DuckDB function), which is also how a time window appended to a data set
+  (:mod:`gem_data.import_append`) adds the earlier windows' history tail, read by DuckDB from
+  its Parquet file, before the new events (:mod:`gem_data.import_duckdb_windows` writes the
+  next);
 - returns the requests by (time, first impression), which are cut into row groups of
   ``row_group_rows`` and handed to :class:`~gem_data.writer.DatasetWriter` block by block,
   each block checked as the numpy path checks its batches.
@@ -33,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from gem_data.format import event_column as fmt_event
 from gem_data.import_options import ImportOptions
 from gem_data.import_requests import (
     fold_ids,
@@ -96,8 +102,9 @@ class DuckDBImport:
                  options: ImportOptions, *, vocabularies: dict[str, Any] | None = None,
                  memory_limit: str | None = None, temp_dir: str | Path,
                  threads: int | None = None, block_rows: int | None = None,
-                 block_bytes: int | None = None) -> None:
+                 block_bytes: int | None = None, earlier: Any = None) -> None:
         self.impressions, self.events = Path(impressions), Path(events)
+        self.earlier = earlier  # the Earlier windows this one follows (import_append), or None
         self.schema, self.options, self.given = schema, options, vocabularies
         self.memory_limit = memory_limit
         Path(temp_dir).mkdir(parents=True, exist_ok=True)
@@ -149,8 +156,14 @@ class DuckDBImport:
         """Stage, check and split; the import's report (as the numpy path's)."""
         self.con = connect(self.memory_limit, self.work, self.threads)  # a bad limit: at once
         self.staged = stage_logs(self.impressions, self.events, self.schema, self.options,
-                                 self.work, vocabularies=self.given, **self.blocks)
+                                 self.work, vocabularies=self.given,
+                                 users_as_text=getattr(self.earlier, "user_text", None),
+                                 **self.blocks)
         self._views()
+        if self.earlier is not None:
+            from gem_data.import_duckdb_windows import refuse_not_later
+
+            refuse_not_later(self)
         self._requests()
         self._check_requests()
         count = self._one("SELECT count(*) FROM req")[0]
@@ -167,14 +180,17 @@ class DuckDBImport:
             "requests": {"key": list(s.key), "requests": int(count),
                          "dropped_impressions": s.rows["impressions"] - s.kept["impressions"],
                          "dropped_events": s.rows["events"] - s.kept["events"],
-                         "dropped_requests": int(all_requests - count)},
+                         "dropped_requests": int(all_requests - count),
+                         "user_ids": "integers" if self.user_numbers else "text"},
             "features": s.counts,
             "vocabularies": s.vocabularies,
         }
 
     def _views(self) -> None:
+        from gem_data.import_append import users_as_text
+
         s, o = self.staged, self.options
-        numbers = s.kinds["u_impressions"].numbers
+        numbers = not users_as_text(s, getattr(self.earlier, "user_text", None), o.user_column)
         user = "u_n" if numbers else "u_s"
         self.user_numbers = numbers
         others = [c for c in s.key if c not in (o.user_column, o.timestamp_column)]
@@ -307,20 +323,63 @@ class DuckDBImport:
     # -- writing ---------------------------------------------------------------------------------
 
     def _histories(self) -> None:
-        """``evs``: the events kept, numbered per user by (time, row in the file) from 1;
-        ``ends``: per request with a history, the number of its user's events strictly before
-        its time (requests sort before the events of their time)."""
-        events = "".join(f"e{j}, " for j in range(len(self.schema.event_features)))
-        self._sql(f"CREATE TABLE evs AS SELECT u, t, row, {events}row_number() OVER "
-                  "(PARTITION BY u ORDER BY t, row) AS pos FROM ev WHERE keep")
-        self._sql("CREATE TABLE ends AS SELECT head, rt, u, e_end::BIGINT AS e_end FROM (SELECT "
-                  "head, rt, u, is_ev, sum(is_ev) OVER (PARTITION BY u ORDER BY t, is_ev ROWS "
-                  "BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS e_end FROM (SELECT head, rt, "
-                  "ru AS u, rt AS t, 0 AS is_ev FROM req UNION ALL SELECT NULL, NULL, u, t, 1 "
-                  "FROM evs)) WHERE is_ev = 0 AND e_end > 0")
+        """``users`` (text user ids only): each user's number; ``evs``: the events kept (after
+        the earlier windows' tail, whose rows come first), numbered per user number by (time,
+        row in the file) from 1; ``ends``: per request with a history, the number of its
+        user's events strictly before its time (requests sort before the events of their
+        time)."""
+        from gem_data.import_history import TIME
+        from gem_data.import_requests import same_user_number
+
+        schema = self.schema
+        events = "".join(f"e{j}, " for j in range(len(schema.event_features)))
         if not self.user_numbers:
-            self._sql("CREATE TABLE users AS SELECT u, row_number() OVER (ORDER BY u) - 1 AS n "
-                      "FROM (SELECT u FROM imp UNION SELECT u FROM ev)")
+            self._user_numbers()
+            twice = self._one("SELECT un, min(u), max(u) FROM users GROUP BY un HAVING "
+                              "count(*) > 1 LIMIT 1")
+            if twice:
+                from gem_core.errors import GemDataError
+
+                raise GemDataError(same_user_number(
+                    f"column {self.options.user_column!r} of {self.impressions} and "
+                    f"{self.events}: ", twice[1], twice[2], int(twice[0])))
+        number, users = ("u", "") if self.user_numbers else \
+            ("n.un", " JOIN users n ON n.u = ev.u")
+        from_ev = "".join(f", ev.e{j}" for j in range(len(schema.event_features)))
+        kept = f"SELECT {number} AS un, ev.t, ev.row{from_ev} FROM ev{users} WHERE ev.keep"
+        if self.earlier is not None:  # before every event of the logs: rows from -(tail rows)
+            tail = _literal(self.earlier.tail)
+            rows = self._one(f"SELECT count(*) FROM read_parquet({tail})")[0]
+            columns = "".join(f", {_quote(fmt_event(f.name))}" for f in schema.event_features)
+            kept += (f" UNION ALL SELECT user_id, {_quote(TIME)}, file_row_number - {rows}"
+                     f"{columns} FROM read_parquet({tail}, file_row_number = true)")
+        self._sql(f"CREATE TABLE evs AS SELECT un, t, row, {events}row_number() OVER "
+                  f"(PARTITION BY un ORDER BY t, row) AS pos FROM ({kept})")
+        requests = "SELECT head, rt, ru AS un FROM req" if self.user_numbers else \
+            "SELECT r.head, r.rt, n.un FROM req r JOIN users n ON n.u = r.ru"
+        self._sql("CREATE TABLE ends AS SELECT head, rt, un, e_end::BIGINT AS e_end FROM (SELECT "
+                  "head, rt, un, is_ev, sum(is_ev) OVER (PARTITION BY un ORDER BY t, is_ev ROWS "
+                  "BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS e_end FROM (SELECT head, rt, "
+                  f"un, rt AS t, 0 AS is_ev FROM ({requests}) UNION ALL SELECT NULL, NULL, un, "
+                  "t, 1 FROM evs)) WHERE is_ev = 0 AND e_end > 0")
+
+    def _user_numbers(self) -> None:
+        """``users``: every text user id of both logs with its number (the numpy path's
+        :func:`~gem_data.import_requests.user_numbers`, as a DuckDB function; collisions are
+        found over the whole table by the caller)."""
+        import pyarrow as pa
+
+        from gem_data.import_requests import text_numbers
+
+        def numbers(texts: Any) -> Any:
+            texts = texts.combine_chunks() if hasattr(texts, "combine_chunks") else texts
+            return pa.array(text_numbers(texts.to_numpy(zero_copy_only=False).astype(str)),
+                            pa.int64())
+
+        self.con.create_function("gem_user_number", numbers, ["VARCHAR"], "BIGINT",
+                                 type="arrow", side_effects=False)
+        self._sql("CREATE TABLE users AS SELECT u, gem_user_number(u) AS un FROM (SELECT u FROM "
+                  "imp UNION SELECT u FROM ev)")
 
     def _streams(self, split: str) -> tuple[str, str, str]:
         """The three queries of a split's requests, each in request order (time, then first
@@ -333,7 +392,7 @@ class DuckDBImport:
                 return "TRUE" if split == "train" else "FALSE"
             return f"{time} {'>=' if split == 'eval' else '<'} {int(self.cut)}"
 
-        user = "r.ru" if self.user_numbers else "n.n"
+        user = "r.ru" if self.user_numbers else "n.un"
         users = "" if self.user_numbers else " JOIN users n ON n.u = r.ru"
         context = "".join(f", r.s{j}" for j in range(len(schema.sparse_features)))
         context += "".join(f", r.d{j}::FLOAT AS d{j}" for j in range(len(o.dense_columns)))
@@ -345,9 +404,9 @@ class DuckDBImport:
         candidates = (f"SELECT head{features} FROM live WHERE {keep('head_t')} "
                       "ORDER BY head_t, head, row")
         events = "".join(f", e.e{j}" for j in range(len(schema.event_features)))
-        history = (f"SELECT x.head, e.t{events} FROM (SELECT head, rt, u, unnest(range("
+        history = (f"SELECT x.head, e.t{events} FROM (SELECT head, rt, un, unnest(range("
                    f"greatest(e_end - {length}, 0) + 1, e_end + 1)) AS pos FROM ends WHERE "
-                   f"{keep('rt')}) x JOIN evs e ON e.u = x.u AND e.pos = x.pos "
+                   f"{keep('rt')}) x JOIN evs e ON e.un = x.un AND e.pos = x.pos "
                    "ORDER BY x.rt, x.head, e.pos")
         return requests, candidates, history
 

@@ -154,7 +154,8 @@ class ImportOptions:
     """Latest share of requests (by request time) written as the eval split; 0: none (the
     ``parquet`` source then holds out trailing row groups). Requests of one time stay on one
     side, so the share written can differ (by less than half of the tied requests at the cut);
-    the import reports it."""
+    the import reports it. Not used by ``gem data import --window``: a window's requests are
+    all train (:mod:`gem_data.import_append`)."""
 
     time_floor: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
     """Earliest plausible time: a request or event before it stops the import, naming the row.

@@ -89,6 +89,39 @@ def _as_numbers(values: np.ndarray) -> np.ndarray:
     return np.array([string_id(str(v)) for v in distinct], dtype=np.int64)[inverse]
 
 
+def user_numbers(users: np.ndarray, where: str = "") -> np.ndarray:
+    """The data set's ``user_id`` (GAUC's groups) of raw user keys: integer ids as they are
+    (uint64 with their bits), a text by its ``hash`` string id
+    (:func:`gem_data.import_strings.string_id`). Stable across imports and time windows (a rank
+    within one import would give one user another number in the next window). Two texts with
+    one number stop the import, naming both (2^-64 per pair)."""
+    from gem_core.errors import GemDataError
+
+    if users.dtype.kind in "iu":
+        return users.astype(np.int64)
+    distinct, inverse = np.unique(users, return_inverse=True)
+    numbers = text_numbers(distinct)
+    unique, counts = np.unique(numbers, return_counts=True)
+    if unique.size != numbers.size:
+        twice = np.flatnonzero(numbers == unique[np.flatnonzero(counts > 1)[0]])[:2]
+        raise GemDataError(same_user_number(where, distinct[twice[0]], distinct[twice[1]],
+                                            int(numbers[twice[0]])))
+    return numbers[inverse.reshape(-1)]
+
+
+def text_numbers(texts: np.ndarray) -> np.ndarray:
+    """The ``hash`` string id of each text (no check for two texts with one id)."""
+    from gem_data.import_strings import string_id
+
+    return np.array([string_id(str(v)) for v in texts], dtype=np.int64)
+
+
+def same_user_number(where: str, first: Any, second: Any, number: int) -> str:
+    """The message of two text user ids with one user number."""
+    return (f"{where}users {str(first)!r} and {str(second)!r} have the same 64-bit user number "
+            f"{number} (the hash of their text); give the logs integer user ids")
+
+
 def _splitmix(values: np.ndarray) -> np.ndarray:
     import torch
 
@@ -142,3 +175,31 @@ def read_keys(log: Log, options: Any) -> RequestKeys:
 def key_role(column: str, options: Any) -> str:
     """What a key column other than the time is, as errors name it."""
     return "user" if column == options.user_column else "request id"
+
+
+def same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarray],
+              rows: np.ndarray, heads: np.ndarray, keys: Any) -> None:
+    """Refuse a context feature whose bag of ids (compared as a set with counts) on impression
+    ``rows[i]`` is not the one on its request's first impression ``heads[i]``."""
+    offsets, values = bags
+    lengths = np.diff(offsets)
+    differs = lengths[rows] != lengths[heads]
+    if not differs.any():
+        owner = np.repeat(np.arange(lengths.size), lengths)
+        ordered = values[np.lexsort((values, owner))]  # each bag's ids sorted: order is free
+
+        def gather(which: np.ndarray) -> np.ndarray:
+            starts = np.repeat(offsets[:-1][which], lengths[which])
+            within = np.arange(starts.size) - np.repeat(np.cumsum(lengths[which]) -
+                                                        lengths[which], lengths[which])
+            return ordered[starts + within]
+
+        unequal = gather(rows) != gather(heads)
+        differs = np.zeros(rows.size, dtype=bool)
+        differs[np.repeat(np.arange(rows.size), lengths[rows])[unequal]] = True
+    bad = np.flatnonzero(differs)
+    if bad.size:
+        row, other = int(rows[bad[0]]), int(heads[bad[0]])
+        bag = lambda r: values[offsets[r]:offsets[r + 1]].tolist()  # noqa: E731
+        log.fail(row, name, mixed_context(keys.name(row), role, bag(other), log.row_name(other),
+                                          bag(row), int(bad.size)))

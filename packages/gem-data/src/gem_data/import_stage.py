@@ -165,7 +165,7 @@ class _Stager:
         return {table: Vocabulary.build(table, [seen[table]] if table in seen else [])
                 for table, policy in self.options.strings.items() if policy == "vocabulary"}
 
-    def run(self, vocabularies: dict[str, Any] | None) -> Staged:
+    def run(self, vocabularies: dict[str, Any] | None, users_as_text: bool | None) -> Staged:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -238,8 +238,10 @@ class _Stager:
             raise GemDataError(f"{self.paths['impressions']}: every impression was dropped for a "
                                f"missing value (missing = \"drop\"): "
                                f"{'; '.join(describe_counts(counts))}")
-        if rows["events"] and "u_events" in kinds and kinds["u_events"].numbers != \
-                kinds["u_impressions"].numbers:
+        # A data set of text user ids appended to reads both logs' users as text (the engine
+        # checks that they are: import_append.users_as_text), so their kinds may differ here.
+        if rows["events"] and "u_events" in kinds and not users_as_text and \
+                kinds["u_events"].numbers != kinds["u_impressions"].numbers:
             raise GemDataError(f"column {o.user_column!r}: the user ids of "
                                f"{self.paths['impressions']} and {self.paths['events']} have "
                                "different types (one integers, one text)")
@@ -268,9 +270,11 @@ def _ordered(counts: dict[str, dict[str, Any]], schema: Any, options: ImportOpti
 
 def stage_logs(impressions: Path, events: Path, schema: Any, options: ImportOptions,
                directory: Path, *, vocabularies: dict[str, Any] | None = None,
-               block_rows: int = BLOCK_ROWS, block_bytes: int = BLOCK_BYTES) -> Staged:
+               block_rows: int = BLOCK_ROWS, block_bytes: int = BLOCK_BYTES,
+               users_as_text: bool | None = None) -> Staged:
     """Stage both logs into ``directory`` (see the module doc); ``vocabularies``: those of
-    ``--vocabulary-from`` (else built from the logs). Raises GemDataError naming file, row and
-    column of the first bad value found."""
+    ``--vocabulary-from`` (else built from the logs); ``users_as_text``: how the data set a
+    window is appended to reads its user ids (None: not appending). Raises GemDataError
+    naming file, row and column of the first bad value found."""
     return _Stager(Path(impressions), Path(events), schema, options, Path(directory),
-                   block_rows, block_bytes).run(vocabularies)
+                   block_rows, block_bytes).run(vocabularies, users_as_text)

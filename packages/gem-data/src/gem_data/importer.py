@@ -32,7 +32,8 @@ through float64: :mod:`gem_data.import_log`), or text mapped to ids by ``[import
 before ``time_floor``) or Arrow timestamps (whole seconds, rounded down).
 
 The data set is written into a staging directory beside ``out`` and renamed into place when
-complete, so a failed import leaves no files.
+complete, so a failed import leaves no files. ``--window NAME`` writes the logs as one time
+window of a data set of windows, ``--append`` adds one to it (:mod:`gem_data.import_append`).
 
 Engines (``--engine``): ``numpy``, here, the reference: pyarrow reads and sorts; numpy does the
 grouping and the history cut with sorts and searches (no Python loop per row or per request),
@@ -60,7 +61,7 @@ from gem_data.import_options import (  # noqa: F401  (the [import] table's API, 
     read_schema_file,
     text_columns,
 )
-from gem_data.import_requests import mixed_context, mixed_dense, mixed_request, read_keys
+from gem_data.import_requests import mixed_dense, mixed_request, read_keys, same_bags
 
 # -- building -------------------------------------------------------------------------------
 
@@ -90,14 +91,22 @@ def build_requests(impressions: str | Path, events: str | Path, schema: Any,
 
 
 def _build(impressions: str | Path, events: str | Path, schema: Any, options: ImportOptions,
-           vocabularies: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+           vocabularies: dict[str, Any] | None = None, *, windowed: bool = False,
+           earlier: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`build_requests` and the import's report: the train/eval cut
     (:func:`gem_data.import_split.split_time`), per feature the missing-value counts, the
-    request key, the vocabularies built."""
+    request key, the vocabularies built. ``windowed``: the logs are one time window
+    (:mod:`gem_data.import_append`): the report also holds the window's ``history_tail`` (a
+    table, :mod:`gem_data.import_history`) and ``last_time``. ``earlier``: the
+    :class:`~gem_data.import_append.Earlier` windows it follows, whose tail starts the
+    histories."""
     import torch
 
     from gem_core.batch import JaggedBatch
     from gem_core.errors import GemDataError
+    from gem_data.import_append import user_keys
+    from gem_data.import_history import concat_ids, history_bounds, no_ids, tail_rows, tail_table
+    from gem_data.import_requests import user_numbers
     from gem_data.import_split import split_time
 
     o = options
@@ -109,20 +118,32 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     has_events = ev.table.num_rows > 0
     features = Features(schema, o, imp, ev if has_events else None, vocabularies)
 
-    # Keys: users shared by both logs, requests within the impression log.
-    imp_user = imp.keys(o.user_column, "user")
-    ev_user = ev.keys(o.user_column, "user") if has_events else imp_user[:0]
+    # Keys: users shared by both logs (and the earlier windows' tail), requests within the
+    # impression log. Users are numbered by their stable number, the data set's user_id.
+    as_text = None if earlier is None else earlier.user_text
+    imp_user = user_keys(imp, o.user_column, as_text)
+    ev_user = user_keys(ev, o.user_column, as_text) if has_events else imp_user[:0]
     if has_events and imp_user.dtype.kind != ev_user.dtype.kind:
         raise GemDataError(f"column {o.user_column!r}: the user ids of {imp.path} and {ev.path} "
                            "have different types (one integers, one text)")
-    users, user_code = np.unique(np.concatenate([imp_user, ev_user]), return_inverse=True)
-    imp_code, ev_code = user_code[:imp_user.size], user_code[imp_user.size:]
+    tail_user, tail_time, tail_ids = earlier.events(schema) if earlier is not None else (
+        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+        {f.name: no_ids(f) for f in schema.event_features})
+    numbers = user_numbers(np.concatenate([imp_user, ev_user]),
+                           where=f"column {o.user_column!r} of {imp.path} and {ev.path}: ")
+    users, user_code = np.unique(np.r_[numbers, tail_user], return_inverse=True)
+    imp_code, ev_code = user_code[:imp_user.size], user_code[imp_user.size:numbers.size]
     keys = read_keys(imp, o)
     imp_time = imp.times(o.timestamp_column, "request time")
     imp.check_floor(imp_time, o.timestamp_column, "request time", o.time_floor)
     ev_time = ev.times(o.timestamp_column, "event time") if has_events \
         else np.zeros(0, dtype=np.int64)
     ev.check_floor(ev_time, o.timestamp_column, "event time", o.time_floor)
+    if earlier is not None:
+        earlier.refuse_not_later(imp, imp_time, o.timestamp_column, "request time")
+        earlier.refuse_not_later(ev, ev_time, o.timestamp_column, "event time")
+    # What the window covers: every request and event of the logs, also those dropped.
+    last_time = int(max(imp_time.max(), ev_time.max(initial=imp_time.max())))
 
     # Group the impressions kept (``missing = "drop"`` leaves some out) by request key,
     # impressions in file order.
@@ -154,27 +175,23 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     by_time = np.lexsort((head, request_time))  # requests ordered by time, then first row
     counts = np.diff(np.r_[starts, order.size])
 
-    # History: the user's events strictly before the request time. Sort the events kept by
-    # (user, time, file row); merge requests in with ties placed before events, so an event at
-    # exactly the request time counts as later. Events before request r in the merged order
-    # and of the same user are its history.
-    ev_live = np.flatnonzero(features.keep["events"])
+    # History: the user's events strictly before the request time (import_history). The
+    # earlier windows' tail comes first (its rows before the log's): every event of it is
+    # older than the log's, and its own order is kept. Sort the events kept by (user, time,
+    # row).
+    event_ids = {f.name: concat_ids(tail_ids[f.name], features.ids[f"event.{f.name}"]
+                                    if has_events else no_ids(f))
+                 for f in schema.event_features}
+    ev_code = np.r_[user_code[numbers.size:], ev_code]
+    ev_time = np.r_[tail_time, ev_time]
+    ev_live = np.r_[np.arange(tail_user.size),
+                    tail_user.size + np.flatnonzero(features.keep["events"])]
     ev_order = ev_live[np.lexsort((ev_live, ev_time[ev_live], ev_code[ev_live]))]
-    e_user, e_time = ev_code[ev_order], ev_time[ev_order]
-    merged_user = np.r_[request_user, e_user]
-    merged_time = np.r_[request_time, e_time]
-    is_event = np.r_[np.zeros(head.size, dtype=np.int8), np.ones(e_user.size, dtype=np.int8)]
-    merged = np.lexsort((is_event, merged_time, merged_user))
-    position = np.empty(merged.size, dtype=np.int64)
-    position[merged] = np.arange(merged.size)
-    requests_before = np.cumsum(1 - is_event[merged]) - 1  # requests up to and incl. this one
-    end = position[:head.size] - requests_before[position[:head.size]]
-    user_first_event = np.searchsorted(e_user, request_user, side="left")
-    begin = np.maximum(user_first_event, end - schema.max_seq_len)
+    e_user = ev_code[ev_order]
+    begin, end = history_bounds(request_user, request_time, e_user, ev_time[ev_order],
+                                schema.max_seq_len)
 
     # Features, checked over whole columns (errors name the input row).
-    event_ids = {f.name: features.ids[f"event.{f.name}"] for f in schema.event_features} \
-        if has_events else {}
     cand_ids = {f.name: features.ids[f"candidate.{f.name}"] for f in schema.candidate_features}
     labels = read_labels(imp, schema, o)
     sparse = {f.name: features.ids[f"sparse.{f.name}"] for f in schema.sparse_features}
@@ -183,8 +200,8 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     # Context describes the request: every impression of one must agree with its first.
     heads_of = order[starts][group_of]  # per impression (in `order`), its request's first
     for f in schema.sparse_features:
-        _same_bags(imp, features.column("sparse", f.name), f"context feature {f.name!r}",
-                   sparse[f.name], order, heads_of, keys)
+        same_bags(imp, features.column("sparse", f.name), f"context feature {f.name!r}",
+                  sparse[f.name], order, heads_of, keys)
     for index, name in enumerate(o.dense_columns):
         differs = np.flatnonzero(dense[order, index] != dense[heads_of, index])
         if differs.size:
@@ -218,8 +235,7 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
         result[split] = JaggedBatch(
             seq_offsets=t(seq_offsets),
             seq_timestamps=t(np.ascontiguousarray(ev_time[ev_rows])),
-            event_ids={f.name: (_take(event_ids[f.name], ev_rows) if f.name in event_ids
-                                else _empty_ids(f))
+            event_ids={f.name: _take(event_ids[f.name], ev_rows)
                        for f in schema.event_features},
             request_timestamps=t(np.ascontiguousarray(request_time[req])),
             candidate_offsets=t(c_offsets),
@@ -227,63 +243,34 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
             labels={task: t(np.ascontiguousarray(v[imp_rows])) for task, v in labels.items()},
             sparse=bag,
             dense=None if dense is None else t(dense[heads].astype(np.float32)),
-            user_ids=t(_user_numbers(users)[request_user[req]]),
+            user_ids=t(users[request_user[req]]),
         )
     all_requests = int(np.unique(keys.code).size)
     report = {
         "split": summary,
         "requests": {"key": list(keys.columns), "requests": int(head.size),
                      "dropped_impressions": int(imp.table.num_rows - live.size),
-                     "dropped_events": int(ev.table.num_rows - ev_live.size),
-                     "dropped_requests": all_requests - int(head.size)},
+                     "dropped_events": int(ev.table.num_rows - ev_live.size + tail_user.size),
+                     "dropped_requests": all_requests - int(head.size),
+                     "user_ids": "integers" if imp_user.dtype.kind in "iu" else "text"},
         "features": features.counts,
         "vocabularies": features.vocabularies,
     }
+    if windowed:  # each user's last max_seq_len events, for the next window
+        rows = ev_order[tail_rows(e_user, schema.max_seq_len)]
+        report["history_tail"] = tail_table(
+            schema, users[ev_code[rows]], ev_time[rows],
+            {name: _ids_of(ids, rows) for name, ids in event_ids.items()})
+        report["last_time"] = last_time
     return result, report
 
 
-def _same_bags(log: Log, name: str, role: str, bags: tuple[np.ndarray, np.ndarray],
-               rows: np.ndarray, heads: np.ndarray, keys: Any) -> None:
-    """Refuse a context feature whose bag of ids (compared as a set with counts) on impression
-    ``rows[i]`` is not the one on its request's first impression ``heads[i]``."""
-    offsets, values = bags
-    lengths = np.diff(offsets)
-    differs = lengths[rows] != lengths[heads]
-    if not differs.any():
-        owner = np.repeat(np.arange(lengths.size), lengths)
-        ordered = values[np.lexsort((values, owner))]  # each bag's ids sorted: order is free
-
-        def gather(which: np.ndarray) -> np.ndarray:
-            starts = np.repeat(offsets[:-1][which], lengths[which])
-            within = np.arange(starts.size) - np.repeat(np.cumsum(lengths[which]) -
-                                                        lengths[which], lengths[which])
-            return ordered[starts + within]
-
-        unequal = gather(rows) != gather(heads)
-        differs = np.zeros(rows.size, dtype=bool)
-        differs[np.repeat(np.arange(rows.size), lengths[rows])[unequal]] = True
-    bad = np.flatnonzero(differs)
-    if bad.size:
-        row, other = int(rows[bad[0]]), int(heads[bad[0]])
-        bag = lambda r: values[offsets[r]:offsets[r + 1]].tolist()  # noqa: E731
-        log.fail(row, name, mixed_context(keys.name(row), role, bag(other), log.row_name(other),
-                                          bag(row), int(bad.size)))
-
-
-def _empty_ids(feature: Any) -> Any:
-    import torch
-
-    from gem_core.jagged import Jagged
-
-    empty = torch.zeros(0, dtype=torch.int64)
-    return Jagged(empty, torch.zeros(1, dtype=torch.int64)) if feature.multi_valued else empty
-
-
-def _user_numbers(users: np.ndarray) -> np.ndarray:
-    """Raw user ids as int64: the ids themselves when they are integers, else their rank."""
-    if users.dtype.kind in "iu":
-        return users.astype(np.int64)
-    return np.arange(users.size, dtype=np.int64)
+def _ids_of(ids: tuple[np.ndarray | None, np.ndarray], rows: np.ndarray) -> tuple:
+    """``(offsets, values)`` of the feature's ``rows`` (in that order), as numpy arrays."""
+    taken = _take(ids, rows)
+    if ids[0] is None:
+        return None, taken.numpy()
+    return taken.offsets.numpy(), taken.values.numpy()
 
 
 ENGINES = ("numpy", "duckdb")
@@ -297,7 +284,8 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
                 vocabulary_from: str | Path | None = None, engine: str = DEFAULT_ENGINE,
                 memory_limit: str | None = None, temp_dir: str | Path | None = None,
                 threads: int | None = None, block_rows: int | None = None,
-                block_bytes: int | None = None) -> Any:
+                block_bytes: int | None = None, window: str | None = None,
+                append: bool = False) -> Any:
     """Import the logs into a data set directory ``out``; returns its manifest. Its ``info``
     says what share of the requests went to eval (``split``), how requests were keyed and how
     many rows were dropped (``requests``), per feature how many values were missing and what
@@ -311,38 +299,43 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
     (:mod:`gem_data.import_duckdb`: out of core under ``memory_limit``, spilling into
     ``temp_dir``, by default inside the staging directory; ``threads``: DuckDB's, default
     every core; ``block_rows`` / ``block_bytes``: rows of a Parquet block, bytes of a CSV
-    block read at a time). Both write the same requests."""
+    block read at a time). Both write the same requests.
+
+    ``window``: the logs are one time window of that name: a data set of windows, every
+    request in train, with each user's latest events kept for the next window; ``append``: add
+    it to the data set of windows ``out`` (:mod:`gem_data.import_append`)."""
     from gem_core.errors import GemDataError
     from gem_data.import_strings import read_vocabularies
     from gem_data.writer import DatasetWriter, staged_directory
 
     if engine not in ENGINES:
         raise GemDataError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
+    run_options = {"memory_limit": memory_limit, "temp_dir": temp_dir, "threads": threads,
+                   "block_rows": block_rows, "block_bytes": block_bytes}
     if engine == "numpy":
-        given_options = [name for name, value in (("--memory-limit", memory_limit),
-                                                  ("--temp-dir", temp_dir),
-                                                  ("--threads", threads)) if value is not None]
+        given_options = [f"--{name.replace('_', '-')}" for name in ("memory_limit", "temp_dir",
+                                                                    "threads")
+                         if run_options[name] is not None]
         if given_options:
             verb = "applies" if len(given_options) == 1 else "apply"
             raise GemDataError(f"{' and '.join(given_options)} {verb} to --engine duckdb; the "
                                "numpy engine holds both logs in memory")
+    if window is not None or append:
+        from gem_data.import_append import import_window
+
+        return import_window(impressions, events, schema_file, out, window=window,
+                             append=append, row_group_rows=row_group_rows,
+                             vocabulary_from=vocabulary_from, engine=engine,
+                             run_options=run_options)
     schema, options = read_schema_file(schema_file)
     given = read_vocabularies(vocabulary_from) if vocabulary_from is not None else None
-
-    def info_of(report: dict[str, Any], staging: Path, engine_info: dict[str, Any]) -> dict:
-        return {"source": "gem data import", "impressions": str(impressions),
-                "events": str(events), "schema_file": str(schema_file),
-                "import": attrs.asdict(options), "split": report["split"],
-                "requests": report["requests"], "features": report["features"],
-                "vocabularies": {table: vocabulary.write(staging) for table, vocabulary
-                                 in sorted(report["vocabularies"].items())},
-                "engine": engine_info}
-
+    sources = {"impressions": impressions, "events": events, "schema_file": schema_file}
     with staged_directory(out) as staging:
         if engine == "numpy":
             splits, report = _build(impressions, events, schema, options, given)
             writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows,
-                                   info=info_of(report, staging, {"name": "numpy"}))
+                                   info=import_info(sources, options, report, staging,
+                                                    {"name": "numpy"}))
             for split, batch in splits.items():
                 batch.validate(schema, where=f"{out} ({split})")
                 writer.write(split, batch)
@@ -350,16 +343,27 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
             from gem_data.import_duckdb import DuckDBImport
 
             with DuckDBImport(impressions, events, schema, options, vocabularies=given,
-                              memory_limit=memory_limit,
-                              temp_dir=staging if temp_dir is None else temp_dir,
-                              threads=threads, block_rows=block_rows,
-                              block_bytes=block_bytes) as run:
+                              **{**run_options, "temp_dir": staging if temp_dir is None
+                                 else temp_dir}) as run:
                 report = run.prepare()
                 writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows,
-                                       info=info_of(report, staging, run.engine_info()))
+                                       info=import_info(sources, options, report, staging,
+                                                        run.engine_info()))
                 run.write(writer, str(out), row_group_rows)
         manifest = writer.close()
     return manifest
+
+
+def import_info(sources: dict[str, Any], options: ImportOptions, report: dict[str, Any],
+                directory: Path, engine_info: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``info`` of an import (see :func:`import_logs`); writes the vocabularies
+    built into ``directory``."""
+    return {"source": "gem data import", **{key: str(value) for key, value in sources.items()},
+            "import": attrs.asdict(options), "split": report["split"],
+            "requests": report["requests"], "features": report["features"],
+            "vocabularies": {table: vocabulary.write(directory) for table, vocabulary
+                             in sorted(report["vocabularies"].items())},
+            "engine": engine_info}
 
 
 def describe_import(info: dict[str, Any]) -> list[str]:
@@ -408,22 +412,36 @@ def describe_import(info: dict[str, Any]) -> list[str]:
                    "staging directory beside OUT); removed after the import.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="duckdb: threads DuckDB runs on (default: every core).")
+@click.option("--window", default=None, metavar="NAME",
+              help="The logs are one time window NAME (e.g. 2026-11-30) of a data set of "
+                   "windows: every request in train, each user's latest events kept for the "
+                   "next window.")
+@click.option("--append", is_flag=True,
+              help="With --window: add the window to the data set of windows OUT (its schema, "
+                   "options and vocabularies; every request and event later than its last "
+                   "window).")
 def import_command(impressions: str, events: str, schema_file: str, out: str,
                    row_group_rows: int, vocabulary_from: str | None, engine: str,
-                   memory_limit: str | None, temp_dir: str | None, threads: int | None) -> None:
+                   memory_limit: str | None, temp_dir: str | None, threads: int | None,
+                   window: str | None, append: bool) -> None:
     from gem_core.errors import GemError
 
     try:
         manifest = import_logs(impressions, events, schema_file, out,
                                row_group_rows=row_group_rows, vocabulary_from=vocabulary_from,
                                engine=engine, memory_limit=memory_limit, temp_dir=temp_dir,
-                               threads=threads)
+                               threads=threads, window=window, append=append)
     except GemError as error:
         raise click.ClickException(str(error)) from None
     from gem_data.import_split import describe
 
-    click.echo(f"wrote {manifest.rows('train')} train + {manifest.rows('eval')} eval requests "
-               f"({manifest.tokens('train')} history events) to {out}; "
-               f"{describe(manifest.info['split'])}")
-    for line in describe_import(manifest.info):
+    if window is not None:
+        from gem_data.import_append import describe_window
+
+        lines = describe_window(manifest, out)
+    else:
+        lines = [f"wrote {manifest.rows('train')} train + {manifest.rows('eval')} eval "
+                 f"requests ({manifest.tokens('train')} history events) to {out}; "
+                 f"{describe(manifest.info['split'])}", *describe_import(manifest.info)]
+    for line in lines:
         click.echo(line)

@@ -33,6 +33,9 @@ from gem_data.format import FORMAT_VERSION
 
 MANIFEST_NAME = "manifest.json"
 
+WINDOWS_FOLDER = "windows"
+"""Folder of a data set directory holding one folder per time window."""
+
 WINDOW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,127}")
 """A window's name: a path segment (it names the window's folder), e.g. ``2026-11-30``."""
 
@@ -330,5 +333,15 @@ def unlisted_files(directory: Path, manifest: Manifest) -> list[str]:
     does not describe would otherwise be skipped without a word."""
     listed = {Path(entry.path) for files in manifest.splits.values() for entry in files}
     listed |= {Path(entry.path) for window in manifest.windows for entry in window.state}
+    windows = {window.name for window in manifest.windows}
+
+    def pending(relative: Path) -> bool:
+        # windows/<name>/ of no window: an append that has not published its manifest yet (or
+        # failed before it did); it is not data of this data set, and readers go on meanwhile
+        parts = relative.parts
+        return (len(parts) > 2 and parts[0] == WINDOWS_FOLDER and bool(windows)
+                and parts[1] not in windows)
+
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*.parquet")
-                  if p.is_file() and p.relative_to(directory) not in listed)
+                  if p.is_file() and p.relative_to(directory) not in listed
+                  and not pending(p.relative_to(directory)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gem_core import hookimpl
-from gem_core.registry import ImplementationSpec, lazy
+from gem_core.registry import TIME_WINDOWS, ImplementationSpec, lazy
 
 
 def _load_parquet() -> Any:
@@ -46,8 +46,10 @@ def _load_bench_loader() -> Any:
 def gem_register_data_sources(register: Any) -> None:
     register(ImplementationSpec(
         name="parquet", load=_load_parquet, requires=("pyarrow",),
+        # data.order = "time" on a data set with time windows (gem data import --append)
+        capabilities=(TIME_WINDOWS,),
         description="Parquet data set directory (gem data synth / fetch): streamed, sharded, "
-                    "resumable, validated"))
+                    "resumable, validated; time windows in order (data.order = time)"))
     register(ImplementationSpec(
         name="movielens-100k", load=_load_movielens, requires=("pyarrow",),
         description="MovieLens-100k ratings as impressions (history -> movie, like = rating >= 4), "

@@ -12,6 +12,11 @@ Sharding (``[data.options] sharding``):
   shards that cover the epoch) and forms local batches of ``batch_size / W`` requests. Reads 1/W of
   the data, but balancing across ranks is not possible without the global batch, so the balancer
   is not applied; use it when reading, not attention cost, is the bottleneck.
+
+With ``data.order = "time"`` the source streams a data set's time windows once, oldest first
+(:mod:`gem_data.time_stream`), evaluates window by window (:meth:`ParquetSource.
+window_eval_batches`) and holds nothing out; its fingerprint lists the windows, so a data set
+that gained windows is the same data continued.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import attrs
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.config.validators import at_least, choice, greater_than
-from gem_core.data.api import Balancer, DataSource, local_share
+from gem_core.contracts import DataWindow, WindowedSource
+from gem_core.data.api import Balancer, local_share
 from gem_core.errors import GemDataError
 from gem_data.batch_ops import slice_batch
 from gem_data.dataset import DatasetReader, Unit, split_units, warn_without_digests
 from gem_data.loader import ParquetStream
-from gem_data.manifest import read_manifest
+from gem_data.manifest import Manifest, read_manifest
+from gem_data.time_stream import TimeOrderedStream
 from gem_data.validation import ValidationPolicy, ValidationReport
 
 
@@ -63,7 +70,7 @@ class ParquetOptions:
     :class:`gem_data.validation.ValidationPolicy`)."""
 
 
-class ParquetSource(DataSource):
+class ParquetSource(WindowedSource):
     """A data set directory as a :class:`gem_core.data.DataSource`."""
 
     name = "parquet"
@@ -82,10 +89,23 @@ class ParquetSource(DataSource):
         self.max_seq_len = min(config.max_seq_len, self.manifest.schema.max_seq_len)
         self.schema = attrs.evolve(self.manifest.schema, max_seq_len=self.max_seq_len)
         self._report = ValidationReport()
+        self.time_order = config.order == "time"
+        if self.time_order and not self.manifest.windows:
+            raise GemDataError(
+                f"data.order = 'time' reads a data set's time windows, and {self.directory} has "
+                "none: import logs with `gem data import --window NAME` (then `--append`), or "
+                "write one with `gem data synth --windows N`")
+        if self.time_order and self.options.sharding == "row_groups":
+            raise GemDataError(
+                "data.order = 'time' with [data.options] sharding = 'row_groups': ranks reading "
+                "disjoint row groups would end a window after different numbers of steps; use "
+                "sharding = 'global'")
         self.train_units, self.eval_units = self._plan_splits()
 
     def _plan_splits(self) -> tuple[list[Unit], list[Unit]]:
         train = split_units(self.manifest, "train")
+        if self.time_order:  # every window trains; each is evaluated before it is trained on
+            return train, split_units(self.manifest, "eval")
         if self.manifest.splits.get("eval"):
             return train, split_units(self.manifest, "eval")
         # No eval files: hold out trailing row groups (at least eval_rows rows, never all).
@@ -114,13 +134,25 @@ class ParquetSource(DataSource):
                                  shard=(rank, world_size), **common)
         post = functools.partial(local_share, rank=rank, world_size=world_size,
                                  balancer=balancer, cost_fn=cost_fn)
+        if self.time_order:
+            return TimeOrderedStream(self._reader(), self._window_units(),
+                                     batch_size=batch_size, token_budget=o.token_budget,
+                                     post=post, **common)
         return ParquetStream(self._reader(), self.train_units, batch_size=batch_size,
                              token_budget=o.token_budget, post=post, **common)
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
         """The first ``data.eval_rows`` requests of the eval split, in file order, on every
         rank."""
-        stream = ParquetStream(self._reader(), self.eval_units, batch_size=batch_size,
+        if not self.eval_units:
+            raise GemDataError(f"{self.directory} has no eval split: in data.order = 'time' "
+                               "every window trains, and each is evaluated before it is trained "
+                               "on (progressive evaluation)")
+        return self._first_rows(self.eval_units, batch_size)
+
+    def _first_rows(self, units: list[Unit], batch_size: int) -> Iterator[JaggedBatch]:
+        """The first ``data.eval_rows`` requests of ``units``, in file order."""
+        stream = ParquetStream(self._reader(), units, batch_size=batch_size,
                                seed=self.seed, shuffle=False, epochs=1,
                                prefetch=self.options.prefetch)
         remaining = self.config.eval_rows
@@ -135,11 +167,38 @@ class ParquetSource(DataSource):
         finally:
             stream.close()
 
+    # -- time windows ---------------------------------------------------------------------------
+
+    def windows(self) -> list[DataWindow]:
+        return [DataWindow(name=w.name, rows=self.manifest.window_rows(w),
+                           first_time=w.first_time, last_time=w.last_time)
+                for w in self.manifest.windows]
+
+    def _window_units(self) -> list[tuple[str, list[Unit]]]:
+        by_file: dict[str, list[Unit]] = {}
+        for unit in self.train_units:
+            by_file.setdefault(unit.file, []).append(unit)
+        return [(w.name, [u for path in w.files for u in by_file[path]])
+                for w in self.manifest.windows]
+
+    def window_at(self, position: Any) -> tuple[int, bool]:
+        if not isinstance(position, dict) or position.get("order") != "time":
+            raise GemDataError(f"not a time-order stream position: {position!r}")
+        return int(position["window_index"]), bool(position["begun"])
+
+    def window_eval_batches(self, index: int, *, batch_size: int) -> Iterator[JaggedBatch]:
+        """The first ``data.eval_rows`` requests of window ``index``, in file order."""
+        return self._first_rows(self._window_units()[index][1], batch_size)
+
     def fingerprint(self) -> dict[str, str]:
         """The manifest's digest: its files, row counts, schema and provenance (generator
-        options and seed) change when the data set is rewritten in place."""
-        canonical = json.dumps(self.manifest.to_dict(), sort_keys=True).encode()
-        return {"manifest_sha256": hashlib.sha256(canonical).hexdigest()}
+        options and seed) change when the data set is rewritten in place. In time order: the
+        schema's digest and each window's (its name and files), so that a data set that gained
+        windows continues the data a checkpoint was trained on."""
+        if self.time_order:
+            return {"schema_sha256": _digest(self.manifest.to_dict()["schema"]),
+                    "windows": _window_digests(self.manifest)}
+        return {"manifest_sha256": _digest(self.manifest.to_dict())}
 
     def report(self) -> dict[str, Any]:
         """Counts of checked, dropped, repaired and truncated rows, for the run's summary."""
@@ -147,6 +206,21 @@ class ParquetSource(DataSource):
                 "train_split_rows": sum(u.rows for u in self.train_units),
                 "eval_split_rows": sum(u.rows for u in self.eval_units),
                 **self._report.to_dict()}
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _window_digests(manifest: Manifest) -> str:
+    """``name=digest;...`` of the windows in order; a window's digest covers its files' paths,
+    row groups and SHA-256s."""
+    entries = {entry.path: entry for entry in manifest.splits["train"]}
+
+    def files(window: Any) -> list[list[Any]]:
+        return [[p, list(entries[p].row_groups), entries[p].sha256] for p in window.files]
+
+    return ";".join(f"{w.name}={_digest(files(w))}" for w in manifest.windows)
 
 
 def parquet_factory(config: DataConfig, *, seed: int) -> ParquetSource:

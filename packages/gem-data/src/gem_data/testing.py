@@ -50,3 +50,37 @@ def write_movielens_sample(directory: Path, *, seed: int = 0, users: int = 12,
     (directory / "u.item").write_text("".join(lines), encoding="latin-1")
     (directory / "u.genre").write_text("".join(f"{g}|{k}\n" for k, g in enumerate(GENRES)))
     return rows
+
+
+def write_generated_windows(out: Path, *, windows: int, upto: int | None = None,
+                            rows_per_window: int = 96, seed: int = 0, num_items: int = 300,
+                            row_group_rows: int = 32, file_rows: int = 64) -> list[str]:
+    """A time-windowed data set in ``out`` cut from one generated chunk sorted by request time:
+    ``windows`` windows of about ``rows_per_window`` requests (``day-0``, ``day-1``, ...), of
+    which the first ``upto`` are written; windows already in ``out`` are kept and the next are
+    appended, so calling it again with a larger ``upto`` grows the data set as ``gem data
+    import --append`` would. Returns the names of the windows now in ``out``."""
+    import pyarrow.compute as pc
+
+    from gem_data.arrow_io import batch_to_table
+    from gem_data.generator import AdsLogGenerator, SynthOptions
+    from gem_data.manifest import read_manifest
+    from gem_data.windows import WindowWriter, publish_windows
+
+    generator = AdsLogGenerator(SynthOptions(num_items=num_items), seed=seed)
+    table = batch_to_table(generator.chunk(rows_per_window * windows, split="train", index=0),
+                           generator.schema)
+    table = table.take(pc.sort_indices(table, [("request_timestamp", "ascending")]))
+    times = table.column("request_timestamp").to_numpy()
+    bounds = np.linspace(0, len(times), windows + 1).astype(int)
+    for i in range(1, windows):  # a cut between two requests of one second moves past them
+        while bounds[i] < len(times) and times[bounds[i]] == times[bounds[i] - 1]:
+            bounds[i] += 1
+    previous = read_manifest(out) if (out / "manifest.json").is_file() else None
+    for index in range(len(previous.windows) if previous else 0, upto or windows):
+        writer = WindowWriter(out, generator.schema, f"day-{index}",
+                              row_group_rows=row_group_rows, file_rows=file_rows)
+        writer.write(table.slice(bounds[index], bounds[index + 1] - bounds[index]))
+        previous = publish_windows(out, generator.schema, [writer.window()], writer.entries,
+                                   previous=previous)
+    return [window.name for window in previous.windows]

@@ -25,6 +25,7 @@ from gem_data import format as fmt
 from gem_data.arrow_io import batch_to_table
 from gem_data.manifest import (
     WINDOW_NAME,
+    WINDOWS_FOLDER,
     FileEntry,
     Manifest,
     TimeWindow,
@@ -33,9 +34,6 @@ from gem_data.manifest import (
     write_manifest,
 )
 from gem_data.writer import write_file
-
-WINDOWS_FOLDER = "windows"
-"""Folder of the data set directory that holds one folder per window."""
 
 
 def window_folder(directory: Path, name: str) -> Path:
@@ -105,15 +103,23 @@ class WindowWriter:
         self.files.append(_digested(self.directory, attrs.evolve(
             entry, path=str(path.relative_to(self.directory)))))
 
-    def write_state(self, filename: str, table: pa.Table) -> FileEntry:
+    def write_state(self, filename: str, table: pa.Table | pa.RecordBatchReader) -> FileEntry:
         """Write a state file (not read by training) of this window, e.g. each user's most
-        recent events; it is listed with its size and digest."""
+        recent events; it is listed with its size and digest. ``table``: a table (one row
+        group), or a reader whose batches are written one row group each (a state streamed
+        from an out-of-core engine, larger than memory)."""
         import pyarrow.parquet as pq
 
         path = self.folder / filename
         partial = path.with_name(path.name + ".partial")
-        pq.write_table(table, partial, row_group_size=max(table.num_rows, 1),
-                       write_page_checksum=True)
+        if isinstance(table, pa.RecordBatchReader):
+            with pq.ParquetWriter(partial, table.schema, write_page_checksum=True) as writer:
+                for batch in table:
+                    if batch.num_rows:
+                        writer.write_batch(batch, row_group_size=batch.num_rows)
+        else:
+            pq.write_table(table, partial, row_group_size=max(table.num_rows, 1),
+                           write_page_checksum=True)
         partial.replace(path)
         meta = pq.ParquetFile(path).metadata
         entry = _digested(self.directory, FileEntry(

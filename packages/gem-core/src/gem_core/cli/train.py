@@ -127,6 +127,14 @@ def _print_result(run_dir: Path) -> None:
     for warning in summary.get("warnings", ()):
         click.echo(f"warning: {warning}")
     used = summary.get("checkpoint_used")
+    progressive = summary.get("progressive")
+    if progressive is not None:  # time order: the headline is the windows' mean
+        evaluated = len(progressive["windows"])
+        tasks = (f"progressive (mean over {evaluated} window"
+                 f"{'s' if evaluated != 1 else ''}, each before training on it): {tasks}"
+                 if evaluated else "no window evaluated yet (the first is only trained on)")
+        click.echo(f"windows trained: {progressive['windows_trained']} of "
+                   f"{progressive['windows_total']}")
     click.echo(f"steps {summary['run']['steps']}: {tasks}"
                + (f"; {speed:.0f} impressions/s" if speed is not None else "")
                + (f" ({requests:.0f} requests/s)" if requests is not None else ""))

@@ -337,7 +337,17 @@ class DataConfig:
     """Histories are truncated to their most recent ``max_seq_len`` events."""
 
     eval_rows: int = attrs.field(default=8192, validator=greater_than(0))
-    """Size of the held-out evaluation split."""
+    """Size of the held-out evaluation split (with ``order = "time"``: of each window's
+    progressive evaluation)."""
+
+    order: str = attrs.field(default="shuffled", validator=choice("shuffled", "time"))
+    """``shuffled``: epochs over the training split in a seeded random order, evaluated on the
+    eval split. ``time``: one pass over a data set's time windows, oldest first (shuffled only
+    inside a window, per ``[data.options]``), evaluating the model on each window before it
+    trains on it (progressive evaluation); the run ends when the windows do, and continues
+    from its last checkpoint when the data set gains windows. Needs a source with time windows
+    (``parquet`` on a data set written with ``gem data import --window`` / ``--append`` or
+    ``gem data synth --windows``). See docs/streaming.md."""
 
     options: dict[str, Any] = attrs.field(factory=dict)
     """Source-specific options; each source validates its own (see its documentation)."""
@@ -363,7 +373,13 @@ class TrainConfig:
     """AdamW weight decay on dense matrices (not on embeddings, norms or biases)."""
 
     warmup_steps: int = attrs.field(default=20, validator=at_least(0))
-    """Linear warm-up steps before cosine decay to 10 % of ``lr``."""
+    """Linear warm-up steps before the schedule (``lr_schedule``) takes over."""
+
+    lr_schedule: str = attrs.field(default="auto", validator=choice("auto", "cosine",
+                                                                    "constant"))
+    """After warm-up: ``cosine`` decays to 10 % of ``lr`` at ``steps``; ``constant`` keeps
+    ``lr``, as a stream that gains windows needs (it has no last step to decay towards).
+    ``auto``: ``constant`` with ``data.order = "time"``, else ``cosine``."""
 
     grad_clip: float = attrs.field(default=1.0, validator=at_least(0))
     """Global gradient-norm clip; 0 disables clipping."""

@@ -58,11 +58,18 @@ def summary_rows(run: RunRecord) -> list[tuple[str, Any]]:
     s = run.summary
     rows: list[tuple[str, Any]] = [("steps", _figure(s, "run", "steps")),
                                    ("world size", _figure(s, "run", "world_size"))]
+    progressive = s.get("progressive")
+    if isinstance(progressive, dict):  # time order: the headline is the windows' mean
+        rows.append(("windows trained", f"{progressive.get('windows_trained')} of "
+                                        f"{progressive.get('windows_total')}"))
+    mean = (f" (progressive, mean of {len(progressive.get('windows', ()))} windows)"
+            if isinstance(progressive, dict) else "")
     for task, report in s["eval"].items():
-        rows += [(f"{task} NE", report.get("ne")), (f"{task} AUC", report.get("auc")),
-                 (f"{task} calibration", report.get("calibration"))]
+        rows += [(f"{task} NE{mean}", report.get("ne")),
+                 (f"{task} AUC{mean}", report.get("auc")),
+                 (f"{task} calibration{mean}", report.get("calibration"))]
         if report.get("gauc_users"):
-            rows.append((f"{task} GAUC", report.get("gauc")))
+            rows.append((f"{task} GAUC{mean}", report.get("gauc")))
     rows += [("impressions/s", _figure(s, "throughput", "samples_per_s")),
              ("requests/s", _figure(s, "throughput", "requests_per_s")),
              ("tokens/s", _figure(s, "throughput", "tokens_per_s")),

@@ -44,6 +44,7 @@ PLOT_CAPTIONS = {
     "mfu": "Local model FLOPs utilisation per step",
     "padding": "Share of padded-to-max FLOPs that jagged batches did not spend",
     "balance": "Per-rank balance: the busiest rank's tokens over the mean",
+    "progressive": "Progressive NE over time: each window scored before the model trained on it",
 }
 
 
@@ -102,6 +103,23 @@ def run_plots(run: RunRecord, out: Path) -> dict[str, Path]:
            ylim=(0, 1))
     ax.legend()
     plots["padding"] = _save(fig, out / "padding.png")
+
+    windowed = [e for e in run.evals if "window" in e]
+    if windowed:  # data.order = "time": NE over time, one point per window
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [e["window"] for e in windowed]
+        for task in run.tasks:
+            values = [e[task]["ne"] if isinstance(e.get(task), dict) else None
+                      for e in windowed]
+            ax.plot(range(len(names)), [v if isinstance(v, (int, float)) else float("nan")
+                                        for v in values], marker="o", label=task)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="base rate")
+        ax.set_xticks(range(len(names)), names, rotation=45 if len(names) > 6 else 0,
+                      ha="right" if len(names) > 6 else "center")
+        ax.set(xlabel="window (evaluated before training on it)",
+               ylabel="normalized entropy", title="Progressive NE")
+        ax.legend()
+        plots["progressive"] = _save(fig, out / "progressive.png")
 
     world_size = run.summary["run"].get("world_size")
     if isinstance(world_size, int) and world_size > 1:  # one rank is balanced with itself

@@ -6,6 +6,11 @@ data, the evaluation split and the data order) and what the source itself says i
 content (:meth:`gem_core.data.DataSource.fingerprint`: a Parquet data set's manifest digest,
 which changes when the data set is regenerated in place). A resume whose fingerprint differs is
 refused unless the user passes ``--allow-data-change``.
+
+One difference is not a change: a time-windowed source (:class:`gem_core.contracts.
+WindowedSource`) lists its windows under ``windows`` (``"name=digest;..."``), and a data set that
+gained windows after the checkpoint's is the same data, continued: the saved list must be the
+start of the current one.
 """
 
 from __future__ import annotations
@@ -61,6 +66,19 @@ def fingerprint_differences(before: dict[str, Any], after: dict[str, Any]) -> li
             for key in keys if before.get(key) != after.get(key)]
 
 
+WINDOWS_KEY = "content_windows"
+"""The fingerprint field of a time-windowed source's windows, compared as a prefix."""
+
+
+def windows_continued(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether ``after``'s windows are ``before``'s followed by new ones (or the same)."""
+    old, new = before.get(WINDOWS_KEY), after.get(WINDOWS_KEY)
+    if not isinstance(old, str) or not isinstance(new, str):
+        return False
+    old_list, new_list = old.split(";"), new.split(";")
+    return new_list[:len(old_list)] == old_list
+
+
 def check_same_data(saved: dict[str, Any] | None, current: dict[str, Any], checkpoint: Path, *,
                     allow_change: bool) -> None:
     """Refuse (:class:`GemConfigError` naming each difference and ``--allow-data-change``) to
@@ -71,6 +89,12 @@ def check_same_data(saved: dict[str, Any] | None, current: dict[str, Any], check
                     "cannot check that this run resumes on the same data", checkpoint)
         return
     changed = fingerprint_differences(saved, current)
+    if windows_continued(saved, current):
+        added = len(current[WINDOWS_KEY].split(";")) - len(saved[WINDOWS_KEY].split(";"))
+        changed = [c for c in changed if not c.startswith(f"{WINDOWS_KEY}:")]
+        if added and not changed:
+            log.info("the data set has %d window(s) more than %s was trained on: continuing "
+                     "with them", added, checkpoint)
     if not changed:
         return
     what = "; ".join(changed)

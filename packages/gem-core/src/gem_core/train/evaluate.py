@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import torch
 
 from gem_core.distributed import ParallelContext, all_gather_tensors
 from gem_core.metrics import task_report
 
+if TYPE_CHECKING:
+    from gem_core.batch import JaggedBatch
+
 
 @torch.no_grad()
-def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batch_size: int,
-             precision) -> dict[str, Any]:
-    """NE, AUC, calibration and (when the data names users) GAUC per task over the whole eval
-    split, per impression.
+def evaluate(engine, batches: Iterable[JaggedBatch], tasks: Sequence[str], ctx: ParallelContext,
+             *, precision) -> dict[str, Any]:
+    """NE, AUC, calibration and (when the data names users) GAUC per task over ``batches`` (the
+    whole eval split, or a time window), per impression; every rank is given the same batches.
 
     Rank ``r`` computes eval batches ``r, r + W, ...``; predictions are gathered so every sample
     counts exactly once, whatever the number of ranks.
@@ -24,7 +27,7 @@ def evaluate(engine, source, tasks: Sequence[str], ctx: ParallelContext, *, batc
     logits: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
     labels: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
     users: list[torch.Tensor] = []
-    for index, batch in enumerate(source.eval_batches(batch_size=batch_size)):
+    for index, batch in enumerate(batches):
         if index % ctx.world_size != ctx.rank:
             continue
         batch = batch.to(ctx.device)

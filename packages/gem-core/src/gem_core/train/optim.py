@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from gem_core.config import TrainConfig
+from gem_core.config import GemConfig, TrainConfig
 
 
 def make_adamw(config: TrainConfig):
@@ -31,10 +31,21 @@ def make_adamw(config: TrainConfig):
     return build
 
 
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to 10 % of it at the last step."""
+def lr_schedule(config: GemConfig) -> str:
+    """The run's schedule after warm-up (``train.lr_schedule`` with ``auto`` resolved)."""
+    chosen = config.train.lr_schedule
+    if chosen != "auto":
+        return chosen
+    return "constant" if config.data.order == "time" else "cosine"
+
+
+def learning_rate(config: TrainConfig, step: int, schedule: str = "cosine") -> float:
+    """Linear warm-up to ``lr``, then (``cosine``) cosine decay to 10 % of it at the last step,
+    or (``constant``) ``lr``."""
     if config.warmup_steps and step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
+    if schedule == "constant":
+        return config.lr
     span = max(config.steps - config.warmup_steps, 1)
     progress = min((step - config.warmup_steps) / span, 1.0)
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gem_core.config import GemConfig, unstructure
+from gem_core.config import GemConfig, structure, unstructure
 from gem_core.errors import GemConfigError, GemDataError
 
 #: Version of the model's parameter layout and data model in checkpoints. 2: request-level
@@ -14,6 +14,17 @@ from gem_core.errors import GemConfigError, GemDataError
 #: every event feature, position embeddings). Checkpoints without it are of version 1 (one
 #: candidate per row, fixed item/action event features), which this model cannot load.
 MODEL_FORMAT = 2
+
+
+def with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's stored configuration with the keys added since it was written at their
+    defaults (which is what that version did), so a new key alone is not a difference. One this
+    version cannot read (a key it does not know) is compared as stored: the difference is
+    named."""
+    try:
+        return unstructure(structure(GemConfig, saved))
+    except (GemConfigError, TypeError, ValueError):
+        return saved
 
 
 def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, strategy: str,
@@ -38,7 +49,7 @@ def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, st
         raise GemConfigError(
             f"{path} was trained on data with another feature schema (tables, features or "
             "tasks differ); use --fresh to start over or another --out")
-    saved, current = state["config"], unstructure(config)
+    saved, current = with_defaults(state["config"]), unstructure(config)
     for section in ("model",) if allow_data_change else ("model", "data"):
         if saved[section] != current[section]:
             changed = sorted(k for k in current[section]

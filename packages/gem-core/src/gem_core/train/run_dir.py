@@ -30,7 +30,7 @@ def evaluation_columns(entry: dict[str, Any]) -> dict[str, float]:
     """The ``eval_<figure>_<task>`` columns of an evaluation entry (``{"step", task: report}``)
     that the step's metrics record carries."""
     return {f"{EVALUATION_COLUMN_PREFIX}{figure}_{task}": value
-            for task, report in entry.items() if task != "step"
+            for task, report in entry.items() if isinstance(report, dict)  # not step, window
             for figure, value in report.items() if figure in EVALUATION_COLUMN_FIGURES}
 
 
@@ -144,18 +144,26 @@ class RunDirectory:
         self._append("eval.jsonl", record)
         self._scalars("eval", record, record["step"])
 
-    def truncate_metrics(self, *, after_step: int) -> None:
-        """On resume, forget lines logged after the checkpoint (they will be logged again). A
+    def truncate_metrics(self, *, after_step: int, evaluations: list[dict[str, Any]] | None = None
+                         ) -> None:
+        """On resume, forget lines logged after the checkpoint (they will be logged again). With
+        ``evaluations`` (the checkpoint's eval history), evaluations logged at the checkpoint's
+        own step after it was saved (a time window evaluated on resume) are forgotten too. A
         torn last line (the process died mid-write) is dropped with a warning; an unreadable
         line before the last is an error naming the file and line."""
         if not self.enabled:
             return
+        saved_at_step = sum(1 for e in evaluations or () if e.get("step") == after_step)
         for name in ("metrics.jsonl", "eval.jsonl"):
             file = self.path / name
             if not file.exists():
                 continue
             records = read_records(file)
             kept = [line for line, record in records if record["step"] <= after_step]
+            if name == "eval.jsonl" and evaluations is not None:
+                at_step = [line for line, record in records if record["step"] == after_step]
+                kept = [line for line, record in records if record["step"] < after_step]
+                kept += at_step[:saved_at_step]
             with write_errors_named(name, file):
                 temporary = file.with_name(file.name + ".tmp")
                 temporary.write_text("".join(line + "\n" for line in kept))

@@ -43,7 +43,7 @@ from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
 from gem_core.train.evaluate import evaluate, selection_ne
 from gem_core.train.guard import StepGuard
 from gem_core.train.loss import mean_loss, task_loss_sums
-from gem_core.train.optim import learning_rate, make_adamw
+from gem_core.train.optim import learning_rate, lr_schedule, make_adamw
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress, log_start
 from gem_core.train.resume import (
@@ -56,6 +56,7 @@ from gem_core.train.run_dir import RunDirectory, evaluation_columns
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
 from gem_core.train.teardown import stop_background_work
+from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,13 @@ class _Trainer:
         if self.distiller is not None:
             self.source = self.distiller.source
         self.schema = self.source.schema
+        # data.order = "time": the windows once, each evaluated before it is trained on.
+        self.time_order: TimeOrder | None = None
+        if config.data.order == "time":
+            self.time_order = TimeOrder(
+                check_time_order(config, self.backends.data.spec, self.source,
+                                 distilling=self.distiller is not None), self.schema.tasks)
+        self.lr_schedule = lr_schedule(config)
         check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
                           embedding_sharding=self.backends.embedding_sharding.spec,
                           world_size=ctx.world_size, plugins=plugins)
@@ -182,6 +190,7 @@ class _Trainer:
             self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
             options=config.parallel.embedding)
         self.step = 0
+        self.saved_step: int | None = None  # of the newest checkpoint this run wrote or resumed
         self.guard = StepGuard(self.tc)
         self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
         self.eval_history: list[dict[str, Any]] = []
@@ -230,7 +239,8 @@ class _Trainer:
         load_data_position(self.stream, state, path, rank=self.ctx.rank,
                            world_size=self.ctx.world_size, source=self.config.data.source)
         self._restore(state, path)
-        self.run_dir.truncate_metrics(after_step=step)
+        self.saved_step = step
+        self.run_dir.truncate_metrics(after_step=step, evaluations=self.eval_history)
         log.info("resumed from %s at step %d", path, step)
         if state["world_size"] != self.ctx.world_size:
             # Resharded: evaluate at once, so eval_history shows the same NE as before the
@@ -268,7 +278,8 @@ class _Trainer:
         rng_states = _gather_objects(_rng_state(), self.ctx)
         last = self.eval_history[-1] if self.eval_history else None
         ne = (selection_ne(last, self.schema.tasks)
-              if last is not None and last["step"] == self.step else None)
+              if last is not None and last["step"] == self.step and self.time_order is None
+              else None)  # in time order each evaluation is of another window: no ranking
         state = {
             "step": self.step, "data": data_states,
             "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
@@ -282,6 +293,7 @@ class _Trainer:
         with write_errors_named(f"the checkpoint of step {self.step}",
                                 self.run_dir.path / "checkpoints"):
             self.checkpointer.save(self.step, state, ne=ne)
+        self.saved_step = self.step
 
     def _stop(self, *, saved: bool) -> None:
         """End the run after this step on a signal: its checkpoint saved (unless it just was)
@@ -310,7 +322,12 @@ class _Trainer:
         with torch.random.fork_rng(devices=[]):  # random matrices; the training RNG stays exact
             peak = measure_matmul_peak(self.ctx.device)
         start_step, started = self.step, time.perf_counter()
-        bar = Progress(total=self.tc.steps, initial=self.step, stop=stop,
+        total = self.tc.steps
+        if self.time_order is not None:  # one pass over the windows, if shorter
+            planned = self.time_order.planned_steps(
+                self.tc.batch_size, bool(self.config.data.options.get("token_budget")))
+            total = min(total, planned) if planned else total
+        bar = Progress(total=total, initial=self.step, stop=min(stop, total),
                        enabled=self.ctx.is_main, bar=self.show_progress,
                        log_every_s=self.tc.log_every_s)
         if self.ctx.is_main:
@@ -323,6 +340,8 @@ class _Trainer:
             log.warning("train.epochs = %d is ignored: data source %r has no passes (its batches "
                         "are generated on demand); train.steps decides", self.tc.epochs,
                         self.config.data.source)
+        if self.time_order is not None:
+            self._start_windows(stop)
         self.ending = self._ending()  # a resumed run that had already stopped early
         if self.ending is not None and self.ctx.is_main:
             log.info("nothing to train: %s", self.ending["message"])
@@ -339,8 +358,18 @@ class _Trainer:
             self._count_passes()
             passes_ended = self._ending(evaluations=False) is not None
             last = self.step == stop or passes_ended
-            evaluated = last or bool(self.tc.eval_every and self.step % self.tc.eval_every == 0)
-            if evaluated:
+            window_ended = False
+            if self.time_order is not None:  # evaluations are the windows', before training
+                window_ended = self.time_order.at_window_start(self.steps.data_position())
+                evaluated = window_ended and self._evaluate_due_window()
+                if evaluated:
+                    record.update(evaluation_columns(self.eval_history[-1]))
+                self.ending = self._ending()
+                last = last or self.ending is not None
+            else:
+                evaluated = last or bool(self.tc.eval_every
+                                         and self.step % self.tc.eval_every == 0)
+            if evaluated and self.time_order is None:
                 self._evaluate()
                 record.update(evaluation_columns(self.eval_history[-1]))
                 self._warn_if_overfitting()
@@ -349,17 +378,21 @@ class _Trainer:
             if self.step % self.tc.log_every == 0 or self.step == self.tc.steps or evaluated:
                 self.run_dir.append_metrics(record)
             bar.update(record)
-            saved = last or bool(self.tc.checkpoint_every
-                                 and self.step % self.tc.checkpoint_every == 0)
+            saved = last or window_ended or bool(self.tc.checkpoint_every
+                                                 and self.step % self.tc.checkpoint_every == 0)
             if saved:
                 self._save()
             if self.stopping and not last:  # every rank after the same step
                 bar.close()
                 self._stop(saved=saved)
         bar.close()
-        if self.ending is not None and self.ctx.is_main:
-            log.warning("%s", self.ending["message"])
-        if not self.eval_history or self.eval_history[-1]["step"] != self.step:
+        if self.ending is not None and self.ctx.is_main:  # the end of the windows is no alarm
+            (log.info if self.ending["reason"] == "windows" else log.warning)(
+                "%s", self.ending["message"])
+        if self.time_order is not None:
+            if self.saved_step != self.step:
+                self._save()  # a window's evaluation after the last save (a resumed run)
+        elif not self.eval_history or self.eval_history[-1]["step"] != self.step:
             self._evaluate()  # a resumed run that had nothing left to train
             self._save()
         self.checkpointer.wait()  # the last background save is published before the summary
@@ -376,7 +409,7 @@ class _Trainer:
         tc, ctx = self.tc, self.ctx
         started = time.perf_counter()
         batch = batch.to(ctx.device)
-        lr = learning_rate(tc, self.step)
+        lr = learning_rate(tc, self.step, self.lr_schedule)
         self.engine.set_lr(lr)
         # Modules with their own optimizer (TorchRec's fused sparse one) see the schedule's
         # factor through ``follow_learning_rate(factor) -> lr | None``.
@@ -493,23 +526,55 @@ class _Trainer:
                                                  + record["moe_dropped_tokens"])
         return record
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, window: int | None = None) -> None:
+        """Evaluate on the eval split, or (time order) on time window ``window``."""
         was_training = self.engine.model.training
         self.engine.train(False)
+        size = self.tc.eval_batch_size
+        batches = (self.source.eval_batches(batch_size=size) if window is None else
+                   self.time_order.source.window_eval_batches(window, batch_size=size))
         # Evaluating must not move the training RNG, so where evaluations fall (eval_every, a
         # stop and resume) never changes training.
         with torch.random.fork_rng(devices=[]):
-            report = evaluate(self.engine, self.source, self.schema.tasks, self.ctx,
-                              batch_size=self.tc.eval_batch_size,
+            report = evaluate(self.engine, batches, self.schema.tasks, self.ctx,
                               precision=self.backends.precision.impl)
         self.engine.train(was_training)
-        entry = {"step": self.step, **report}
+        described = self.time_order.describe(window) if window is not None else {}
+        entry = {"step": self.step, **described, **report}
         self.eval_history.append(entry)
         if self.ctx.is_main:
             self.run_dir.append_eval(entry)
-            log.info("eval at step %d: %s", self.step, {
-                t: round(report[t]["ne"], 4) for t in self.schema.tasks})
+            shown = {t: report[t]["ne"] for t in self.schema.tasks}
+            log.info("eval at step %d%s: %s", self.step,
+                     f" of window {described['window']!r} before training on it"
+                     if described else "",
+                     {t: round(v, 4) if v is not None else None for t, v in shown.items()})
             log_data_counts(self.source, f"at step {self.step}")
+
+    # -- time order -------------------------------------------------------------------------------
+
+    def _start_windows(self, stop: int) -> None:
+        """Say what lies ahead, and evaluate the next window if it is due (a run continuing
+        on a data set that gained windows evaluates the first new one before training)."""
+        order = self.time_order
+        position = self.steps.data_position()
+        if self.ctx.is_main:
+            order.log_plan(order.position(position)[0], stop,
+                           order.planned_steps(self.tc.batch_size,
+                                               bool(self.config.data.options.get("token_budget"))))
+        self._evaluate_due_window()
+
+    def _windows_trained(self) -> int:
+        index, begun = self.time_order.position(self.steps.data_position())
+        return index + int(begun)
+
+    def _evaluate_due_window(self) -> bool:
+        """Evaluate the next window if it is due (:meth:`TimeOrder.due`); whether it was."""
+        due = self.time_order.due(self.steps.data_position(), self.eval_history)
+        if due is None:
+            return False
+        self._evaluate(window=due)
+        return True
 
     # -- when to end, which checkpoint counts ----------------------------------------------------
 
@@ -543,6 +608,9 @@ class _Trainer:
         """Why the run ends now before ``train.steps`` (``train.epochs`` reached, or with
         ``evaluations`` early stopping), or None."""
         tc = self.tc
+        if self.time_order is not None:
+            ended = self.time_order.ended(self.steps.data_position())
+            return self.time_order.ending(self.step) if ended else None
         if tc.epochs and self.passes_done is not None and self.passes_done >= tc.epochs:
             return {"reason": "epochs",
                     "message": f"stopped at step {self.step}: train.epochs = {tc.epochs} "
@@ -567,6 +635,8 @@ class _Trainer:
         in a row."""
         n = self.tc.overfit_warn_evals
         history = self._ne_history()
+        if self.time_order is not None:
+            return  # each evaluation is of a new window: a rise is drift, not overfitting
         if not n or len(history) < n + 1 or history[-1][0] != self.step:
             return
         recent = history[-(n + 2):]
@@ -588,6 +658,12 @@ class _Trainer:
         """The evaluation of the checkpoint readers use by default (:func:`choose_checkpoint`:
         the best), and which it is and why; the last evaluation when that one is not known."""
         from gem_core.trained_run import choose_checkpoint  # it imports this package
+
+        if self.time_order is not None:  # the mean of the windows' evaluations; the newest model
+            mean = self.time_order.mean([e for e in self.eval_history if "window" in e])
+            return mean, {"step": self.step, "best": False,
+                          "reason": f"time order: the newest checkpoint, step {self.step}, "
+                                    "trained on the most recent window"}
 
         try:
             choice = choose_checkpoint(self.run_dir.path)
@@ -621,7 +697,10 @@ class _Trainer:
                     "device": str(self.ctx.device), "wall_time_s": wall_s},
             # The headline: the evaluation of the checkpoint readers use by default (the best).
             "eval": {task: final[task] for task in self.schema.tasks},
-            "eval_last": {task: self.eval_history[-1][task] for task in self.schema.tasks},
+            "eval_last": ({task: self.eval_history[-1][task] for task in self.schema.tasks}
+                          if self.eval_history else final),
+            **({"progressive": self.time_order.summary(self.eval_history, self._windows_trained())}
+               if self.time_order is not None else {}),
             "checkpoint_used": used,
             "warnings": self.warnings,
             "eval_history": self.eval_history,
