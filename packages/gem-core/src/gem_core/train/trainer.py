@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ from gem_core.distributed import (
     shutdown,
 )
 from gem_core.embedding import check_fused_optimizer
-from gem_core.flops import causal_window_pairs
 from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model
 from gem_core.parallelize import parallelize
@@ -37,6 +35,7 @@ from gem_core.plugins import GemPlugins
 from gem_core.schema import schema_to_dict
 from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
 from gem_core.train.checkpointer import Checkpointer
+from gem_core.train.costs import sample_costs
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
 from gem_core.train.data_log import data_report, log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
@@ -53,14 +52,15 @@ from gem_core.train.resume import (
     load_data_position,
 )
 from gem_core.train.run_dir import RunDirectory, evaluation_columns
+from gem_core.train.run_end import early_stop, epochs_done, ne_history, overfitting_warning
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
+from gem_core.train.summary import headline, performance
 from gem_core.train.teardown import stop_background_work
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
 
-WARMUP_STEPS_EXCLUDED = 3  # first steps pay one-off costs; throughput figures leave them out
 
 
 @attrs.frozen(kw_only=True)
@@ -99,15 +99,6 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
                 stop_background_work(trainer, failed=failed)
     finally:
         shutdown(ctx)
-
-
-def sample_costs(lengths: torch.Tensor, window: int | None,
-                 candidates: torch.Tensor | None = None) -> list[float]:
-    """What one request costs a rank, for batch balancing: its attention pairs plus its tokens
-    (linear layers) plus its candidates (the per-impression work above the towers; one when
-    not given), so an empty history still costs something."""
-    per_request = 1 if candidates is None else candidates.to(lengths.dtype)
-    return (causal_window_pairs(lengths, window) + lengths + per_request).tolist()
 
 
 def seed_everything(seed: int) -> None:
@@ -598,93 +589,31 @@ class _Trainer:
             log.info("pass %d over the training data ended at step %d", passes, self.step)
         self.passes_done = passes
 
-    def _ne_history(self) -> list[tuple[int, float]]:
-        """``(step, NE)`` of each evaluated step with a defined NE (:func:`selection_ne`); a
-        step evaluated twice (after a resharded resume) counts once."""
-        by_step = {e["step"]: selection_ne(e, self.schema.tasks) for e in self.eval_history}
-        return [(step, ne) for step, ne in by_step.items() if ne is not None]
-
     def _ending(self, *, evaluations: bool = True) -> dict[str, str] | None:
-        """Why the run ends now before ``train.steps`` (``train.epochs`` reached, or with
-        ``evaluations`` early stopping), or None."""
-        tc = self.tc
+        """Why the run ends now before ``train.steps`` (the windows ran out in time order,
+        ``train.epochs`` reached, or with ``evaluations`` early stopping), or None."""
         if self.time_order is not None:
             ended = self.time_order.ended(self.steps.data_position())
             return self.time_order.ending(self.step) if ended else None
-        if tc.epochs and self.passes_done is not None and self.passes_done >= tc.epochs:
-            return {"reason": "epochs",
-                    "message": f"stopped at step {self.step}: train.epochs = {tc.epochs} "
-                               f"pass{'es' if tc.epochs > 1 else ''} over the training data "
-                               f"done (before train.steps = {tc.steps})"}
-        history = self._ne_history()
-        if not (evaluations and tc.early_stopping_patience and history):
-            return None
-        best_at = min(range(len(history)), key=lambda i: (history[i][1], i))
-        since = len(history) - 1 - best_at
-        if since < tc.early_stopping_patience:
-            return None
-        step, ne = history[best_at]
-        return {"reason": "early_stopping",
-                "message": f"early stopping at step {self.step}: the eval NE has not improved "
-                           f"for {since} evaluations (train.early_stopping_patience = "
-                           f"{tc.early_stopping_patience}); the best was {ne:.4f} at step {step}, "
-                           f"now {history[-1][1]:.4f}"}
+        done = epochs_done(self.tc, self.passes_done, self.step)
+        if done is not None or not evaluations:
+            return done
+        return early_stop(self.tc, ne_history(self.eval_history, self.schema.tasks), self.step)
 
     def _warn_if_overfitting(self) -> None:
-        """Warn once per streak when the eval NE has risen ``train.overfit_warn_evals`` times
-        in a row."""
-        n = self.tc.overfit_warn_evals
-        history = self._ne_history()
         if self.time_order is not None:
             return  # each evaluation is of a new window: a rise is drift, not overfitting
-        if not n or len(history) < n + 1 or history[-1][0] != self.step:
-            return
-        recent = history[-(n + 2):]
-        rises = [b[1] > a[1] for a, b in zip(recent, recent[1:])]
-        if not all(rises[-n:]) or (len(rises) > n and rises[0]):
-            return  # not (just) n rises in a row: warned already when the streak reached n
-        shown = ", ".join(f"{ne:.4f} at step {step}" for step, ne in history[-(n + 1):])
-        best_step, best_ne = min(history, key=lambda x: x[1])
-        message = (f"eval NE has risen for {n} evaluations in a row ({shown}): the model is "
-                   f"overfitting (a second pass over the data often does this). The best so far "
-                   f"is {best_ne:.4f} at step {best_step}; gem export-model and the other readers "
-                   "use the best checkpoint. Train fewer passes (train.epochs = 1, fewer "
-                   "train.steps), stop early (train.early_stopping_patience), or lower train.lr")
-        self.warnings.append(message)
-        if self.ctx.is_main:
-            log.warning("%s", message)
-
-    def _headline(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The evaluation of the checkpoint readers use by default (:func:`choose_checkpoint`:
-        the best), and which it is and why; the last evaluation when that one is not known."""
-        from gem_core.trained_run import choose_checkpoint  # it imports this package
-
-        if self.time_order is not None:  # the mean of the windows' evaluations; the newest model
-            mean = self.time_order.mean([e for e in self.eval_history if "window" in e])
-            return mean, {"step": self.step, "best": False,
-                          "reason": f"time order: the newest checkpoint, step {self.step}, "
-                                    "trained on the most recent window"}
-
-        try:
-            choice = choose_checkpoint(self.run_dir.path)
-        except Exception:  # noqa: BLE001 - no checkpoint here (another rank's files): the last
-            choice = None
-        entries = [e for e in self.eval_history if choice is not None and e["step"] == choice.step]
-        if not entries:
-            last = self.eval_history[-1]
-            return last, {"step": last["step"], "best": False,
-                          "reason": f"the last evaluation, step {last['step']}"}
-        return entries[-1], {"step": choice.step, "best": choice.best, "reason": choice.reason}
+        message = overfitting_warning(
+            self.tc, ne_history(self.eval_history, self.schema.tasks), self.step)
+        if message is not None:
+            self.warnings.append(message)
+            if self.ctx.is_main:
+                log.warning("%s", message)
 
     def _summary(self, peak: float, start_step: int, wall_s: float) -> dict[str, Any]:
-        timed = self.step_times[WARMUP_STEPS_EXCLUDED:] or self.step_times
-        median_step = statistics.median(timed) if timed else float("nan")
-        steps = max(self.step, 1)
-        t = self.totals
-        flops_per_step = t["flops"] / steps
-        local_mfu = flops_per_step / (self.ctx.world_size * median_step * peak) if timed else None
-        scaling = 1.0 if self.ctx.world_size == 1 else None
-        final, used = self._headline()
+        final, used = headline(self.run_dir.path, self.eval_history, step=self.step,
+                               time_order=self.time_order)
+        tasks = self.schema.tasks
         return {
             "run": {"name": self.config.name, "steps": self.step, "resumed_from": start_step,
                     "finished": self.step >= self.tc.steps or self.ending is not None,
@@ -695,44 +624,22 @@ class _Trainer:
                     "data_passes": self.passes_done,
                     "world_size": self.ctx.world_size, "nodes": self.ctx.num_nodes,
                     "device": str(self.ctx.device), "wall_time_s": wall_s},
-            # The headline: the evaluation of the checkpoint readers use by default (the best).
-            "eval": {task: final[task] for task in self.schema.tasks},
-            "eval_last": ({task: self.eval_history[-1][task] for task in self.schema.tasks}
+            # The headline: the evaluation of the checkpoint readers use by default (the best),
+            # or in time order the windows' mean.
+            "eval": {task: final[task] for task in tasks},
+            "eval_last": ({task: self.eval_history[-1][task] for task in tasks}
                           if self.eval_history else final),
             **({"progressive": self.time_order.summary(self.eval_history, self._windows_trained())}
                if self.time_order is not None else {}),
             "checkpoint_used": used,
             "warnings": self.warnings,
             "eval_history": self.eval_history,
-            "throughput": {
-                "step_time_s_median": median_step,
-                # impressions (samples) and requests per second at the median step
-                "samples_per_s": (t["samples"] / steps) / median_step,
-                "impressions_per_s": (t["samples"] / steps) / median_step,
-                "requests_per_s": (t["requests"] / steps) / median_step,
-                "tokens_per_s": (t["tokens"] / steps) / median_step,
-                "steps_timed": len(timed),
-            },
-            "flops": {"per_step": flops_per_step,
-                      "attention_per_step": t["attention_flops"] / steps,
-                      "padded_per_step": t["padded_flops"] / steps,
-                      "counting": "3 x forward multiply-adds x 2 over the real jagged lengths"},
-            "padding_saved": {
-                "total": 1 - t["flops"] / t["padded_flops"] if t["padded_flops"] else 0.0,
-                "attention": (1 - t["attention_flops"] / t["padded_attention_flops"]
-                              if t["padded_attention_flops"] else 0.0),
-            },
-            "mfu": {
-                "local": local_mfu, "peak_flops_per_device": peak,
-                "peak_source": f"measured dense matmul on {self.ctx.device.type}",
-                "scaling_ratio": scaling,
-                "scaling_ratio_source": ("single process" if scaling is not None else
-                                         "not measured in this run (gem bench scaling)"),
-                "e2e": local_mfu * scaling if (local_mfu is not None and scaling) else None,
-            },
+            **performance(self.totals, steps=self.step, step_times=self.step_times,
+                          world_size=self.ctx.world_size, peak=peak,
+                          device_type=self.ctx.device.type),
             "guard": self.guard.report(),
-            **({"moe": {"dropped_tokens": t["moe_dropped_tokens"]}}
-               if "moe_dropped_tokens" in t else {}),
+            **({"moe": {"dropped_tokens": self.totals["moe_dropped_tokens"]}}
+               if "moe_dropped_tokens" in self.totals else {}),
             "checkpoints": self.checkpointer.report(),
             "precision": self.backends.precision.impl.summary(),
             # e.g. the TorchRec plan: sharding type and ranks per table
