@@ -87,65 +87,6 @@ class Earlier:
             log.fail(int(bad[0]), column, self.not_later(role, int(times[bad[0]]), bad.size))
 
 
-# -- users -------------------------------------------------------------------------------------
-
-
-def user_keys(log: Log, column: str, as_text: bool | None) -> np.ndarray:
-    """The user column of ``log`` as :meth:`Log.keys` reads it (integers, or text when not every
-    value is one). ``as_text``: how the data set appended to reads its users (None: not
-    appending): True keeps the text of a column whose values all look like integers, as one
-    import of all the logs would; False refuses text."""
-    cells = log.key_column(column, "user")
-    if as_text is None or as_text == (cells.numbers is None):
-        return cells.values
-    if as_text:
-        if cells.texts is None:
-            log.fail(None, column, f"the user ids are integers ({log.table.column(column).type}), "
-                                   "but the data set's are text: write them as text, as the "
-                                   "earlier windows' logs do")
-        return cells.texts
-    # The first text that is no 64-bit integer (None: the column mixes negative ids and ids of
-    # 2^63 and more, which no one integer type holds).
-    row = next((i for i, text in enumerate(cells.texts) if not _is_integer(text)), None)
-    user = f"user {str(cells.texts[row])!r} is text" if row is not None else "the users are text"
-    log.fail(row, column, f"{user}, but the data set's user ids are integers: one import of all "
-                          "the logs would number every user by the hash of its text, so this "
-                          "window cannot follow the earlier ones (import all the logs again, "
-                          "into a new data set)")
-    raise AssertionError
-
-
-def _is_integer(text: str) -> bool:
-    try:
-        return -(1 << 63) <= int(text.strip()) < (1 << 64)
-    except ValueError:
-        return False
-
-
-def users_as_text(staged: Any, as_text: bool | None, column: str) -> bool:
-    """Whether the DuckDB engine keys users by text: :func:`user_keys`'s rule over the staged
-    logs' kinds of user column (:class:`~gem_data.import_stage.KeyKind`)."""
-    kinds = [(log, staged.kinds[f"u_{name}"]) for log, name in
-             ((staged.imp_log, "impressions"), (staged.ev_log, "events"))
-             if f"u_{name}" in staged.kinds]
-    text = not kinds[0][1].numbers
-    if as_text is None or as_text == text:
-        return text
-    if as_text:
-        for log, kind in kinds:
-            if not kind.from_text:
-                log.fail(None, column, "the user ids are integers, but the data set's are "
-                                       "text: write them as text, as the earlier windows' "
-                                       "logs do")
-        return True
-    log = next(log for log, kind in kinds if not kind.numbers)
-    log.fail(None, column, "the user ids are text, but the data set's user ids are integers: "
-                           "one import of all the logs would number every user by the hash "
-                           "of its text, so this window cannot follow the earlier ones "
-                           "(import all the logs again, into a new data set)")
-    raise AssertionError
-
-
 # -- the data set appended to -------------------------------------------------------------------
 
 
@@ -263,7 +204,7 @@ def import_window(impressions: str | Path, events: str | Path, schema_file: str 
             writer = WindowWriter(staging, schema, window, row_group_rows=row_group_rows)
             report, engine_info = _write(writer, sources, schema, options, given, None, out,
                                          engine, run_options, staging)
-            from gem_data.importer import import_info
+            from gem_data.import_build import import_info
 
             info = import_info(sources, options, report, staging, engine_info)
             new = writer.window(info=_window_info(sources, options, report, engine_info,
@@ -306,7 +247,7 @@ def _write(writer: Any, sources: dict[str, Any], schema: Any, options: Any, give
     where = f"{out} (window {writer.name})"
     windowed = attrs.evolve(options, eval_fraction=0.0)  # every request to train
     if engine == "numpy":
-        from gem_data.importer import _build
+        from gem_data.import_build import _build
 
         splits, report = _build(sources["impressions"], sources["events"], schema, windowed,
                                 given, windowed=True, earlier=earlier)
@@ -406,7 +347,7 @@ def describe_window(manifest: Manifest, out: Any) -> list[str]:
     """What ``gem data import --window`` prints: the window written, the data set's windows,
     the notes (an unused ``eval_fraction``) and :func:`~gem_data.importer.describe_import`'s
     lines of the window."""
-    from gem_data.importer import describe_import
+    from gem_data.import_build import describe_import
     from gem_data.validation import _utc
 
     window = manifest.windows[-1]

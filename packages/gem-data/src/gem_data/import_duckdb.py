@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gem_data.format import event_column as fmt_event
+from gem_data.import_duckdb_results import ResultRows, quote_identifier
 from gem_data.import_options import ImportOptions
 from gem_data.import_requests import (
     fold_ids,
@@ -53,10 +54,6 @@ from gem_data.import_stage import stage_logs
 
 #: The DuckDB release gem-data is tested with (``gem-data[duckdb]`` pins it).
 DUCKDB_VERSION = "1.5.6"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _literal(text: str | Path) -> str:
@@ -187,7 +184,7 @@ class DuckDBImport:
         }
 
     def _views(self) -> None:
-        from gem_data.import_append import users_as_text
+        from gem_data.import_users import users_as_text
 
         s, o = self.staged, self.options
         numbers = not users_as_text(s, getattr(self.earlier, "user_text", None), o.user_column)
@@ -350,9 +347,11 @@ class DuckDBImport:
         if self.earlier is not None:  # before every event of the logs: rows from -(tail rows)
             tail = _literal(self.earlier.tail)
             rows = self._one(f"SELECT count(*) FROM read_parquet({tail})")[0]
-            columns = "".join(f", {_quote(fmt_event(f.name))}" for f in schema.event_features)
-            kept += (f" UNION ALL SELECT user_id, {_quote(TIME)}, file_row_number - {rows}"
-                     f"{columns} FROM read_parquet({tail}, file_row_number = true)")
+            columns = "".join(f", {quote_identifier(fmt_event(f.name))}"
+                              for f in schema.event_features)
+            kept += (f" UNION ALL SELECT user_id, {quote_identifier(TIME)}, "
+                     f"file_row_number - {rows}{columns} "
+                     f"FROM read_parquet({tail}, file_row_number = true)")
         self._sql(f"CREATE TABLE evs AS SELECT un, t, row, {events}row_number() OVER "
                   f"(PARTITION BY un ORDER BY t, row) AS pos FROM ({kept})")
         requests = "SELECT head, rt, ru AS un FROM req" if self.user_numbers else \
@@ -427,8 +426,8 @@ class DuckDBImport:
         try:
             for query in queries:
                 cursor = self.con.cursor()
-                streams.append(_Rows(cursor, self._sql_on(cursor, query).to_arrow_reader(rows),
-                                     self))
+                streams.append(ResultRows(
+                    cursor, self._sql_on(cursor, query).to_arrow_reader(rows), self.memory_limit))
         except BaseException:  # a failed query or an interrupt: close what opened, re-raise
             for stream in streams:
                 stream.close()
@@ -509,49 +508,3 @@ def _array(column: Any) -> Any:
     import pyarrow as pa
 
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
-class _Rows:
-    """A DuckDB result read as blocks of exactly the rows asked for."""
-
-    def __init__(self, cursor: Any, reader: Any, run: DuckDBImport) -> None:
-        self.cursor, self.reader, self.run = cursor, reader, run
-        self.pending: list[Any] = []
-        self.count = 0
-        self.done = False
-
-    def take(self, rows: int) -> Any:
-        """The next ``rows`` rows as a table (fewer at the end; None when none are left)."""
-        import pyarrow as pa
-
-        while self.count < rows and not self.done:
-            batch = self._next()
-            if batch is None:
-                self.done = True
-            elif batch.num_rows:
-                self.pending.append(batch)
-                self.count += batch.num_rows
-        if not self.count or not rows:
-            return None
-        table = pa.Table.from_batches(self.pending)
-        taken, rest = table.slice(0, rows), table.slice(rows)
-        self.pending, self.count = rest.to_batches(), rest.num_rows
-        return taken
-
-    def _next(self) -> Any:
-        from gem_core.errors import GemDataError
-
-        try:
-            return self.reader.read_next_batch()
-        except StopIteration:
-            return None
-        except Exception as error:  # DuckDB's own, or wrapped by pyarrow's reader
-            if "memory" in str(error).lower():
-                raise GemDataError(f"DuckDB ran out of memory under --memory-limit "
-                                   f"{self.run.memory_limit or '(not given)'} while returning "
-                                   f"the requests: raise --memory-limit ({error})") from None
-            raise GemDataError(f"DuckDB: {error}") from None
-
-    def close(self) -> None:
-        self.reader.close()
-        self.cursor.close()

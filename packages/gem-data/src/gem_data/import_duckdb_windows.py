@@ -9,10 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from gem_data.format import event_column
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+from gem_data.import_duckdb_results import ResultRows, quote_identifier
 
 
 def refuse_not_later(run: Any) -> None:
@@ -40,17 +37,16 @@ def history_tail(run: Any, rows: int) -> Any:
     ``evs``), while ``run`` is open."""
     import pyarrow as pa
 
-    from gem_data.import_duckdb import _Rows
     from gem_data.import_history import TIME, tail_schema
 
     schema = run.schema
     target = tail_schema(schema)
-    columns = "".join(f", e{j} AS {_quote(event_column(f.name))}"
+    columns = "".join(f", e{j} AS {quote_identifier(event_column(f.name))}"
                       for j, f in enumerate(schema.event_features))
-    query = (f"SELECT un AS user_id, t AS {_quote(TIME)}{columns} FROM evs QUALIFY pos > "
+    query = (f"SELECT un AS user_id, t AS {quote_identifier(TIME)}{columns} FROM evs QUALIFY pos > "
              f"max(pos) OVER (PARTITION BY un) - {int(schema.max_seq_len)} ORDER BY un, pos")
     cursor = run.con.cursor()
-    stream = _Rows(cursor, run._sql_on(cursor, query).to_arrow_reader(rows), run)
+    stream = ResultRows(cursor, run._sql_on(cursor, query).to_arrow_reader(rows), run.memory_limit)
 
     def batches() -> Iterator[Any]:
         try:
