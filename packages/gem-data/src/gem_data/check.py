@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,20 @@ from gem_data.manifest import (
 
 
 def load_schema_file(path: str | Path) -> FeatureSchema:
-    """The :class:`FeatureSchema` of a user-written TOML file (see docs/data-format.md)."""
+    """The :class:`FeatureSchema` of a user-written TOML file (see docs/data-format.md); an
+    ``[import]`` table (``gem data import``'s options) is read and checked as the import reads
+    it, and left out of the result (see :func:`read_schema_and_import`)."""
+    return read_schema_and_import(path)[0]
+
+
+def read_schema_and_import(path: str | Path) -> tuple[FeatureSchema, Any]:
+    """A schema file's :class:`FeatureSchema` and its ``[import]`` table as
+    :class:`gem_data.import_options.ImportOptions` as written (side-table paths as given), or
+    None when it has none. Every command that takes a schema file reads it here, so a file is
+    accepted or refused the same way by all of them: with ``[import]``, by the importer's own
+    parser (:func:`gem_data.import_options.read_schema_file`, with its checks of the table
+    against the schema); without, by :func:`gem_core.schema.schema_from_dict` (a file that is
+    one ``[schema]`` table is accepted too)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -39,12 +53,55 @@ def load_schema_file(path: str | Path) -> FeatureSchema:
         raise GemDataError(f"{path}: cannot read the schema file ({error})") from None
     except tomllib.TOMLDecodeError as error:
         raise GemDataError(f"{path}: not valid TOML ({error})") from None
+    if "import" in data:
+        from gem_core.config import structure
+        from gem_data.import_options import ImportOptions, read_schema_file
+
+        schema, _ = read_schema_file(path)  # the import's parser and checks, its errors
+        return schema, structure(ImportOptions, data["import"], "import")
     if "schema" in data and isinstance(data["schema"], dict) and len(data) == 1:
         data = data["schema"]  # a [schema] table is accepted too
     try:
-        return schema_from_dict(data, where=str(path))
+        return schema_from_dict(data, where=str(path)), None
     except ValueError as error:
         raise GemDataError(str(error)) from None
+
+
+def import_to_toml(options: Any) -> str:
+    """An ``[import]`` table (:class:`gem_data.import_options.ImportOptions`) as TOML, every key
+    with the value that applies (defaults included; keys without a value left out)."""
+    data = attrs.asdict(options)
+    lines = ["[import]"]
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()
+              if v is not None and not isinstance(v, dict) and k != "join"]
+    for key in ("columns", "strings", "features"):
+        if data[key]:
+            lines += ["", f"[import.{key}]"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data[key].items()]
+    for join in data["join"]:
+        lines += ["", "[[import.join]]"]
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in join.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else _toml_value(key)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()
+                               if x is not None) + "}"
+    raise TypeError(type(v))
 
 
 def schema_differences(a: FeatureSchema, b: FeatureSchema) -> list[str]:

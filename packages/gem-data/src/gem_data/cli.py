@@ -114,7 +114,9 @@ def fetch_command(name: str, cache_dir: str | None, out: str | None, max_history
 @click.argument("directory", type=click.Path())
 @click.option("--schema", "schema_file", type=click.Path(dir_okay=False), default=None,
               help="A TOML schema (docs/data-format.md) to check the files against instead of "
-                   "the manifest's; DIRECTORY may then be Parquet files without a manifest.")
+                   "the manifest's; DIRECTORY may then be Parquet files without a manifest. "
+                   "An [import] table (gem data import's options) is checked as the import "
+                   "reads it and not compared: only the feature schema is.")
 @click.option("--write-digests", is_flag=True,
               help="When every check passes, record each file's size and SHA-256 in "
                    "manifest.json (data sets written before gem-data recorded them).")
@@ -186,21 +188,32 @@ def schema_group() -> None:
     pass
 
 
-@schema_group.command("check", help="Parse and check the TOML schema FILE; print it back.")
+@schema_group.command("check", help="Parse and check the TOML schema FILE; print it back. "
+                      "An [import] table (gem data import's options) is checked by the "
+                      "importer's own parser, against the schema, and printed back with the "
+                      "value of every key.")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the schema as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the schema as JSON (with an [import] table: under \"import\").")
 def schema_check_command(file: str, as_json: bool) -> None:
+    import attrs
+
     from gem_core.schema import schema_to_dict
-    from gem_data.check import load_schema_file, schema_to_toml
+    from gem_data.check import import_to_toml, read_schema_and_import, schema_to_toml
 
     try:
-        schema = load_schema_file(file)
+        schema, options = read_schema_and_import(file)
     except GemError as error:
         _fail(error)
     if as_json:
-        click.echo(json.dumps(schema_to_dict(schema), indent=2))
-    else:
-        click.echo(schema_to_toml(schema), nl=False)
+        data = schema_to_dict(schema)
+        if options is not None:
+            data["import"] = attrs.asdict(options)
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(schema_to_toml(schema), nl=False)
+    if options is not None:
+        click.echo("\n" + import_to_toml(options), nl=False)
 
 
 @schema_group.command("show", help="Print the schema of the data set in DIRECTORY as TOML.")
