@@ -8,8 +8,8 @@
 3. **shuffled past**: the same ``tiny`` model trained on windows ``0 .. N-3``, the rows of all
    of them shuffled together (``shuffle_window`` = every row group; the default would only
    permute the windows, one row group each), ``train.epochs`` = each of ``--passes``; its data
-   set (files hard-linked from the windows) has window ``N-2`` as eval split, and a second one
-   window ``N-1``, on which the final model is evaluated here, in this process. At window
+   set (files hard-linked from the windows) has window ``N-2`` as eval split, a second one
+   window ``N-1``; the final model is exported and scored on both (``gem score``). At window
    ``N-2`` the streaming model has seen exactly the same requests (once, oldest first); at
    ``N-1`` it has also seen ``N-2``.
 
@@ -17,7 +17,8 @@ Both train with the same batch size and a constant learning rate after the same 
 shuffled runs evaluate only at their end (``train.eval_every = 0``), so no checkpoint is chosen by
 its NE on the window it is scored on. Then it prints one Markdown table per task: per window the
 achievable NE (the true probabilities), the stale NE (window 0's process), the streaming
-progressive NE and the shuffled-past NEs. Runs already finished under ``--out`` are reused.
+progressive NE and the shuffled-past NEs. Runs already finished under ``--out`` are reused (their
+directories name the seed).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +34,11 @@ from pathlib import Path
 GEM = str(Path(sys.executable).with_name("gem"))
 TASKS = ("click", "conversion")
 COMMON = ("--preset", "tiny", "--no-progress", "--set", "data.source=parquet",
-          "--set", "train.batch_size=256",
-          "--set", "train.steps=100000", "--set", "train.seed=0")
+          "--set", "train.batch_size=256", "--set", "train.steps=100000")
 
 
 def gem(*args: str) -> None:
-    print("+ gem", " ".join(args), flush=True)
+    print("+ gem", shlex.join(args), flush=True)
     subprocess.run([GEM, *args], check=True)
 
 
@@ -78,29 +79,17 @@ def train(out: Path, *args: str) -> dict:
     return read_json(out / "summary.json")
 
 
-def evaluate(run: Path, data: Path) -> dict[str, dict]:
-    """Per task, the report (NE, AUC, calibration, ...) of ``run``'s chosen checkpoint on the
-    eval split of ``data``, computed as the trainer's evaluation is (the run's own model and
-    backends, in this process: ``gem score`` gives the same figures through an export, but took
-    14 minutes for 5000 requests on two busy cores)."""
-    import attrs
-    import torch
-
-    from gem_core.metrics import task_report
-    from gem_core.trained_run import load_run
-
-    config = load_run(run).config.data
-    loaded = load_run(run, data=attrs.evolve(config, path=str(data)))
-    logits: dict[str, list] = {task: [] for task in TASKS}
-    labels: dict[str, list] = {task: [] for task in TASKS}
-    with torch.no_grad():
-        for batch in loaded.source.eval_batches(batch_size=1024):
-            out = loaded.model(batch)
-            for task in TASKS:
-                logits[task].append(out[task].float())
-                labels[task].append(batch.labels[task])
-    return {task: task_report(torch.cat(logits[task]), torch.cat(labels[task]))
-            for task in TASKS}
+def score(run: Path, data: Path) -> dict[str, dict]:
+    """Per task, the report (NE, AUC, calibration, ...) of ``run``'s final model on the eval
+    split of ``data``: ``gem export-model``, then ``gem score`` (the same figures as the
+    trainer's evaluation, to about 1e-9)."""
+    export, scores = run / "export", run / f"score-{data.name}"
+    if not (export / "manifest.json").is_file():
+        gem("export-model", str(run), "--out", str(export))
+    if not (scores / "score.json").is_file():
+        gem("score", str(export), "--data", str(data), "--out", str(scores))
+    metrics = read_json(scores / "score.json")["splits"]["eval"]["metrics"]
+    return {task: metrics[task] for task in TASKS}
 
 
 def fmt(value: float | None) -> str:
@@ -116,11 +105,14 @@ def cell(report: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="scratch directory")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="scratch directory (one per --windows and --window-rows)")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--window-rows", type=int, default=5000)
     parser.add_argument("--passes", type=int, nargs="+", default=[1, 3],
                         help="train.epochs of the shuffled-past runs")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="train.seed of every run (the data set's seed is 0)")
     args = parser.parse_args()
     out, count, rows = args.out.resolve(), args.windows, args.window_rows
     if count < 3:
@@ -131,10 +123,10 @@ def main() -> None:
         gem("data", "synth", "--out", str(windows), "--windows", str(count),
             "--window-rows", str(rows), "--seed", "0")
     info = [w["info"] for w in read_json(windows / "manifest.json")["windows"]]
-    eval_rows = sets(data__eval_rows=rows)
+    run_sets = sets(data__eval_rows=rows, train__seed=args.seed)
 
-    stream = train(out / "stream", *sets(data__path=windows, data__order="time",
-                                         data__options="{}"), *eval_rows)
+    stream = train(out / f"stream-seed{args.seed}", *sets(data__path=windows, data__order="time",
+                                         data__options="{}"), *run_sets)
     progressive = {w["window_index"]: {t: w[t] for t in TASKS}
                    for w in stream["progressive"]["windows"]}
 
@@ -145,17 +137,17 @@ def main() -> None:
                  for f in read_json(data[past] / "manifest.json")["splits"]["train"]["files"])
     shuffled: dict[int, dict[int, dict[str, dict]]] = {}
     for passes in args.passes:
-        run = out / f"shuffled-{passes}"
+        run = out / f"shuffled-{passes}-seed{args.seed}"
         summary = train(run, *sets(data__path=data[past], train__epochs=passes,
                                    data__options=f"{{shuffle_window = {groups}}}",
                                    train__lr_schedule="constant", train__eval_every=0),
-                        *eval_rows)
-        shuffled[passes] = {t: evaluate(run, data[t]) for t in targets}
+                        *run_sets)
+        shuffled[passes] = {t: score(run, data[t]) for t in targets}
         trained = ", ".join(f"{t} {summary['eval'][t]['ne']:.4f}" for t in TASKS)
         again = ", ".join(f"{t} {r['ne']:.4f}" for t, r in shuffled[passes][past].items())
         print(f"shuffled, {passes} pass(es): {summary['run']['steps']} steps, data_passes "
               f"{summary['run']['data_passes']}; on window {past}, the trainer's evaluation: "
-              f"{trained}; evaluated again here: {again}")
+              f"{trained}; gem score: {again}")
 
     print(f"\n{count} windows of {rows} requests; streaming: {stream['run']['steps']} steps; "
           f"shuffled past: windows 0-{past - 1}\n")
