@@ -211,3 +211,10 @@ def test_two_ranks_stream_the_same_windows_as_one_process(tmp_path, gem, windowe
     assert [(e["window"], e["step"]) for e in mine] == [(e["window"], e["step"]) for e in theirs]
     for a, b in zip(mine, theirs):
         assert a["click"]["ne"] == pytest.approx(b["click"]["ne"], rel=1e-3)
+
+
+def test_a_time_order_run_exports_with_its_newest_window_as_example(tmp_path, gem, one_go):
+    run, _ = one_go
+    done = gem("export-model", str(run), "--out", str(tmp_path / "export"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "export" / "manifest.json").is_file()

@@ -154,7 +154,7 @@ class DuckDBImport:
         self.con = connect(self.memory_limit, self.work, self.threads)  # a bad limit: at once
         self.staged = stage_logs(self.impressions, self.events, self.schema, self.options,
                                  self.work, vocabularies=self.given,
-                                 users_as_text=getattr(self.earlier, "user_text", None),
+                                 users_as_text=self._earlier_user_text(),
                                  **self.blocks)
         self._views()
         if self.earlier is not None:
@@ -183,11 +183,15 @@ class DuckDBImport:
             "vocabularies": s.vocabularies,
         }
 
+    def _earlier_user_text(self) -> bool | None:
+        """How the data set appended to reads its users (None: not appending)."""
+        return self.earlier.user_text if self.earlier is not None else None
+
     def _views(self) -> None:
         from gem_data.import_users import users_as_text
 
         s, o = self.staged, self.options
-        numbers = not users_as_text(s, getattr(self.earlier, "user_text", None), o.user_column)
+        numbers = not users_as_text(s, self._earlier_user_text(), o.user_column)
         user = "u_n" if numbers else "u_s"
         self.user_numbers = numbers
         others = [c for c in s.key if c not in (o.user_column, o.timestamp_column)]

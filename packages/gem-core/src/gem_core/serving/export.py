@@ -34,6 +34,7 @@ from torch import Tensor
 
 from gem_core.attention import TORCH_EXPORT
 from gem_core.batch import JaggedBatch, select_ids
+from gem_core.contracts import WindowedSource
 from gem_core.errors import GemConfigError, GemDataError
 from gem_core.jagged import offsets_from_lengths
 from gem_core.schema import schema_to_dict
@@ -135,9 +136,14 @@ def capture_with_minimums(name: str, program, inputs: dict[str, Tensor], specs
 
 
 def example_batches(run: LoadedRun) -> tuple[JaggedBatch, JaggedBatch]:
-    """Two batches of the run's eval split: the capture's example (3 requests of 2-4
-    candidates) and a held-out check batch (5 other requests of 1-3 candidates)."""
-    batch = next(iter(run.source.eval_batches(batch_size=8)))
+    """Two batches of the run's eval split (in time order, which holds nothing out: of its
+    newest window): the capture's example (3 requests of 2-4 candidates) and a held-out check
+    batch (5 other requests of 1-3 candidates)."""
+    source = run.source
+    if run.config.data.order == "time" and isinstance(source, WindowedSource):
+        batch = next(iter(source.window_eval_batches(len(source.windows()) - 1, batch_size=8)))
+    else:
+        batch = next(iter(source.eval_batches(batch_size=8)))
     if batch.batch_size < 8:
         raise GemConfigError(f"the eval split of {run.run_dir} has fewer than 8 requests; the "
                              "export needs 8 to check itself")
