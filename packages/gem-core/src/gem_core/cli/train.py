@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import time
@@ -92,6 +93,10 @@ def train(preset, config_file, overrides, nproc_per_node, nnodes, rdzv_endpoint,
     from gem_core.train.stop_signal import RunStopped
 
     rank_dies_with_agent()  # a rank of torchrun's: SIGTERM when the agent dies
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # A rank that dies of a signal inside torch (SIGSEGV in a collective, SIGABRT) would
+        # leave only torchrun's "exitcode -11"; this prints every thread's Python stack first.
+        faulthandler.enable(all_threads=True)
     try:
         result = run_training(config, CATALOG.plugins, run_dir, fresh=fresh,
                               progress=not no_progress, until_step=until_step,

@@ -39,6 +39,24 @@ every hidden unit can read "same advertiser" from the first step.
 
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
+
+**The latest match** (``latest=True``, ``model.attribute_attention_latest``). A weighted sum
+says how much of the history matches, not when: "the user engaged with the category after the
+last view of this advertiser" is a comparison of two events' times that no per-event weight can
+make. A second head gives each (candidate, event, attribute) a gate, and each attribute reports
+the recency of its most recent gated event and whether there is one::
+
+    gate(n, e, p) = sigmoid(U_p hidden(n, e) + u_p)
+    recency(e)    = 1 / (1 + position_from_end(e) / scale)       (scale: the window, or 64)
+    latest(n, p)  = max_e gate(n, e, p) * recency(e)
+    any(n, p)     = max_e gate(n, e, p)
+    out(n)        = proj( sum_e sum_p weight(n, e, p) * V_p x_e + L [latest(n, .), any(n, .)] )
+
+The gates learn what counts as a match per attribute (an engaged event of the category, a view
+of the advertiser) from the same hidden units; comparing two attributes' ``latest`` is then a
+difference the layers above can read. The maximum passes the gradient to the event that
+attains it, as max pooling does. A hyperbolic recency (not exponential) keeps an old match
+well above a recent event's small gate.
 """
 
 from __future__ import annotations
@@ -53,6 +71,11 @@ from gem_core.flops import linear_layer_flops
 from gem_core.model.target_match import recent_event_index
 
 
+DEFAULT_RECENCY_SCALE = 64
+"""Events from the end at which the latest match's recency is 1/2, when the window is the
+whole history."""
+
+
 def _unit(vectors: Tensor) -> Tensor:
     """RMS-normalised over the last dimension, no learned scale."""
     return F.rms_norm(vectors, (vectors.shape[-1],), eps=1e-6)
@@ -63,7 +86,7 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool) -> None:
+                 tower_keys: bool, latest: bool = False) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
@@ -84,6 +107,11 @@ class AttributeAttention(nn.Module):
         self.weights = nn.Linear(hidden, num)
         self.values = nn.Linear(dim, dim * num, bias=False)
         self.proj = nn.Linear(dim, dim)
+        # The latest match: one gate per attribute, and [latest, any] of every attribute into
+        # the output.
+        self.gates = nn.Linear(hidden, num) if latest else None
+        self.latest_values = nn.Linear(2 * num, dim, bias=False) if latest else None
+        self.recency_scale = float(history or DEFAULT_RECENCY_SCALE)
 
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
@@ -116,7 +144,20 @@ class AttributeAttention(nn.Module):
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
-        return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
+        pooled = torch.einsum("nwp,nwpd->nd", weight, values)
+        if self.gates is not None:
+            pooled = pooled + self._latest(hidden, index, valid, offsets, owner)
+        return self.proj(pooled)
+
+    def _latest(self, hidden: Tensor, index: Tensor, valid: Tensor, offsets: Tensor,
+                owner: Tensor) -> Tensor:
+        """``L [latest, any]`` of every attribute (the module docstring), ``(N, d)``."""
+        assert self.gates is not None and self.latest_values is not None
+        from_end = (offsets[1:][owner].unsqueeze(1) - 1 - index).to(hidden.dtype)  # (N, S)
+        recency = 1.0 / (1.0 + from_end / self.recency_scale)
+        gate = torch.sigmoid(self.gates(hidden)) * valid.unsqueeze(-1).to(hidden.dtype)
+        latest = (gate * recency.unsqueeze(-1)).amax(dim=1)  # (N, P)
+        return self.latest_values(torch.cat([latest, gate.amax(dim=1)], dim=1))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
@@ -140,5 +181,8 @@ class AttributeAttention(nn.Module):
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
         weighted_sum = 2 * slots * num * dim
+        if self.gates is not None and self.latest_values is not None:
+            per_pair += linear_layer_flops(self.gates, slots)
+            weighted_sum += linear_layer_flops(self.latest_values, impressions)
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair
                 + weighted_sum + linear_layer_flops(self.proj, impressions))
