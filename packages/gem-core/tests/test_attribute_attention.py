@@ -3,11 +3,13 @@ reads the module's weights as the docstring's formula names them, and in the mod
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.model.attribute_attention import AttributeAttention
+from gem_core.model.attribute_attention import RECENCY_EPS, RECENCY_SCALES, AttributeAttention
 from gem_core.testing.models import small_model, synthetic_batch
 
 PAIRS = [("ad", "ad"), ("topics", "topics"), ("category", "category")]
@@ -29,7 +31,7 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
         start, end = int(offsets[request]), int(offsets[request + 1])
         first = max(start, end - window) if window else start
         total = torch.zeros(dim, dtype=torch.float64)
-        latest = torch.zeros(num, dtype=torch.float64)  # gates are positive: 0 is "none"
+        decayed = torch.zeros(num, len(RECENCY_SCALES), dtype=torch.float64)
         present = torch.zeros(num, dtype=torch.float64)
         for e in range(first, end):
             pre = module.candidate_terms.bias.clone()
@@ -53,11 +55,12 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
                 total = total + weights[p] * values[p]
             if module.gates is not None:
                 gate = torch.sigmoid(module.gates.weight @ hidden + module.gates.bias)
-                recency = 1.0 / (1.0 + (end - 1 - e) / module.recency_scale)
-                latest = torch.maximum(latest, gate * recency)
+                for t, scale in enumerate(RECENCY_SCALES):
+                    decayed[:, t] += gate * math.exp(-(end - 1 - e) / scale)
                 present = torch.maximum(present, gate)
         if module.gates is not None:
-            total = total + module.latest_values.weight @ torch.cat([latest, present])
+            recent = torch.log(RECENCY_EPS + decayed).flatten()
+            total = total + module.latest_values.weight @ torch.cat([recent, present])
         out.append(module.proj.weight @ total + module.proj.bias)
     return torch.stack(out)
 
@@ -96,8 +99,11 @@ def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest):
     want = _oracle(module, inputs[0], inputs[1], inputs[2], history, inputs[4], inputs[5],
                    window)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    # The request with no history: its candidates see only the output bias.
-    torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))
+    # The request with no history: its candidates see only the output bias (and, with the
+    # latest match, its reading of "none"), as in a batch without events.
+    torch.testing.assert_close(got[2:5], module.proj(module.empty(3, got)))
+    if not latest:
+        torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))
 
 
 @pytest.mark.parametrize("latest", [False, True])
@@ -106,7 +112,7 @@ def test_an_empty_batch_of_events_and_gradients_reach_every_parameter(latest):
                                 latest=latest).double()
     inputs = _inputs(2, [0, 0], [1, 2])
     out = module(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], 0)
-    torch.testing.assert_close(out, module.proj.bias.expand(3, -1))
+    torch.testing.assert_close(out, module.proj(module.empty(3, out)))
     inputs = _inputs(3, [4, 6], [2, 1])
     module(*inputs, 6).sum().backward()
     for name, parameter in module.named_parameters():
@@ -133,21 +139,23 @@ def test_in_the_model_its_flops_are_counted(history, latest):
     assert all(torch.isfinite(v).all() for v in logits.values())
 
 
-def test_the_latest_match_reports_the_recency_of_the_most_recent_gated_event():
-    """With the gates open only on chosen events, ``latest`` is the recency of the most recent
-    of them and ``any`` is 1; an attribute without one reports 0 and 0 (float64)."""
+def test_the_latest_match_reads_the_position_of_the_most_recent_gated_event():
+    """With the gates open only on chosen events, each decayed log-sum is that of those events
+    and ``any`` is 1; an attribute without one reports log(eps) and 0 (float64)."""
     module = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False,
                                 latest=True).double()
     index = torch.tensor([[4, 3, 2, 1, 0]])  # one candidate, its 5 events, most recent first
     valid = torch.ones(1, 5, dtype=torch.bool)
     hidden = torch.zeros(1, 5, 6, dtype=torch.float64)
     hidden[0, 1, 0] = hidden[0, 3, 0] = 1.0  # events 3 and 1 (1 and 3 from the end)
+    scales = len(RECENCY_SCALES)
     with torch.no_grad():
         module.gates.weight.zero_()
         module.gates.bias.fill_(-60.0)  # closed everywhere ...
         module.gates.weight[0, 0] = 120.0  # ... but attribute 0 opens where hidden[0] = 1
-        module.latest_values.weight.copy_(torch.eye(8, 6, dtype=torch.float64))
+        module.latest_values.weight.copy_(torch.eye(8, (scales + 1) * 3, dtype=torch.float64))
     got = module._latest(hidden, index, valid, torch.tensor([0, 5]), torch.tensor([0]))
-    recency = 1.0 / (1.0 + 1.0 / module.recency_scale)  # the gated event 1 from the end
-    want = torch.tensor([recency, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    first = [math.log(RECENCY_EPS + math.exp(-1 / t) + math.exp(-3 / t)) for t in RECENCY_SCALES]
+    closed = math.log(RECENCY_EPS)
+    want = torch.tensor(first + [closed] * (8 - scales), dtype=torch.float64)
     torch.testing.assert_close(got[0], want, rtol=0, atol=1e-12)
