@@ -51,7 +51,8 @@ there is one::
     recent(n, p, t)  = log( eps + sum_e gate(n, e, p) * exp(-position_from_end(e) / t) )
                                                         for t in RECENCY_SCALES
     any(n, p)        = max_e gate(n, e, p)
-    out(n)           = proj( sum_e sum_p weight(n, e, p) * V_p x_e + L [recent(n, ., .), any(n, .)] )
+    out(n)           = proj( sum_e sum_p weight(n, e, p) * V_p x_e
+                             + L [recent(n, ., .), any(n, .)] )
 
 ``t * recent`` is a soft maximum of ``log gate - position / t`` over the events (a log-sum-exp),
 so it tracks minus the position of the most recent gated event, at the resolution of ``t``;
@@ -71,7 +72,6 @@ from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
 from gem_core.model.target_match import recent_event_index
-
 
 RECENCY_SCALES = (2.0, 8.0, 32.0, 128.0)
 """Time constants (events from the end) of the latest match's decayed sums."""
