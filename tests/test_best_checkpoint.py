@@ -17,12 +17,14 @@ from click.testing import CliRunner
 from gem_core.checkpoint import complete_checkpoints
 
 TASKS = ("click", "conversion")
-# 128 train requests in batches of 32: a pass is 4 steps, so 16 steps are 4 passes. At this
-# learning rate the mean eval NE was measured best at step 10 (0.890) and 0.945 at step 16.
-TRAIN = ("train.steps=16", "train.batch_size=32", "train.lr=0.05", "train.warmup_steps=1",
-         "train.eval_every=2", "train.checkpoint_every=2", "train.keep_checkpoints=1",
-         "data.max_seq_len=16", "model.interaction_dims=[16]", "data.eval_rows=128",
-         "train.eval_batch_size=128", "data.source=parquet", "data.options={}")
+# 128 train requests in batches of 32: a pass is 4 steps, so 16 steps are 4 passes (with
+# train.epochs = 0 the steps decide, not the default one pass). At this learning rate the mean
+# eval NE was measured best at step 10 (0.890) and 0.945 at step 16.
+TRAIN = ("train.steps=16", "train.epochs=0", "train.batch_size=32", "train.lr=0.05",
+         "train.warmup_steps=1", "train.eval_every=2", "train.checkpoint_every=2",
+         "train.keep_checkpoints=1", "data.max_seq_len=16", "model.interaction_dims=[16]",
+         "data.eval_rows=128", "train.eval_batch_size=128", "data.source=parquet",
+         "data.options={}")
 
 
 def _sets(overrides) -> list[str]:
@@ -138,9 +140,45 @@ def test_early_stopping_stops_checkpointed_and_records_why(data, tmp_path):
 
 
 def test_epochs_end_the_run_at_the_end_of_the_passes(data, tmp_path):
-    summary = _train(data, tmp_path / "run", "train.epochs=1")
-    assert summary["run"]["steps"] == 4 and summary["run"]["data_passes"] == 1  # 128 / 32
+    summary = _train(data, tmp_path / "run", "train.epochs=2")
+    assert summary["run"]["steps"] == 8 and summary["run"]["data_passes"] == 2  # 2 * 128 / 32
     assert summary["run"]["stopped"]["reason"] == "epochs"
-    assert "train.epochs = 1 pass over the training data done" in (
+    assert "train.epochs = 2 passes over the training data done" in (
         summary["run"]["stopped"]["message"])
     assert summary["run"]["finished"]
+
+
+def test_one_pass_is_the_default_on_file_backed_data_and_the_run_says_so(gem, data, tmp_path):
+    # TRAIN without its train.epochs = 0: the default decides.
+    overrides = [o for o in TRAIN if not o.startswith("train.epochs")] + [f"data.path={data}"]
+    done = gem("train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--no-progress",
+               *_sets(overrides))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["config"]["train"]["epochs"] == 1
+    assert summary["run"]["steps"] == 4 and summary["run"]["data_passes"] == 1  # 128 / 32
+    stopped = summary["run"]["stopped"]
+    assert stopped["reason"] == "epochs" and summary["run"]["finished"]
+    assert "train.epochs = 1 pass over the training data done" in stopped["message"]
+    assert "the default: one pass; train.epochs = 0 lets train.steps decide" in stopped["message"]
+    assert stopped["message"] in done.stdout  # the final line says why it ended
+    assert "train.epochs = 1: the run ends after one pass over the training data" in done.stderr
+
+
+def test_generated_data_is_warned_only_about_more_than_one_pass(caplog):
+    """The default (1) on generated data is no mistake; asking for passes it has not is."""
+    import logging
+
+    from gem_core.config import TrainConfig
+    from gem_core.train.run_end import epochs_done, log_epochs_plan
+
+    with caplog.at_level(logging.INFO, logger="gem_core.train.run_end"):
+        log_epochs_plan(TrainConfig(), "synthetic", None, time_order=False)
+        assert not caplog.records
+        log_epochs_plan(TrainConfig(epochs=3), "synthetic", None, time_order=False)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "train.epochs = 3 is ignored: data source 'synthetic' has no passes" in caplog.text
+    # A pass that ends exactly at train.steps is the steps' ending, not an early one.
+    assert epochs_done(TrainConfig(steps=8), 1, 8) is None
+    assert epochs_done(TrainConfig(steps=8), 1, 7)["reason"] == "epochs"
+    assert epochs_done(TrainConfig(steps=8, epochs=0), 5, 7) is None

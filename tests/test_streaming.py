@@ -137,7 +137,7 @@ def _refusal(tmp_path, data: Path, *overrides: str) -> str:
 @pytest.mark.parametrize("overrides, message", [
     (("train.lr_schedule=cosine",), "train.lr_schedule = 'cosine' decays towards train.steps"),
     (("train.early_stopping_patience=2",), "train.early_stopping_patience"),
-    (("train.epochs=1",), "time order is one pass over the windows"),
+    (("train.epochs=2",), "train.epochs = 2: time order is one pass over the windows"),
     (('data.options={sharding = "row_groups"}',), "sharding = 'global'"),
     (("data.source=synthetic",), "data source 'synthetic' has none"),
 ])

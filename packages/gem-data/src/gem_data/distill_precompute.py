@@ -36,7 +36,13 @@ from gem_data import format as fmt
 from gem_data.arrow_io import table_to_batch
 from gem_data.batch_ops import slice_batch
 from gem_data.dataset import DatasetReader, Unit, split_units
-from gem_data.manifest import Manifest, read_manifest, with_digests, write_manifest
+from gem_data.manifest import (
+    Manifest,
+    TimeWindow,
+    read_manifest,
+    with_digests,
+    write_manifest,
+)
 from gem_data.writer import SPLITS, file_entry, write_file
 
 PLAN_NAME = "precompute.json"
@@ -151,9 +157,23 @@ def _write_manifest_if_complete(out: Path, manifest: Manifest, schema: FeatureSc
     for (split, _, _), path in zip(units, paths):
         splits.setdefault(split, []).append(file_entry(path, schema))
     written = Manifest(schema=schema, splits={k: tuple(v) for k, v in splits.items()},
-                       info={**manifest.info, "teacher_signals": plan})
+                       info={**manifest.info, "teacher_signals": plan},
+                       windows=_output_windows(manifest, units))
     write_manifest(out, with_digests(out, written))
     return True
+
+
+def _output_windows(manifest: Manifest, units: list[tuple[str, int, Unit]]) -> list[TimeWindow]:
+    """The input's time windows over the output's files (one per input row group, in the same
+    order), so a student can train on the output in time order (``data.order = "time"``). The
+    windows' state files (what ``gem data import --append`` reads) stay with the input: append
+    a window there and precompute again into a new ``--out``."""
+    outputs: dict[str, list[str]] = {}
+    for split, index, unit in units:
+        if split == "train":
+            outputs.setdefault(unit.file, []).append(_output_name(split, index))
+    return [attrs.evolve(window, files=[name for file in window.files for name in outputs[file]],
+                         state=()) for window in manifest.windows]
 
 
 def _parse_shard(text: str) -> tuple[int, int]:

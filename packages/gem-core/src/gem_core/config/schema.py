@@ -406,9 +406,12 @@ class TrainConfig:
     """Also keep the checkpoint with the best evaluation NE (the mean over tasks, at a step that
     both evaluated and checkpointed); the keep-last rotation never deletes it."""
 
-    epochs: int = attrs.field(default=0, validator=at_least(0))
+    epochs: int = attrs.field(default=1, validator=at_least(0))
     """Passes over a file-backed data set's train split: the run stops at the end of that many
-    (or at ``steps``, whichever comes first); 0: ``steps`` alone decides."""
+    (or at ``steps``, whichever comes first). The default is one pass, as production CTR
+    training runs (a second pass over the same impressions tends to overfit); 0: ``steps``
+    alone decides. Generated data (no passes) ignores it; ``data.order = "time"`` is one pass
+    by construction and refuses more than 1."""
 
     early_stopping_patience: int = attrs.field(default=0, validator=at_least(0))
     """Stop (checkpointed, exit 0) once the evaluation NE (as for ``keep_best``) has not improved
@@ -571,6 +574,15 @@ class AdapterConfig:
     use_embedding: bool = False
     """Also feed the teacher's user embedding to the adapter (a linear term per task); needs a
     teacher with a user embedding (PMA)."""
+
+    refit: str = attrs.field(default="once", validator=choice("once", "each_window"))
+    """``once``: fitted before the student trains (with ``data.order = "time"``: on its first
+    window's first ``fit_batches`` batches), then kept. ``each_window`` (needs ``data.order =
+    "time"``): before the student trains on window T >= 1 the adapter is fitted anew, from the
+    identity, on window T - 1, the most recent labelled data the student has seen: its first
+    ``fit_batches`` batches of ``train.batch_size`` requests in file order (at most
+    ``data.eval_rows`` requests, the ones progressive evaluation scored). Checkpoints keep the
+    adapter, so a resumed run continues with the same one."""
 
 
 @attrs.frozen(kw_only=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import attrs
 import torch
@@ -26,26 +26,39 @@ from torch import Tensor
 
 from gem_core.batch import JaggedBatch
 from gem_core.config import GemConfig
+from gem_core.contracts import DataWindow, WindowedSource
 from gem_core.data.api import DataSource, TrainStream, contiguous_balancer
 from gem_core.distill.adapter import TeacherAdapter, fit_adapter
+from gem_core.distill.refit import (
+    WindowRefit,
+    adapter_state,
+    check_refit,
+    first_window_batches,
+    load_adapter,
+    teacher_ne,
+)
 from gem_core.distributed import ParallelContext, all_reduce_sum
 from gem_core.errors import GemConfigError
-from gem_core.metrics import task_report
 
 log = logging.getLogger(__name__)
 
 
 class _SignalStream(TrainStream):
     """A training stream whose batches get the teacher's signals; the position is the inner
-    stream's (the signals are a pure function of the batch)."""
+    stream's (the signals are a pure function of the batch and of the window it is in).
+    ``before``, when given, sees the inner stream's position before each batch (time order:
+    the adapter is refitted there at a window's start)."""
 
-    def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch]) -> None:
-        self.inner, self.attach = inner, attach
+    def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch],
+                 before: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+        self.inner, self.attach, self.before = inner, attach, before
 
     def __iter__(self) -> _SignalStream:
         return self
 
     def __next__(self) -> JaggedBatch:
+        if self.before is not None:
+            self.before(self.inner.state_dict())
         return self.attach(next(self.inner))
 
     def state_dict(self) -> dict[str, Any]:
@@ -64,12 +77,14 @@ class TeacherSignalSource(DataSource):
     else (``schema``, ``fingerprint()``, ``report()``) is the wrapped source's."""
 
     def __init__(self, inner: Any, attach: Callable[[JaggedBatch], JaggedBatch], *,
-                 attach_eval: bool) -> None:
+                 attach_eval: bool,
+                 before: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         self.inner, self._attach, self._attach_eval = inner, attach, attach_eval
+        self._before = before
         self.schema = inner.schema
 
     def train_stream(self, **kwargs: Any) -> _SignalStream:
-        return _SignalStream(self.inner.train_stream(**kwargs), self._attach)
+        return _SignalStream(self.inner.train_stream(**kwargs), self._attach, self._before)
 
     def eval_batches(self, **kwargs: Any) -> Iterator[JaggedBatch]:
         for batch in self.inner.eval_batches(**kwargs):
@@ -80,6 +95,23 @@ class TeacherSignalSource(DataSource):
 
     def report(self) -> dict[str, Any]:
         return self.inner.report()
+
+
+class WindowedSignalSource(TeacherSignalSource, WindowedSource):
+    """:class:`TeacherSignalSource` of a source with time windows: its windows are the wrapped
+    source's, their evaluation batches get the signals as ``eval_batches``' do."""
+
+    inner: WindowedSource
+
+    def windows(self) -> Sequence[DataWindow]:
+        return self.inner.windows()
+
+    def window_at(self, position: Mapping[str, Any]) -> tuple[int, bool]:
+        return self.inner.window_at(position)
+
+    def window_eval_batches(self, index: int, *, batch_size: int) -> Iterator[JaggedBatch]:
+        for batch in self.inner.window_eval_batches(index, batch_size=batch_size):
+            yield self._attach(batch) if self._attach_eval else batch
 
 
 @attrs.frozen(kw_only=True)
@@ -129,19 +161,39 @@ class Distiller:
             self.teacher = open_teacher(d.teacher, data=config.data,
                                         step=d.teacher_step or None)
         self._check_teacher()
+        check_refit(config)
         if d.signals == "precomputed":
             self._check_precomputed(source)
-        self.adapter: TeacherAdapter | None = None
+        self._adapter: TeacherAdapter | None = None  # the first fit's
         self.adapter_report: dict[str, Any] = {}
-        self.source = TeacherSignalSource(source, self._attach,
-                                          attach_eval=d.embedding_feature)
+        # Time order: the windows' adapter (refitted per window with refit = each_window) and
+        # figures. A source without windows is refused by the trainer's time-order checks.
+        self.windows: WindowRefit | None = None
+        time_order = config.data.order == "time" and isinstance(source, WindowedSource)
+        wrapper = WindowedSignalSource if isinstance(source, WindowedSource) else (
+            TeacherSignalSource)
+        self.source = wrapper(source, self._attach, attach_eval=d.embedding_feature,
+                              before=self._before_batch if time_order else None)
         if d.adapter.enabled:
-            self._fit_adapter(source)
-        self.teacher_eval = self._evaluate_teacher(source) if ctx.is_main else {}
+            self._fit_adapter(source, time_order=time_order)
+        if time_order:
+            self.windows = WindowRefit(config, ctx, source, signals=self._signals,
+                                       tasks=self.teacher.tasks, new_adapter=self._new_adapter,
+                                       first=self._adapter)
+        # In time order there is no eval split (every window trains): the teacher's figures
+        # are the windows' (self.windows), recorded as the stream reaches each window.
+        self.teacher_eval = (self._evaluate_teacher(source) if ctx.is_main and not time_order
+                             else {})
         log.info("distilling from %s (step %d: %s; signals %s): weights %s%s", d.teacher,
                  self.teacher.run.step, self.teacher.run.choice.reason, d.signals,
                  self.weights.as_dict(),
-                 ", with the Student Adapter" if self.adapter is not None else "")
+                 "" if self.adapter is None else ", with the Student Adapter" + (
+                     " refitted on each window" if d.adapter.refit == "each_window" else ""))
+
+    @property
+    def adapter(self) -> TeacherAdapter | None:
+        """The adapter the soft labels go through now (in time order: the current window's)."""
+        return self.windows.adapter if self.windows is not None else self._adapter
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -170,57 +222,77 @@ class Distiller:
                 f"the teacher {d.teacher} makes {self.teacher.embedding_dim}: the columns come "
                 "from another teacher")
 
-    def _attach(self, batch: JaggedBatch) -> JaggedBatch:
-        """The batch with the teacher's signals (online: computed here; precomputed: read),
-        the logits replaced by the adapter's when there is one."""
+    def _signals(self, batch: JaggedBatch) -> JaggedBatch:
+        """The batch with the teacher's raw signals (online: computed here; precomputed: read
+        with the batch)."""
         if self.config.distill.signals == "online":
             batch = self.teacher.attach(batch, embedding=self.needs_embedding)
-        if self.adapter is not None:
-            with torch.no_grad():
-                batch = attrs.evolve(batch, teacher_logits=self.adapter(batch))
         return batch
 
-    def _fit_adapter(self, source: Any) -> None:
+    def _attach(self, batch: JaggedBatch) -> JaggedBatch:
+        """The batch with the teacher's signals, the logits replaced by the adapter's when
+        there is one."""
+        batch = self._signals(batch)
+        adapter = self.adapter
+        if adapter is not None:
+            with torch.no_grad():
+                batch = attrs.evolve(batch, teacher_logits=adapter(batch))
+        return batch
+
+    def _before_batch(self, position: Mapping[str, Any]) -> None:
+        """Time order, before each training batch: the windows' refit and records."""
+        if self.windows is not None:
+            self.windows.before_batch(position)
+
+    def _new_adapter(self) -> TeacherAdapter:
+        use_embedding = self.config.distill.adapter.use_embedding
+        return TeacherAdapter(self.teacher.tasks,
+                              self.teacher.embedding_dim if use_embedding else 0)
+
+    def _fit_adapter(self, source: Any, *, time_order: bool) -> None:
         a = self.config.distill.adapter
         stream = source.train_stream(batch_size=self.config.train.batch_size, rank=0,
                                      world_size=1, balancer=contiguous_balancer,
                                      cost_fn=lambda b: [1.0] * b.batch_size)
         try:
-            batches = [self._attach(b) for b in itertools.islice(stream, a.fit_batches)]
+            batches = (first_window_batches(stream, source, a.fit_batches) if time_order
+                       else list(itertools.islice(stream, a.fit_batches)))
+            batches = [self._signals(b) for b in batches]
         finally:
             stream.close()  # join a file-backed stream's read-ahead thread
-        adapter = TeacherAdapter(self.teacher.tasks,
-                                 self.teacher.embedding_dim if a.use_embedding else 0)
+        adapter = self._new_adapter()
         self.adapter_report = fit_adapter(adapter, batches, epochs=a.epochs, lr=a.lr)
-        self.adapter = adapter
+        self._adapter = adapter
         log.info("Student Adapter fitted on %d requests: NE %s -> %s",
                  self.adapter_report["rows"], self.adapter_report["ne_before"],
                  self.adapter_report["ne_after"])
 
-    @torch.no_grad()
     def _evaluate_teacher(self, source: Any) -> dict[str, Any]:
         """The teacher's NE on the student's eval split, raw and through the adapter."""
-        raw: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
-        adapted: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
-        labels: dict[str, list[Tensor]] = {t: [] for t in self.teacher.tasks}
-        for batch in source.eval_batches(batch_size=self.config.train.eval_batch_size):
-            if self.config.distill.signals == "online":
-                batch = self.teacher.attach(batch, embedding=self.needs_embedding)
-            corrected = self.adapter(batch) if self.adapter is not None else None
-            for task in self.teacher.tasks:
-                raw[task].append(batch.teacher_logits[task])
-                labels[task].append(batch.labels[task])
-                if corrected is not None:
-                    adapted[task].append(corrected[task])
+        batches = (self._signals(b)
+                   for b in source.eval_batches(batch_size=self.config.train.eval_batch_size))
+        return teacher_ne(batches, self.teacher.tasks, self.adapter)
 
-        def ne(parts: dict[str, list[Tensor]]) -> dict[str, float | None]:
-            return {t: task_report(torch.cat(parts[t]), torch.cat(labels[t]))["ne"]
-                    for t in self.teacher.tasks}
+    # -- checkpoints ------------------------------------------------------------------------
 
-        report = {"raw": ne(raw)}
-        if self.adapter is not None:
-            report["adapted"] = ne(adapted)
-        return report
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (``distill`` in the trainer state): the adapter in use (and
+        in time order the window it was fitted for and the windows' records)."""
+        if self.windows is not None:
+            return {"windows": self.windows.state_dict()}
+        return {"adapter": adapter_state(self._adapter)}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """A checkpoint's :meth:`state_dict`; None (a checkpoint written before it was kept):
+        the adapter fitted at start-up stays, refitted per window as the stream goes on."""
+        if state is None:
+            return
+        if self.windows is not None:
+            if "windows" in state:
+                self.windows.load_state_dict(state["windows"])
+            return
+        if state.get("adapter") is not None and self._adapter is not None:
+            self._adapter = load_adapter(self._new_adapter(), state["adapter"])
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -270,9 +342,12 @@ class Distiller:
             "embedding_feature": d.embedding_feature,
             "adapter": ({"fit": self.adapter_report, "fit_batches": d.adapter.fit_batches,
                          "epochs": d.adapter.epochs, "lr": d.adapter.lr,
-                         "use_embedding": d.adapter.use_embedding}
+                         "use_embedding": d.adapter.use_embedding, "refit": d.adapter.refit}
                         if self.adapter is not None else None),
             "teacher_eval_ne": self.teacher_eval,
+            # Time order: per window, the teacher's NE on it before the student trained on it
+            # (raw, adapted) and each refit's report.
+            **({"windows": self.windows.summary()} if self.windows is not None else {}),
         }
 
 

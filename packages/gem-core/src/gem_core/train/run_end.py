@@ -4,10 +4,13 @@ are ranked by (:func:`gem_core.train.evaluate.selection_ne`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from gem_core.config import TrainConfig
 from gem_core.train.evaluate import selection_ne
+
+log = logging.getLogger(__name__)
 
 
 def ne_history(history: Sequence[Mapping[str, Any]],
@@ -19,13 +22,38 @@ def ne_history(history: Sequence[Mapping[str, Any]],
 
 
 def epochs_done(train: TrainConfig, passes: int | None, step: int) -> dict[str, str] | None:
-    """The ending once ``train.epochs`` passes are done, else None."""
-    if not (train.epochs and passes is not None and passes >= train.epochs):
+    """The ending once ``train.epochs`` passes are done before ``train.steps``, else None (a
+    pass that ends at ``train.steps`` itself is an ordinary end at the steps)."""
+    if not (train.epochs and passes is not None and passes >= train.epochs
+            and step < train.steps):
         return None
+    # One pass is the default: say so, and how to train on, since a user who only set
+    # train.steps may not expect the run to end before it.
+    default = (" (the default: one pass; train.epochs = 0 lets train.steps decide)"
+               if train.epochs == 1 else "")
     return {"reason": "epochs",
             "message": f"stopped at step {step}: train.epochs = {train.epochs} "
                        f"pass{'es' if train.epochs > 1 else ''} over the training data done "
-                       f"(before train.steps = {train.steps})"}
+                       f"(before train.steps = {train.steps}){default}"}
+
+
+def log_epochs_plan(train: TrainConfig, source: str, passes: int | None, *,
+                    time_order: bool) -> None:
+    """The start-up line on ``train.epochs``: that the run ends after its passes (a stream with
+    passes), or a warning that a value above 1 is ignored (generated data, which has none).
+    The default, 1, on generated data is no mistake and is not warned about."""
+    if time_order or not train.epochs:
+        return  # time order is one pass by construction; 0: train.steps alone decides
+    if passes is None:
+        if train.epochs > 1:
+            log.warning("train.epochs = %d is ignored: data source %r has no passes (its "
+                        "batches are generated on demand); train.steps decides", train.epochs,
+                        source)
+        return
+    log.info("train.epochs = %d: the run ends after %s over the training data, or at "
+             "train.steps = %d if that comes first (train.epochs = 0: train.steps alone "
+             "decides)", train.epochs,
+             "one pass" if train.epochs == 1 else f"{train.epochs} passes", train.steps)
 
 
 def early_stop(train: TrainConfig, history: list[tuple[int, float]],

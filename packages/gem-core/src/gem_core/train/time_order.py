@@ -11,8 +11,8 @@ The run ends when the windows do (or at ``train.steps``, a cap) with a checkpoin
 each window. When the data set gains windows, ``gem train`` with the same ``--out`` continues at
 the first new one without ``--allow-data-change`` (the data fingerprint lists the windows, and
 the checkpoint's must be the start of the current list): the result is the same, bit for bit, as
-one run over all the windows. Early stopping, epochs and a learning rate decaying towards
-``train.steps`` have no meaning on a stream that keeps growing, and are refused.
+one run over all the windows. Early stopping, more than one epoch and a learning rate decaying
+towards ``train.steps`` have no meaning on a stream that keeps growing, and are refused.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 AVERAGED = ("ne", "auc", "calibration", "log_loss", "positive_rate", "gauc")
 
 
-def check_time_order(config: GemConfig, spec: ImplementationSpec, source: DataSource, *,
-                     distilling: bool) -> WindowedSource:
+def check_time_order(config: GemConfig, spec: ImplementationSpec,
+                     source: DataSource) -> WindowedSource:
     """The source, after refusing (naming the key) what ``data.order = "time"`` cannot do."""
     name = spec.name
     if TIME_WINDOWS not in spec.capabilities:
@@ -57,8 +57,9 @@ def check_time_order(config: GemConfig, spec: ImplementationSpec, source: DataSo
         (train.early_stopping_patience > 0,
          "train.early_stopping_patience: each window is new data, so a rising NE is not "
          "overfitting; set it to 0"),
-        (train.epochs > 0, "train.epochs: time order is one pass over the windows; set it to 0"),
-        (distilling, "distillation (distill.teacher): not supported in time order yet"),
+        (train.epochs > 1,
+         f"train.epochs = {train.epochs}: time order is one pass over the windows; set it to 1 "
+         "(the default) or 0"),
     ]
     for bad, why in refused:
         if bad:

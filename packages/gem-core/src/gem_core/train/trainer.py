@@ -52,7 +52,13 @@ from gem_core.train.resume import (
     load_data_position,
 )
 from gem_core.train.run_dir import RunDirectory, evaluation_columns
-from gem_core.train.run_end import early_stop, epochs_done, ne_history, overfitting_warning
+from gem_core.train.run_end import (
+    early_stop,
+    epochs_done,
+    log_epochs_plan,
+    ne_history,
+    overfitting_warning,
+)
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
 from gem_core.train.summary import headline, performance
@@ -149,8 +155,7 @@ class _Trainer:
         self.time_order: TimeOrder | None = None
         if config.data.order == "time":
             self.time_order = TimeOrder(
-                check_time_order(config, self.backends.data.spec, self.source,
-                                 distilling=self.distiller is not None), self.schema.tasks)
+                check_time_order(config, self.backends.data.spec, self.source), self.schema.tasks)
         self.lr_schedule = lr_schedule(config)
         check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
                           embedding_sharding=self.backends.embedding_sharding.spec,
@@ -230,6 +235,8 @@ class _Trainer:
         load_data_position(self.stream, state, path, rank=self.ctx.rank,
                            world_size=self.ctx.world_size, source=self.config.data.source)
         self._restore(state, path)
+        if self.distiller is not None:  # not in _restore: a rollback keeps the stream's adapter
+            self.distiller.load_state_dict(state.get("distill"))
         self.saved_step = step
         self.run_dir.truncate_metrics(after_step=step, evaluations=self.eval_history)
         log.info("resumed from %s at step %d", path, step)
@@ -280,6 +287,7 @@ class _Trainer:
             "embedding_sharding": self.backends.embedding_sharding.spec.name,
             "model_format": MODEL_FORMAT, "schema": schema_to_dict(self.schema),
             STATE_KEY: self._data_fingerprint(),
+            **({"distill": self.distiller.state_dict()} if self.distiller is not None else {}),
         }
         with write_errors_named(f"the checkpoint of step {self.step}",
                                 self.run_dir.path / "checkpoints"):
@@ -327,10 +335,9 @@ class _Trainer:
                       run_dir=self.run_dir.path)
         self.engine.train()
         self.passes_done = self._passes()
-        if self.tc.epochs and self.passes_done is None and self.ctx.is_main:
-            log.warning("train.epochs = %d is ignored: data source %r has no passes (its batches "
-                        "are generated on demand); train.steps decides", self.tc.epochs,
-                        self.config.data.source)
+        if self.ctx.is_main:
+            log_epochs_plan(self.tc, self.config.data.source, self.passes_done,
+                            time_order=self.time_order is not None)
         if self.time_order is not None:
             self._start_windows(stop)
         self.ending = self._ending()  # a resumed run that had already stopped early
