@@ -3,13 +3,11 @@ reads the module's weights as the docstring's formula names them, and in the mod
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.model.attribute_attention import RECENCY_EPS, RECENCY_SCALES, AttributeAttention
+from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.testing.models import small_model, synthetic_batch
 
 PAIRS = [("ad", "ad"), ("topics", "topics"), ("category", "category")]
@@ -31,8 +29,6 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
         start, end = int(offsets[request]), int(offsets[request + 1])
         first = max(start, end - window) if window else start
         total = torch.zeros(dim, dtype=torch.float64)
-        decayed = torch.zeros(num, len(RECENCY_SCALES), dtype=torch.float64)
-        present = torch.zeros(num, dtype=torch.float64)
         for e in range(first, end):
             pre = module.candidate_terms.bias.clone()
             pre = pre + module.token_terms.weight @ _rms(events[e])
@@ -53,14 +49,6 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
             values = (module.values.weight @ _rms(events[e])).view(num, dim)
             for p in range(num):
                 total = total + weights[p] * values[p]
-            if module.gates is not None:
-                gate = torch.sigmoid(module.gates.weight @ hidden + module.gates.bias)
-                for t, scale in enumerate(RECENCY_SCALES):
-                    decayed[:, t] += gate * math.exp(-(end - 1 - e) / scale)
-                present = torch.maximum(present, gate)
-        if module.gates is not None:
-            recent = torch.log(RECENCY_EPS + decayed).flatten()
-            total = total + module.latest_values.weight @ torch.cat([recent, present])
         out.append(module.proj.weight @ total + module.proj.bias)
     return torch.stack(out)
 
@@ -85,11 +73,11 @@ def _inputs(seed: int, lengths: list[int], candidates: list[int], dim: int = 8):
 
 
 @pytest.mark.parametrize("window", [0, 3])
-@pytest.mark.parametrize("tower_keys, latest", [(True, False), (False, False), (True, True)])
-def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest):
+@pytest.mark.parametrize("tower_keys", [True, False])
+def test_matches_the_loop_oracle_in_float64(window, tower_keys):
     torch.manual_seed(0)
-    module = AttributeAttention(8, PAIRS, history=window, hidden=6, tower_keys=tower_keys,
-                                latest=latest).double()
+    module = AttributeAttention(8, PAIRS, history=window, hidden=6,
+                                tower_keys=tower_keys).double()
     for parameter in module.parameters():  # nothing at its zero init
         torch.nn.init.normal_(parameter, std=0.3)
     lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
@@ -99,20 +87,15 @@ def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest):
     want = _oracle(module, inputs[0], inputs[1], inputs[2], history, inputs[4], inputs[5],
                    window)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    # The request with no history: its candidates see only the output bias (and, with the
-    # latest match, its reading of "none"), as in a batch without events.
-    torch.testing.assert_close(got[2:5], module.proj(module.empty(3, got)))
-    if not latest:
-        torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))
+    # The request with no history: its candidates see only the output bias.
+    torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))
 
 
-@pytest.mark.parametrize("latest", [False, True])
-def test_an_empty_batch_of_events_and_gradients_reach_every_parameter(latest):
-    module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True,
-                                latest=latest).double()
+def test_an_empty_batch_of_events_and_gradients_reach_every_parameter():
+    module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True).double()
     inputs = _inputs(2, [0, 0], [1, 2])
     out = module(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], 0)
-    torch.testing.assert_close(out, module.proj(module.empty(3, out)))
+    torch.testing.assert_close(out, module.proj.bias.expand(3, -1))
     inputs = _inputs(3, [4, 6], [2, 1])
     module(*inputs, 6).sum().backward()
     for name, parameter in module.named_parameters():
@@ -125,11 +108,11 @@ def test_needs_a_shared_attribute():
         AttributeAttention(8, [], history=4, hidden=4, tower_keys=False)
 
 
-@pytest.mark.parametrize("history, latest", [(0, False), (5, False), (5, True)])
-def test_in_the_model_its_flops_are_counted(history, latest):
+@pytest.mark.parametrize("history", [0, 5])
+def test_in_the_model_its_flops_are_counted(history):
     schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
     model = small_model(schema, attribute_attention=True, attribute_attention_history=history,
-                        attribute_attention_latest=latest, target_match=4)
+                        target_match=4)
     with FlopCounterMode(display=False) as counter:
         logits = model(batch)
     analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
@@ -137,25 +120,3 @@ def test_in_the_model_its_flops_are_counted(history, latest):
     assert analytic["attribute_attention"] > 0
     assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
     assert all(torch.isfinite(v).all() for v in logits.values())
-
-
-def test_the_latest_match_reads_the_position_of_the_most_recent_gated_event():
-    """With the gates open only on chosen events, each decayed log-sum is that of those events
-    and ``any`` is 1; an attribute without one reports log(eps) and 0 (float64)."""
-    module = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False,
-                                latest=True).double()
-    index = torch.tensor([[4, 3, 2, 1, 0]])  # one candidate, its 5 events, most recent first
-    valid = torch.ones(1, 5, dtype=torch.bool)
-    hidden = torch.zeros(1, 5, 6, dtype=torch.float64)
-    hidden[0, 1, 0] = hidden[0, 3, 0] = 1.0  # events 3 and 1 (1 and 3 from the end)
-    scales = len(RECENCY_SCALES)
-    with torch.no_grad():
-        module.gates.weight.zero_()
-        module.gates.bias.fill_(-60.0)  # closed everywhere ...
-        module.gates.weight[0, 0] = 120.0  # ... but attribute 0 opens where hidden[0] = 1
-        module.latest_values.weight.copy_(torch.eye(8, (scales + 1) * 3, dtype=torch.float64))
-    got = module._latest(hidden, index, valid, torch.tensor([0, 5]), torch.tensor([0]))
-    first = [math.log(RECENCY_EPS + math.exp(-1 / t) + math.exp(-3 / t)) for t in RECENCY_SCALES]
-    closed = math.log(RECENCY_EPS)
-    want = torch.tensor(first + [closed] * (8 - scales), dtype=torch.float64)
-    torch.testing.assert_close(got[0], want, rtol=0, atol=1e-12)

@@ -183,12 +183,6 @@ class ModelConfig:
     attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
     """Hidden width of attribute attention's scoring MLP."""
 
-    attribute_attention_latest: bool = False
-    """Attribute attention also reports, per attribute, the recency of its most recent
-    matching event (a learned gate per event) and whether there is one, so the layers above
-    can compare when two kinds of events happened ("engaged with the category after the last
-    view of this advertiser"), which a weighted sum cannot say."""
-
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -311,9 +305,6 @@ class ModelConfig:
         if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
             raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
                              f"got {list(self.esmm_tasks)}")
-        if self.attribute_attention_latest and not self.attribute_attention:
-            raise ValueError("model.attribute_attention_latest is a head of attribute attention: "
-                             "it needs attribute_attention = true")
         if self.attribute_attention_retrieve and not (self.attribute_attention
                                                       and self.attribute_attention_history):
             raise ValueError("model.attribute_attention_retrieve searches the events older than "

@@ -39,31 +39,10 @@ every hidden unit can read "same advertiser" from the first step.
 
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
-
-**The latest match** (``latest=True``, ``model.attribute_attention_latest``). A weighted sum
-says how much of the history matches, not when: "the user engaged with the category after the
-last view of this advertiser" is a comparison of two events' times that no per-event weight can
-make. A second head gives each (candidate, event, attribute) a gate, and each attribute reports
-how recent its gated events are, as log-sums decayed at several time constants, and whether
-there is one::
-
-    gate(n, e, p)    = sigmoid(U_p hidden(n, e) + u_p)
-    recent(n, p, t)  = log( eps + sum_e gate(n, e, p) * exp(-position_from_end(e) / t) )
-                                                        for t in RECENCY_SCALES
-    any(n, p)        = max_e gate(n, e, p)
-    out(n)           = proj( sum_e sum_p weight(n, e, p) * V_p x_e
-                             + L [recent(n, ., .), any(n, .)] )
-
-``t * recent`` is a soft maximum of ``log gate - position / t`` over the events (a log-sum-exp),
-so it tracks minus the position of the most recent gated event, at the resolution of ``t``;
-comparing two attributes' ``recent`` is then a difference the layers above can read. A hard
-maximum (tried first) passes the gradient to one event only and did not learn on
-``synthetic-ads``'s ``order`` kind; the sum passes it to every event by its share.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import torch
@@ -72,12 +51,6 @@ from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
 from gem_core.model.target_match import recent_event_index
-
-RECENCY_SCALES = (2.0, 8.0, 32.0, 128.0)
-"""Time constants (events from the end) of the latest match's decayed sums."""
-
-RECENCY_EPS = 1e-4
-"""Floor inside the latest match's logarithms: no gated event reads as log(1e-4)."""
 
 
 def _unit(vectors: Tensor) -> Tensor:
@@ -90,7 +63,7 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, latest: bool = False) -> None:
+                 tower_keys: bool) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
@@ -111,11 +84,6 @@ class AttributeAttention(nn.Module):
         self.weights = nn.Linear(hidden, num)
         self.values = nn.Linear(dim, dim * num, bias=False)
         self.proj = nn.Linear(dim, dim)
-        # The latest match: one gate per attribute, and [latest, any] of every attribute into
-        # the output.
-        self.gates = nn.Linear(hidden, num) if latest else None
-        self.latest_values = (nn.Linear((len(RECENCY_SCALES) + 1) * num, dim, bias=False)
-                              if latest else None)
 
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
@@ -129,7 +97,7 @@ class AttributeAttention(nn.Module):
         candidates = owner.numel()
         window = min(self.history, max_len) if self.history else max_len
         if events.shape[0] == 0 or window == 0:
-            return self.proj(self.empty(candidates, events))
+            return self.proj(events.new_zeros(candidates, dim))
         index, valid = recent_event_index(offsets, owner, window)  # (N, W)
         if retrieved is not None:
             index, valid = torch.cat([index, retrieved[0]], 1), torch.cat([valid, retrieved[1]], 1)
@@ -148,31 +116,7 @@ class AttributeAttention(nn.Module):
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
-        pooled = torch.einsum("nwp,nwpd->nd", weight, values)
-        if self.gates is not None:
-            pooled = pooled + self._latest(hidden, index, valid, offsets, owner)
-        return self.proj(pooled)
-
-    def empty(self, candidates: int, like: Tensor) -> Tensor:
-        """The pooled vector of candidates whose request has no events, ``(candidates, d)``:
-        zero, plus the latest match's reading of "no gated event" (log eps, 0)."""
-        pooled = like.new_zeros(candidates, self.proj.in_features)
-        if self.latest_values is None:
-            return pooled
-        nothing = like.new_zeros(candidates, self.latest_values.in_features)
-        nothing[:, :len(self.pairs) * len(RECENCY_SCALES)] = math.log(RECENCY_EPS)
-        return pooled + self.latest_values(nothing)
-
-    def _latest(self, hidden: Tensor, index: Tensor, valid: Tensor, offsets: Tensor,
-                owner: Tensor) -> Tensor:
-        """``L [recent, any]`` of every attribute (the module docstring), ``(N, d)``."""
-        assert self.gates is not None and self.latest_values is not None
-        from_end = (offsets[1:][owner].unsqueeze(1) - 1 - index).to(hidden.dtype)  # (N, S)
-        scales = from_end.new_tensor(RECENCY_SCALES)
-        decay = torch.exp(-from_end.clamp(min=0).unsqueeze(-1) / scales)  # (N, S, T)
-        gate = torch.sigmoid(self.gates(hidden)) * valid.unsqueeze(-1).to(hidden.dtype)
-        recent = torch.log(RECENCY_EPS + torch.einsum("nsp,nst->npt", gate, decay))
-        return self.latest_values(torch.cat([recent.flatten(1), gate.amax(dim=1)], dim=1))
+        return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
@@ -196,9 +140,5 @@ class AttributeAttention(nn.Module):
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
         weighted_sum = 2 * slots * num * dim
-        if self.gates is not None and self.latest_values is not None:
-            per_pair += (linear_layer_flops(self.gates, slots)
-                         + 2 * slots * num * len(RECENCY_SCALES))  # the decayed sums
-            weighted_sum += linear_layer_flops(self.latest_values, impressions)
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair
                 + weighted_sum + linear_layer_flops(self.proj, impressions))
