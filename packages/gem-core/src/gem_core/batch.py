@@ -27,11 +27,6 @@ def ids_to(ids: Ids, device: torch.device | str) -> Ids:
     return ids.to(device) if isinstance(ids, Jagged) else ids.to(device, non_blocking=True)
 
 
-def ids_values(ids: Ids) -> Tensor:
-    """Every raw id of a feature, flat."""
-    return ids.values if isinstance(ids, Jagged) else ids
-
-
 @attrs.frozen(kw_only=True)
 class JaggedBatch:
     """One batch of requests. Each request is a user's history (jagged: never padded to the

@@ -25,10 +25,6 @@ def causal_window_pairs(lengths: Tensor, window: int | None) -> Tensor:
     return torch.where(n <= head, full, capped)
 
 
-def linear_flops(tokens: int | Tensor, in_features: int, out_features: int) -> Tensor | int:
-    return 2 * tokens * in_features * out_features
-
-
 def attention_flops(pairs: int | Tensor, head_dim_total: int) -> Tensor | int:
     """QK^T and PV over ``pairs`` (query, key) pairs with all heads together."""
     return 4 * pairs * head_dim_total

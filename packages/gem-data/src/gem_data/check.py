@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gem_core.config.loading import toml_key, toml_literal
 from gem_core.errors import GemDataError
 from gem_core.ids import collision_report
 from gem_core.schema import FeatureSchema, schema_from_dict, schema_to_dict
@@ -72,36 +72,26 @@ def import_to_toml(options: Any) -> str:
     with the value that applies (defaults included; keys without a value left out)."""
     data = attrs.asdict(options)
     lines = ["[import]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()
+    lines += [f"{toml_key(k)} = {toml_literal(v)}" for k, v in data.items()
               if v is not None and not isinstance(v, dict) and k != "join"]
     for key in ("columns", "strings", "features"):
         if data[key]:
             lines += ["", f"[import.{key}]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data[key].items()]
+            lines += [f"{toml_key(k)} = {toml_literal(_without_none(v))}"
+                      for k, v in data[key].items()]
     for join in data["join"]:
         lines += ["", "[[import.join]]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in join.items() if v is not None]
+        lines += [f"{toml_key(k)} = {toml_literal(_without_none(v))}" for k, v in join.items()
+                  if v is not None]
     return "\n".join(lines) + "\n"
 
 
-def _toml_key(key: str) -> str:
-    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
-    return key if bare else _toml_value(key)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a TOML basic string
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()
-                               if x is not None) + "}"
-    raise TypeError(type(v))
+def _without_none(value: Any) -> Any:
+    """``value`` with the None values of its tables left out (TOML has no null: a key without
+    a value is not written)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def schema_differences(a: FeatureSchema, b: FeatureSchema) -> list[str]:
@@ -330,22 +320,11 @@ def _percentiles(lengths: np.ndarray) -> dict[str, float]:
 def schema_to_toml(schema: FeatureSchema) -> str:
     """The schema as the TOML a user writes (what ``gem data schema show`` prints)."""
     data = schema_to_dict(schema)
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(type(v))
-
-    lines = [f"{k} = {value(v)}" for k, v in data.items()
+    lines = [f"{toml_key(k)} = {toml_literal(v)}" for k, v in data.items()
              if not isinstance(v, (list, tuple)) or not v or not isinstance(v[0], dict)]
     for key, items in data.items():
         if isinstance(items, (list, tuple)) and items and isinstance(items[0], dict):
             for item in items:
-                lines += ["", f"[[{key}]]"] + [f"{k} = {value(v)}" for k, v in item.items()]
+                lines += ["", f"[[{toml_key(key)}]]"]
+                lines += [f"{toml_key(k)} = {toml_literal(v)}" for k, v in item.items()]
     return "\n".join(lines) + "\n"

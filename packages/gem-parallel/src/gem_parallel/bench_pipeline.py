@@ -4,9 +4,10 @@ TorchRec's train pipelines (``[parallel.embedding] pipeline``).
 Each measurement is a real ``gem train`` run (torchrun and gloo on CPU for several ranks) of a
 short job, once per pipeline and repeat, the pipelines taking turns within each repeat so that a
 change in the machine's load falls on all of them alike. A run's figure is the median over its
-steps (the first 3 excluded) of ``loop_step_time_s``: the step as the training loop sees it,
-fetching the batch and the pipeline's work ahead included (the trainer's ``step_time_s`` starts
-once the batch is in hand, which would leave out the work a pipeline moves before the step).
+steps (the trainer's untimed first steps, ``WARMUP_STEPS_EXCLUDED``, left out) of
+``loop_step_time_s``: the step as the training loop sees it, fetching the batch and the
+pipeline's work ahead included (the trainer's ``step_time_s`` starts once the batch is in hand,
+which would leave out the work a pipeline moves before the step).
 The report gives each pipeline's median over the repeats, every run's figure, and the speedup
 over ``none`` (its median step time over the pipeline's).
 
@@ -29,9 +30,9 @@ from typing import Any, Sequence
 
 import click
 
+from gem_core.cli.options import config_options
+from gem_core.train.summary import WARMUP_STEPS_EXCLUDED
 from gem_parallel.torchrec_plan import PIPELINES
-
-UNTIMED_STEPS = 3  # as the trainer's summary: the first steps pay one-off costs
 
 
 def run_once(pipeline: str, *, ranks: int, preset: str, per_rank_batch: int, steps: int,
@@ -56,10 +57,10 @@ def run_once(pipeline: str, *, ranks: int, preset: str, per_rank_batch: int, ste
         raise click.ClickException(f"gem train with pipeline {pipeline!r} on {ranks} rank(s) "
                                    f"failed ({done.returncode}):\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    timed = [r["loop_step_time_s"] for r in records[UNTIMED_STEPS:]]
+    timed = [r["loop_step_time_s"] for r in records[WARMUP_STEPS_EXCLUDED:]]
     return {"loop_step_time_s_median": statistics.median(timed),
             "step_time_s_median": statistics.median(r["step_time_s"]
-                                                    for r in records[UNTIMED_STEPS:]),
+                                                    for r in records[WARMUP_STEPS_EXCLUDED:]),
             "final_loss": records[-1]["loss"]}
 
 
@@ -88,13 +89,15 @@ def measure_pipelines(*, pipelines: Sequence[str], ranks: int, repeats: int, pre
         row["speedup_over_none"] = baseline / row["step_time_s_median"]
     return {"benchmark": "gem train step time with TorchRec's train pipelines",
             "preset": preset, "ranks": ranks, "dense_sharding": sharding if ranks > 1 else None,
-            "per_rank_batch": per_rank_batch, "steps": steps, "steps_untimed": UNTIMED_STEPS,
+            "per_rank_batch": per_rank_batch, "steps": steps,
+            "steps_untimed": WARMUP_STEPS_EXCLUDED,
             "repeats": repeats, "cpu_cores": os.cpu_count(), "threads_per_rank": 1,
             "pipelines": rows}
 
 
 @click.command(name="pipeline")
-@click.option("--preset", default="tiny", show_default=True)
+@config_options(preset="tiny", preset_help="Preset of every run", config_file=False,
+                set_help="Override a key for every run, e.g. --set train.lr=0.01 (repeatable).")
 @click.option("--ranks", default=2, show_default=True, type=click.IntRange(min=1),
               help="Ranks of every run (1: one process, TorchRec in a group of one rank).")
 @click.option("--pipeline", "pipelines", multiple=True, type=click.Choice(PIPELINES),
@@ -104,12 +107,10 @@ def measure_pipelines(*, pipelines: Sequence[str], ranks: int, repeats: int, pre
               help="Runs per pipeline, the pipelines taking turns.")
 @click.option("--per-rank-batch", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--steps", default=12, show_default=True,
-              type=click.IntRange(min=UNTIMED_STEPS + 1),
-              help=f"Steps per run (the first {UNTIMED_STEPS} are not timed).")
+              type=click.IntRange(min=WARMUP_STEPS_EXCLUDED + 1),
+              help=f"Steps per run (the first {WARMUP_STEPS_EXCLUDED} are not timed).")
 @click.option("--sharding", default="ddp", show_default=True,
               help="Dense sharding strategy of runs on several ranks.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Config override for every run (repeatable).")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True,
               help="Seconds allowed per run.")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -125,7 +126,7 @@ def pipeline(preset: str, ranks: int, pipelines: tuple[str, ...], repeats: int,
         return
     click.echo(f"{preset}, {ranks} rank(s), {per_rank_batch} samples per rank, "
                f"{report['cpu_cores']} cores, 1 thread per rank; median of {repeats} run(s) of "
-               f"the median loop step time (first {UNTIMED_STEPS} steps untimed)")
+               f"the median loop step time (first {WARMUP_STEPS_EXCLUDED} steps untimed)")
     for row in report["pipelines"]:
         runs = ", ".join(f"{t * 1e3:.1f}" for t in row["step_time_s_runs"])
         click.echo(f"  {row['pipeline']:<12} {row['step_time_s_median'] * 1e3:8.1f} ms/step  "

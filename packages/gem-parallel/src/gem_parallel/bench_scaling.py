@@ -33,7 +33,9 @@ from typing import Any, Sequence
 
 import click
 
+from gem_core.cli.options import config_options
 from gem_core.testing.processes import run_process_group
+from gem_core.train.summary import WARMUP_STEPS_EXCLUDED
 
 
 def _free_port() -> int:
@@ -121,7 +123,8 @@ def measure_scaling(*, worlds: Sequence[int], preset: str, per_rank_batch: int, 
 
 
 @click.command(name="scaling")
-@click.option("--preset", default="tiny", show_default=True)
+@config_options(preset="tiny", preset_help="Preset of every run", config_file=False,
+                set_help="Override a key for every run, e.g. --set train.lr=0.01 (repeatable).")
 @click.option("--ranks", "worlds", multiple=True, type=click.IntRange(min=1),
               default=(1, 2, 4), show_default=True,
               help="Ranks of one node (repeatable); 1 is always run.")
@@ -129,12 +132,11 @@ def measure_scaling(*, worlds: Sequence[int], preset: str, per_rank_batch: int, 
               help="Also run this many nodes (torchrun agents on this machine at a local "
                    "rendezvous) of the largest --ranks each.")
 @click.option("--per-rank-batch", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("--steps", default=12, show_default=True, type=click.IntRange(min=4),
-              help="Steps per run (the first 3 are not timed).")
+@click.option("--steps", default=12, show_default=True,
+              type=click.IntRange(min=WARMUP_STEPS_EXCLUDED + 1),
+              help=f"Steps per run (the first {WARMUP_STEPS_EXCLUDED} are not timed).")
 @click.option("--sharding", default="ddp", show_default=True,
               help="Dense sharding strategy of the multi-rank runs.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Config override for every run (repeatable).")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True,
               help="Seconds allowed per run.")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")

@@ -6,15 +6,12 @@ import json
 
 import click
 
+from gem_core.cli.options import config_options
 from gem_parallel.plan import GIB, Layout, plan
 
 
 @click.command(name="plan")
-@click.option("--preset", default=None, help="Preset name (default: tiny).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="TOML config file instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value (repeatable).")
+@config_options(set_help="Override a key, e.g. --set model.num_layers=8 (repeatable).")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Data-parallel ranks.")
 @click.option("--gpu-memory", "gpu_memory", type=click.FloatRange(min=0, min_open=True),
               required=True, help="GiB per GPU.")

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import click
 
+from gem_core.cli.options import config_options
+
 DEFAULT_RECIPES = ("fp32", "bf16", "fp8-rowwise", "fp8-auto")
 AUTO = "fp8-auto"
 LAYER_TABLE = "fp8_auto_layers.json"
@@ -52,12 +54,8 @@ def format_drift(rows: list[dict[str, Any]]) -> str:
 
 
 @click.command("compare")
-@click.option("--preset", default=None, help="Preset name (default: tiny).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="A TOML config file instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a key for every run, e.g. --set train.steps=50 (repeatable); "
-                   "precision.* keys go to fp8-auto only.")
+@config_options(set_help="Override a key for every run, e.g. --set train.steps=50 "
+                         "(repeatable); precision.* keys go to fp8-auto only.")
 @click.option("--recipes", default=",".join(DEFAULT_RECIPES), show_default=True,
               help="Comma-separated precision recipes; fp32 must be one (the reference). An FP8 "
                    f"recipe with '{STASH}' (fp8-rowwise{STASH}) also stores activations in FP8.")

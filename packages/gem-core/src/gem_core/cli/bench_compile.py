@@ -26,6 +26,7 @@ import click
 import torch
 
 from gem_core.attention.padded import PaddedAttention
+from gem_core.cli.options import config_options
 from gem_core.compile import (
     CompileTracker,
     compile_model,
@@ -159,11 +160,8 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
 
 
 @click.command("compile")
-@click.option("--preset", default=None, help="Preset name (default: tiny).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="A TOML config instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value (repeatable), e.g. train.compile_mode=max-autotune.")
+@config_options(set_help="Override a key, e.g. --set train.compile_mode=max-autotune "
+                         "(repeatable).")
 @click.option("--batch-size", type=int, default=None,
               help="Rows per step (default: the config's train.batch_size).")
 @click.option("--repeats", type=int, default=10, show_default=True,

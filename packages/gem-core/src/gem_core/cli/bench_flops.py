@@ -17,6 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gem_core.attention.reference import ReferenceAttention
+from gem_core.cli.options import config_options
 from gem_core.config import load_config
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.flops import TRAIN_FACTOR
@@ -105,11 +106,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
 
 
 @click.command("flops")
-@click.option("--preset", default=None, help="Preset name (default: tiny).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="A TOML config file instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a key, e.g. --set model.pma_queries=4 (repeatable).")
+@config_options(set_help="Override a key, e.g. --set model.pma_queries=4 (repeatable).")
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")

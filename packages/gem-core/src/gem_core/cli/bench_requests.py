@@ -18,6 +18,7 @@ import click
 import torch
 
 from gem_core.batch import JaggedBatch
+from gem_core.cli.options import config_options
 from gem_core.config import load_config
 from gem_core.model import build_model
 from gem_core.plugins import build_plugins
@@ -88,7 +89,8 @@ def requests_report(preset: str, candidates: int, impressions: int, repeats: int
 
 
 @click.command("requests")
-@click.option("--preset", default="tiny", show_default=True, help="Model and data preset.")
+@config_options(preset="tiny", preset_help="Model and data preset", config_file=False,
+                overrides=False)
 @click.option("--candidates", default=16, show_default=True,
               help="Candidates per request of the grouped layout (the peer has 1).")
 @click.option("--impressions", default=1024, show_default=True,

@@ -26,6 +26,7 @@ import click
 import torch
 
 from gem_core.cli.bench_requests import one_candidate_per_request
+from gem_core.cli.options import config_options
 from gem_core.config import load_config
 from gem_core.model import build_model
 from gem_core.plugins import build_plugins
@@ -128,8 +129,9 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
 
 
 @click.command("serve")
-@click.option("--preset", default="tiny-gem", show_default=True,
-              help="Model and data preset (made multi-stage: downstream_history = 'events').")
+@config_options(preset="tiny-gem", config_file=False, overrides=False,
+                preset_help="Model and data preset (made multi-stage: "
+                            "downstream_history = 'events')")
 @click.option("--candidates", "candidate_counts", multiple=True, type=click.IntRange(min=1),
               default=CANDIDATE_COUNTS, show_default=True,
               help="Candidates per request K (repeatable).")

@@ -7,6 +7,7 @@ import textwrap
 
 import click
 
+from gem_core.cli.options import config_options
 from gem_core.config import load_config, to_toml, unstructure
 
 
@@ -16,11 +17,7 @@ def config() -> None:
 
 
 @config.command("show")
-@click.option("--preset", default=None, help="Preset name (default: tiny).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="A TOML config file instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a key, e.g. --set train.steps=20 (repeatable).")
+@config_options()
 @click.option("--sizes/--no-sizes", default=True, show_default=True,
               help="Append parameter count and FLOPs per sample as TOML comments.")
 def show(preset: str | None, config_file: str | None, overrides: tuple[str, ...],

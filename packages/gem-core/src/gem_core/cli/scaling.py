@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
+from gem_core.cli.options import config_options
+
 
 @click.command("scaling")
-@click.option("--preset", default=None, help="Base preset of every point (default: tiny).")
-@click.option("--set", "common", multiple=True, metavar="KEY=VALUE",
-              help="Override for every point, e.g. train.steps=200 (repeatable).")
+@config_options(preset_help="Base preset of every point", config_file=False,
+                overrides_name="common",
+                set_help="Override for every point, e.g. --set train.steps=200 (repeatable).")
 @click.option("--point", "points", multiple=True, metavar="NAME:KEY=VALUE[,KEY=VALUE]",
               help="A sweep point (repeatable); default: a built-in depth x width x history "
                    "sweep around tiny.")

@@ -13,7 +13,8 @@ import attrs
 import click
 
 from gem_core.cli.launch import Launch, check_launch, run_torchrun, train_arguments
-from gem_core.config import DEFAULT_PRESET, load_config
+from gem_core.cli.options import config_options
+from gem_core.config import load_config
 from gem_core.kinds import KIND_TABLE
 
 # Command-line shortcuts for the kinds' config keys (from the table of kinds); each is the same as
@@ -31,11 +32,7 @@ def backend_options(command: Callable) -> Callable:
 
 
 @click.command("train")
-@click.option("--preset", default=None, help=f"Preset name (default: {DEFAULT_PRESET}).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="A TOML config file instead of a preset.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a key, e.g. --set train.steps=20 (repeatable).")
+@config_options()
 @backend_options
 @click.option("--nproc-per-node", default=1, show_default=True, type=click.IntRange(min=1),
               help="Ranks to launch on this node through torchrun (gloo on CPU, nccl on GPU).")

@@ -110,7 +110,8 @@ def _drop_options_of_another_source(data: dict[str, Any], overrides: list[str]) 
                 log.info("data.source %s replaces %s of %s: its [data.options] (%s) are "
                          "dropped; set the new source's with --set data.options.KEY=VALUE",
                          value, base_source, data.get("name", "the configuration"),
-                         ", ".join(f"{k} = {toml_literal(v)}" for k, v in dropped.items()))
+                         ", ".join(f"{toml_key(k)} = {toml_literal(v)}"
+                                   for k, v in dropped.items()))
 
 
 def structure(cls: type[T], data: Any, path: str = "") -> T:
@@ -215,25 +216,60 @@ def _write_table(table: dict[str, Any], path: list[str], lines: list[str]) -> No
     scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in table.items() if isinstance(v, dict)}
     if path and (scalars or not tables):
-        lines.append(f"\n[{'.'.join(path)}]")
+        lines.append(f"\n[{'.'.join(toml_key(part) for part in path)}]")
     for key, value in scalars.items():
-        lines.append(f"{key} = {toml_literal(value)}")
+        lines.append(f"{toml_key(key)} = {toml_literal(value)}")
     for key, value in tables.items():
         _write_table(value, [*path, key], lines)
 
 
+# The escapes of TOML basic strings (https://toml.io/en/v1.0.0#string). Every other control
+# character (U+0000 to U+001F and U+007F, which TOML forbids unescaped) and every character
+# beyond ASCII is written as \uXXXX or \UXXXXXXXX: the output is plain ASCII, so a file written
+# in any locale's encoding reads back the same. (json.dumps, which looks close, writes characters
+# beyond U+FFFF as surrogate pairs, which TOML rejects, and leaves U+007F unescaped.)
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (double-quoted, escaped, ASCII only)."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[char])
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif 0xD800 <= code <= 0xDFFF:  # a lone surrogate (undecodable bytes) is no character
+            raise GemConfigError(f"cannot write {text!r} as TOML: it holds a lone surrogate")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def toml_key(key: str) -> str:
+    """``key`` as a TOML key: bare where TOML allows it (ASCII letters, digits, ``_``, ``-``),
+    else quoted."""
+    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else toml_string(key)
+
+
 def toml_literal(value: Any) -> str:
-    """``value`` as a TOML literal (a dict as an inline table)."""
+    """``value`` as a TOML literal (a dict as an inline table). The one TOML value writer of the
+    project: gem-data's schema and ``[import]`` printers use it too."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return toml_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = (f"{json.dumps(k)} = {toml_literal(v)}" for k, v in value.items())
+        items = (f"{toml_key(k)} = {toml_literal(v)}" for k, v in value.items())
         return "{" + ", ".join(items) + "}"
     if value is None:
         raise GemConfigError("TOML has no null; leave the key out instead")

@@ -63,7 +63,7 @@ def log_linear_fit(flops: Sequence[float], ne: Sequence[float]) -> dict[str, flo
 def run_sweep(*, preset: str | None, common: Sequence[str], points: Sequence[SweepPoint],
               out: Path) -> dict[str, Any]:
     """Train every point into ``out/NAME`` and return the table and fit."""
-    from gem_core.config import load_config
+    from gem_core.config import DEFAULT_PRESET, load_config
     from gem_core.plugins import build_plugins
     from gem_core.train.trainer import train
 
@@ -83,7 +83,7 @@ def run_sweep(*, preset: str | None, common: Sequence[str], points: Sequence[Swe
             "wall_time_s": s["run"]["wall_time_s"],
         })
     fit = log_linear_fit([r["train_flops"] for r in rows], [r["ne_mean"] for r in rows])
-    report = {"preset": preset or "tiny", "common_overrides": list(common), "points": rows,
+    report = {"preset": preset or DEFAULT_PRESET, "common_overrides": list(common), "points": rows,
               "fit": fit, "metric": "mean over tasks of the final eval NE"}
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
