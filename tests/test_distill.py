@@ -20,9 +20,9 @@ from gem_core.plugins import build_plugins
 from gem_core.train import train
 from gem_core.trained_run import load_run
 from gem_data.distill_precompute import precompute
-from gem_data.generator import SynthOptions
 from gem_data.sources import ParquetSource
 from gem_data.synth import synthesize
+from gem_data.synth_options import SynthOptions
 
 SMALL = ["data.source=parquet", "data.max_seq_len=24", "train.batch_size=32",
          "train.warmup_steps=1", "train.eval_every=0", "train.checkpoint_every=0",

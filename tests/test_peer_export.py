@@ -12,8 +12,9 @@ import torch
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.jagged import Jagged
-from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.peer_export import export_peer_dataset, read_atomic
+from gem_data.synth_options import SynthOptions
 from gem_data.synthetic_source import SyntheticAdsSource
 
 STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64

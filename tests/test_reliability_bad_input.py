@@ -20,8 +20,9 @@ from gem_core.errors import GemDataError
 from gem_data import format as fmt
 from gem_data.arrow_io import batch_to_table
 from gem_data.dataset import DatasetReader, split_units
-from gem_data.generator import AdsLogGenerator, SynthOptions, synthetic_ads_schema
+from gem_data.generator import AdsLogGenerator, synthetic_ads_schema
 from gem_data.loader import ParquetStream
+from gem_data.synth_options import SynthOptions
 from gem_data.validation import CHECKS, ValidationPolicy, ValidationReport, check_batch
 from gem_data.writer import DatasetWriter
 

@@ -168,8 +168,8 @@ def test_steps_below_the_checkpoint_are_refused_and_config_kept(finished_run, tm
 
 
 def test_a_data_set_regenerated_in_place_is_refused(tmp_path):
-    from gem_data.generator import SynthOptions
     from gem_data.synth import synthesize
+    from gem_data.synth_options import SynthOptions
 
     options = SynthOptions(num_items=300, num_users=100, num_clusters=8, num_advertisers=20,
                            mean_length=8.0, max_length=24)

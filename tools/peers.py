@@ -158,7 +158,7 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray,
 
 def _resolved_options(options: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
     from gem_core.config import structure
-    from gem_data.generator import SynthOptions
+    from gem_data.synth_options import SynthOptions
 
     return attrs.asdict(structure(SynthOptions, {"max_length": max_seq_len, **options},
                                   "data.options"))

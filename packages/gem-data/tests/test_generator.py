@@ -12,11 +12,11 @@ import torch
 from gem_core.metrics import normalized_entropy
 from gem_data.generator import (
     AdsLogGenerator,
-    SynthOptions,
     achievable_ne,
     normalized_entropy_of_probabilities,
     truncated_zipf_pmf,
 )
+from gem_data.synth_options import SynthOptions
 
 OPTIONS = SynthOptions(num_items=400, num_users=100, num_clusters=8, num_advertisers=30,
                        mean_length=20.0, max_length=64)

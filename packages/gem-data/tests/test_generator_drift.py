@@ -7,7 +7,8 @@ import attrs
 import numpy as np
 import torch
 
-from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_ne
+from gem_data.synth_options import SynthOptions
 
 SMALL = SynthOptions(num_items=300, num_users=300, max_candidates=4, max_length=24,
                      drift_weight=1.0, drift_period=100.0)

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from gem_core.config import DataConfig
-from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.indicator_ne import fit_logistic, indicator_regression_ne
+from gem_data.synth_options import SynthOptions
 
 KINDS = ("multi_valued", "rare_action", "hierarchy", "order")
 

@@ -22,10 +22,10 @@ from gem_data.cli import data_group
 from gem_data.generator import (
     TASKS,
     AdsLogGenerator,
-    SynthOptions,
     normalized_entropy_of_probabilities,
 )
 from gem_data.manifest import read_manifest
+from gem_data.synth_options import SynthOptions
 from gem_data.synth_windows import (
     NEW_ADS_FILE,
     WINDOW_DRIFT,

@@ -50,8 +50,8 @@ def synth_command(rows: int, eval_rows: int, seed: int, out: str, row_group_rows
                   new_ads: float) -> None:
     from click.core import ParameterSource
 
-    from gem_data.generator import SynthOptions
     from gem_data.synth import synthesize
+    from gem_data.synth_options import SynthOptions
 
     given = {name for name in ("rows", "eval_rows", "window_rows", "new_ads")
              if click.get_current_context().get_parameter_source(name)

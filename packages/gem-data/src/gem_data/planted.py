@@ -13,24 +13,18 @@ The formulas of every kind are in the docstring of :mod:`gem_data.generator`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import attrs
 import numpy as np
 
-if TYPE_CHECKING:
-    from gem_data.generator import SynthOptions
-
-PLANTED_KINDS = ("ads", "multi_valued", "rare_action", "hierarchy", "order")
+from gem_data.synth_options import PLANTED_KINDS, SynthOptions
 
 ACTION_WEIGHT = np.array([1.0, 3.0, 6.0])
 """Weight of a view, a click and a conversion in the affinity term."""
 
 RARE_ACTION_PROBS = (0.96, 0.035, 0.005)
 """View, click and conversion probabilities of history events in the ``rare_action`` kind."""
-
-DEFAULT_MEAN_LENGTH = {"rare_action": 300.0}
-"""Median history length of a kind when ``mean_length`` is 0 (its default); 60 otherwise."""
 
 MAX_TOPICS = 3
 """Most topics of one ad (``multi_valued``); every ad has at least one."""

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import attrs
 
-from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.manifest import Manifest
+from gem_data.synth_options import SynthOptions
 from gem_data.writer import DatasetWriter
 
 

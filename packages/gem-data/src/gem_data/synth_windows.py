@@ -45,10 +45,10 @@ from gem_data import format as fmt
 from gem_data.generator import (
     TASKS,
     AdsLogGenerator,
-    SynthOptions,
     normalized_entropy_of_probabilities,
 )
 from gem_data.manifest import MANIFEST_NAME, Manifest, TimeWindow
+from gem_data.synth_options import SynthOptions
 from gem_data.windows import WindowWriter, publish_windows
 
 WINDOW_DRIFT = {"drift_weight": 0.8, "drift_period": 24.0}

@@ -19,8 +19,9 @@ import torch
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, structure
 from gem_core.data.api import Balancer, DataSource, IndexedStream
-from gem_data.generator import AdsLogGenerator, SynthOptions, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
+from gem_data.synth_options import SynthOptions
 
 
 class SyntheticAdsSource(DataSource):

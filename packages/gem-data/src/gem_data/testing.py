@@ -63,8 +63,9 @@ def write_generated_windows(out: Path, *, windows: int, upto: int | None = None,
     import pyarrow.compute as pc
 
     from gem_data.arrow_io import batch_to_table
-    from gem_data.generator import AdsLogGenerator, SynthOptions
+    from gem_data.generator import AdsLogGenerator
     from gem_data.manifest import read_manifest
+    from gem_data.synth_options import SynthOptions
     from gem_data.windows import WindowWriter, publish_windows
 
     generator = AdsLogGenerator(SynthOptions(num_items=num_items), seed=seed)
