@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem_core.jagged import Jagged, offsets_from_lengths
-from gem_core.model.attribute_attention import AttributeAttention, soft_overlap
+from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.testing.models import small_model, synthetic_batch
 
 PAIRS = [("ad", "ad"), ("topics", "topics"), ("category", "category")]
@@ -16,14 +15,6 @@ PAIRS = [("ad", "ad"), ("topics", "topics"), ("category", "category")]
 
 def _rms(vector):
     return vector / torch.sqrt(torch.mean(vector * vector) + 1e-6)
-
-
-def _soft_overlap(candidate_values: list, event_values: list) -> torch.Tensor:
-    """The sum over the candidate's values of each one's best cosine with the event's."""
-    total = torch.zeros((), dtype=torch.float64)
-    for a in candidate_values:
-        total = total + max(torch.dot(_rms(a), _rms(b)) / a.numel() for b in event_values)
-    return total
 
 
 def _evolution_oracle(evolution, inputs: list) -> torch.Tensor:
@@ -41,15 +32,8 @@ def _evolution_oracle(evolution, inputs: list) -> torch.Tensor:
     return evolution.out.weight @ state
 
 
-def _values_of(values, row):
-    """Row ``row`` of a feature's unpooled vectors (a plain tensor: a set of one)."""
-    if isinstance(values, Jagged):
-        return list(values.values[int(values.offsets[row]):int(values.offsets[row + 1])])
-    return [values[row]]
-
-
 def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events, history,
-            offsets, owner, window, candidate_values=None, event_values=None):
+            offsets, owner, window):
     """Candidate by candidate, event by event, attribute by attribute."""
     num, dim = len(module.pairs), events.shape[1]
     w_candidate = module.candidate_terms.weight
@@ -76,11 +60,6 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
                 pre = pre + a @ q + a2 @ (q * q) + b @ k + b2 @ (k * k)
                 pre = pre + module.products[p].T @ (q * k)
                 pre = pre + module.similarities[p] * torch.dot(q, k) / dim
-                if p in module.overlap_pairs:
-                    o = module.overlap_pairs.index(p)
-                    pre = pre + module.overlaps[o] * _soft_overlap(
-                        _values_of(candidate_values.get(c_name, candidate_vectors[c_name]), n),
-                        _values_of(event_values.get(e_name, event_vectors[e_name]), e))
             hidden = pre * torch.sigmoid(pre)
             activations.append(hidden)
             weights = module.weights.weight @ hidden + module.weights.bias
@@ -160,126 +139,6 @@ def test_in_the_model_its_flops_are_counted(history):
     assert analytic["attribute_attention"] > 0
     assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
     assert all(torch.isfinite(v).all() for v in logits.values())
-
-
-def _multi_valued(generator, rows: int, dim: int, widest: int) -> Jagged:
-    """1 to ``widest`` random value vectors per row."""
-    lengths = torch.randint(1, widest + 1, (rows,), generator=generator)
-    values = torch.randn(int(lengths.sum()), dim, generator=generator, dtype=torch.float64)
-    return Jagged(values, offsets_from_lengths(lengths))
-
-
-@pytest.mark.parametrize("window", [0, 3])
-def test_the_overlap_counts_match_the_loop_oracle_in_float64(window):
-    """Topics multi-valued on both sides, a candidate side multi-valued against a
-    single-valued event side (category), and a single-valued pair without an overlap."""
-    torch.manual_seed(0)
-    pairs = [("ad", "ad"), ("topics", "topics"), ("categories", "category")]
-    module = AttributeAttention(8, pairs, history=window, hidden=6, tower_keys=True,
-                                overlap_pairs=(1, 2)).double()
-    for parameter in module.parameters():
-        torch.nn.init.normal_(parameter, std=0.3)
-    lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
-    generator = torch.Generator().manual_seed(4)
-    offsets = offsets_from_lengths(torch.tensor(lengths))
-    owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(candidates))
-    events_total, n = int(offsets[-1]), owner.numel()
-    candidate_values = {"topics": _multi_valued(generator, n, 8, 3),
-                        "categories": _multi_valued(generator, n, 8, 2)}
-    event_values = {"topics": _multi_valued(generator, events_total, 8, 4)}
-    # Plant shared values: the first candidate's first topic is event 1's last one.
-    event_values["topics"].values[int(event_values["topics"].offsets[2]) - 1] = \
-        candidate_values["topics"].values[0]
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64)
-
-    candidate_vectors = {"ad": normal(n, 8), "topics": normal(n, 8), "categories": normal(n, 8)}
-    event_vectors = {"ad": normal(events_total, 8), "topics": normal(events_total, 8),
-                     "category": normal(events_total, 8)}
-    events, history = normal(events_total, 8), normal(events_total, 8)
-    got = module(candidate_vectors, event_vectors, events, history, offsets, owner,
-                 max(lengths), candidate_values=candidate_values, event_values=event_values)
-    want = _oracle(module, candidate_vectors, event_vectors, events, history, offsets, owner,
-                   window, candidate_values, event_values)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    with pytest.raises(ValueError, match="overlap pairs need the unpooled vectors"):
-        module(candidate_vectors, event_vectors, events, history, offsets, owner, max(lengths))
-
-
-def test_with_one_hot_values_the_soft_overlap_counts_the_shared_values():
-    """Orthogonal value vectors (as distinct ids are at their limit): the soft overlap of a
-    candidate and an event is the number of the candidate's values the event holds."""
-    one_hot = torch.eye(6, dtype=torch.float64)
-    candidate = Jagged(one_hot[[0, 1, 2, 3, 5]], torch.tensor([0, 3, 5]))  # {0,1,2}, {3,5}
-    event = Jagged(one_hot[[1, 2, 4, 4, 0, 3]], torch.tensor([0, 1, 4, 6]))  # {1}, {2,4,4}, {0,3}
-    index = torch.tensor([[0, 1, 2], [0, 1, 2]])
-    got = soft_overlap(candidate, event, index)
-    # (to rms_norm's eps: 1e-6 against a mean square of 1/6)
-    torch.testing.assert_close(got, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]],
-                                                 dtype=torch.float64), rtol=0, atol=1e-5)
-
-
-def _multi_valued_batch(seed: int, lengths: list[int], candidates: list[int]):
-    """A schema with an ad id and multi-valued topics on events and candidates, and a random
-    batch of it (ids from a small pool, so topics are shared)."""
-    from gem_core.batch import JaggedBatch
-    from gem_core.schema import EmbeddingTable, FeatureSchema, SequenceFeature
-
-    schema = FeatureSchema(
-        tables=[EmbeddingTable(name=t, num_embeddings=50, id_policy="hash")
-                for t in ("ad", "action", "topic")],
-        event_features=[SequenceFeature(name="ad", table="ad"),
-                        SequenceFeature(name="action", table="action"),
-                        SequenceFeature(name="topics", table="topic", multi_valued=True)],
-        candidate_features=[SequenceFeature(name="ad", table="ad"),
-                            SequenceFeature(name="topics", table="topic", multi_valued=True)],
-        tasks=("click",))
-    generator = torch.Generator().manual_seed(seed)
-    events, n = sum(lengths), sum(candidates)
-
-    def ids(rows):
-        return torch.randint(0, 8, (rows,), generator=generator)
-
-    def topics(rows, widest):
-        counts = torch.randint(1, widest + 1, (rows,), generator=generator)
-        return Jagged(ids(int(counts.sum())), offsets_from_lengths(counts))
-
-    batch = JaggedBatch(
-        seq_offsets=offsets_from_lengths(torch.tensor(lengths)),
-        seq_timestamps=torch.arange(events, dtype=torch.int64),
-        event_ids={"ad": ids(events), "action": ids(events) % 3, "topics": topics(events, 4)},
-        request_timestamps=torch.full((len(lengths),), events + 10, dtype=torch.int64),
-        candidate_offsets=offsets_from_lengths(torch.tensor(candidates)),
-        candidate_ids={"ad": ids(n), "topics": topics(n, 3)},
-        labels={"click": (ids(n) % 2).float()})
-    return schema, batch
-
-
-def test_in_the_model_the_overlap_is_counted_and_trains():
-    schema, batch = _multi_valued_batch(0, [6, 0, 9, 3], [2, 1, 3, 2])
-    assert batch.value_widths() == {"event.topics": int(batch.event_ids["topics"].lengths().max()),
-                                    "candidate.topics":
-                                        int(batch.candidate_ids["topics"].lengths().max())}
-    model = small_model(schema, attribute_attention=True, attribute_attention_overlap=True,
-                        attribute_attention_history=5)
-    assert model.attribute_attention.pairs == [("ad", "ad"), ("topics", "topics")]
-    assert model.attribute_attention.overlap_pairs == (1,)
-    with FlopCounterMode(display=False) as counter:
-        logits = model(batch)
-    analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
-                                     dense=True, value_widths=batch.value_widths())
-    assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
-    without = small_model(schema, attribute_attention=True, attribute_attention_history=5)
-    assert without.attribute_attention.overlaps is None
-    assert (analytic["attribute_attention"] > without.flops_by_module(
-        batch.seq_lengths(), batch.candidate_offsets.diff(), dense=True,
-        value_widths=batch.value_widths())["attribute_attention"])
-    sum(logit.sum() for logit in logits.values()).backward()
-    assert model.attribute_attention.overlaps.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="attribute_attention_overlap is a part of "
-                                         "attribute attention"):
-        small_model(schema, attribute_attention_overlap=True)
 
 
 @pytest.mark.parametrize("window", [0, 3])

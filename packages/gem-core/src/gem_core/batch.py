@@ -9,15 +9,8 @@ import torch
 from torch import Tensor
 
 from gem_core.errors import GemDataError
-from gem_core.jagged import (
-    Jagged,
-    check_offsets,
-    gather_rows,
-    lengths_from_offsets,
-    max_length,
-    row_ids,
-)
-from gem_core.schema import FeatureSchema, SequenceFeature, feature_key
+from gem_core.jagged import Jagged, check_offsets, gather_rows, lengths_from_offsets, row_ids
+from gem_core.schema import FeatureSchema, SequenceFeature
 
 Ids = Union[Tensor, Jagged]
 """The ids of one categorical feature over a batch's events or candidates: a ``(rows,)`` int64
@@ -116,16 +109,6 @@ class JaggedBatch:
     def candidate_counts(self) -> Tensor:
         """``(R,)`` candidates per request."""
         return lengths_from_offsets(self.candidate_offsets)
-
-    def value_widths(self) -> dict[str, int]:
-        """The widest row of each multi-valued event and candidate feature, under its
-        ``feature_key`` (``event.<name>``, ``candidate.<name>``)."""
-        widths = {}
-        for kind, store in (("event", self.event_ids), ("candidate", self.candidate_ids)):
-            for name, ids in store.items():
-                if isinstance(ids, Jagged):
-                    widths[feature_key(kind, name)] = max_length(ids.lengths())
-        return widths
 
     def candidate_rows(self) -> Tensor:
         """``(N,)`` the request of each candidate."""

@@ -396,13 +396,9 @@ class RankingModel(abc.ABC):
     the strategies that transform it is :class:`gem_core.model.interface.StrategyModel`."""
 
     @abc.abstractmethod
-    def flops(self, lengths: Tensor, candidates: Tensor | None = None,
-              value_widths: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
         """Training FLOPs of one batch of requests with these history lengths and candidates
-        per request: ``total``, ``attention``, ``padded_total``, ``padded_attention``.
-        ``value_widths``: the batch's widest row of each multi-valued feature
-        (:meth:`gem_core.batch.JaggedBatch.value_widths`), for parts whose work grows with it;
-        None counts one value per row."""
+        per request: ``total``, ``attention``, ``padded_total``, ``padded_attention``."""
 
     def auxiliary_losses(self) -> dict[str, Tensor]:
         """Losses of the last training forward to add to the training loss (e.g. MoE load

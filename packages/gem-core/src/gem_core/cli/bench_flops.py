@@ -57,8 +57,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
     model = build_model(config.model, source.schema, attention=ReferenceAttention(),
                         embedding_backend=ReferenceEmbeddingBackend())
     lengths = batch.seq_lengths()
-    analytic_dense = model.flops_by_module(lengths, batch.candidate_counts(), dense=True,
-                                           value_widths=batch.value_widths())
+    analytic_dense = model.flops_by_module(lengths, batch.candidate_counts(), dense=True)
     started = time.perf_counter()
     with FlopCounterMode(display=False) as forward_counter:
         out = model(batch)
@@ -68,7 +67,7 @@ def flops_report(config, batch_size: int, seed: int) -> dict:
     counted_forward = forward_counter.get_total_flops()
     counted_train = counted_forward + backward_counter.get_total_flops()
     analytic_forward = sum(analytic_dense.values())
-    trainer = model.flops(lengths, batch.candidate_counts(), batch.value_widths())
+    trainer = model.flops(lengths, batch.candidate_counts())
     return {
         "benchmark": "flops",
         "preset": config.name,

@@ -183,12 +183,6 @@ class ModelConfig:
     attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
     """Hidden width of attribute attention's scoring MLP."""
 
-    attribute_attention_overlap: bool = False
-    """For every shared attribute that is multi-valued on either side (genres, topics), a soft
-    overlap count beside the pooled vectors' cosine: per candidate value, its best cosine with
-    the event's values, summed over the candidate's values (an input of every hidden unit of
-    the scorer). Pooled means blur a one-value overlap among several values; this keeps it."""
-
     attribute_attention_evolution: int = attrs.field(default=0, validator=at_least(0))
     """Width of a GRU run over each candidate's scored events, newest first, reading the
     scorer's hidden activations (DIEN-style interest evolution,
@@ -318,12 +312,9 @@ class ModelConfig:
         if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
             raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
                              f"got {list(self.esmm_tasks)}")
-        parts = {"attribute_attention_overlap": self.attribute_attention_overlap,
-                 "attribute_attention_evolution": self.attribute_attention_evolution}
-        for key, value in parts.items():
-            if value and not self.attribute_attention:
-                raise ValueError(f"model.{key} is a part of attribute attention: it needs "
-                                 "attribute_attention = true")
+        if self.attribute_attention_evolution and not self.attribute_attention:
+            raise ValueError("model.attribute_attention_evolution is a part of attribute "
+                             "attention: it needs attribute_attention = true")
         if self.attribute_attention_retrieve and not (self.attribute_attention
                                                       and self.attribute_attention_history):
             raise ValueError("model.attribute_attention_retrieve searches the events older than "

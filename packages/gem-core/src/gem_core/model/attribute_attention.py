@@ -37,18 +37,6 @@ starts as random directions, under which equality is no more visible than any ot
 while the cosine is 1 for equal attributes and near 0 for unrelated ones at initialisation, so
 every hidden unit can read "same advertiser" from the first step.
 
-For an attribute that is multi-valued on either side (genres, topics), the pooled vectors'
-cosine blurs a one-value overlap among several values (a candidate of three topics sharing one
-with the event is as far from it as one sharing none, once the means are taken). With
-``overlap`` each such pair also feeds every hidden unit a **soft overlap count**::
-
-    overlap_p(n, e) = sum_{a in values_p(n)} max_{b in values_p(e)} cos(u_a, u_b)
-
-through its own ``O_p`` (beside ``S_p``), where ``u`` are the values' own vectors
-(RMS-normalised). With equal ids giving cosine 1 and unrelated ones near 0, it counts the
-candidate's values that the event has, from the first step, and stays a learned similarity
-(values whose vectors grow alike count as shared). A single-valued side is a set of one.
-
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
 """
@@ -62,10 +50,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
-from gem_core.jagged import Jagged, max_length, positions_in_row, row_ids
 from gem_core.model.interest_evolution import InterestEvolution
 from gem_core.model.target_match import recent_event_index
-from gem_core.schema import feature_key
 
 
 def _unit(vectors: Tensor) -> Tensor:
@@ -73,53 +59,19 @@ def _unit(vectors: Tensor) -> Tensor:
     return F.rms_norm(vectors, (vectors.shape[-1],), eps=1e-6)
 
 
-def _padded_units(values: Jagged | Tensor) -> tuple[Tensor, Tensor]:
-    """A feature's vectors as ``(rows, width, d)`` RMS-normalised sets, padded to the widest
-    row, and ``(rows, width)`` which slots hold a value. A plain ``(rows, d)`` tensor (a
-    single-valued feature) is a set of one per row."""
-    if not isinstance(values, Jagged):
-        unit = _unit(values).unsqueeze(1)
-        return unit, torch.ones(unit.shape[:2], dtype=torch.bool, device=unit.device)
-    rows, width = values.offsets.numel() - 1, max_length(values.lengths())
-    padded = values.values.new_zeros(rows, width, values.values.shape[1])
-    present = torch.zeros(rows, width, dtype=torch.bool, device=padded.device)
-    where = (row_ids(values.offsets), positions_in_row(values.offsets))
-    padded = padded.index_put(where, _unit(values.values))
-    present = present.index_put(where, torch.ones_like(where[0], dtype=torch.bool))
-    return padded, present
-
-
-def soft_overlap(candidate: Jagged | Tensor, event: Jagged | Tensor, index: Tensor) -> Tensor:
-    """``(N, W)``: for candidate ``n`` and its ``W`` scored events (``index`` into the events),
-    the sum over the candidate's values of each one's best cosine with the event's values (the
-    module docstring's ``overlap_p``). Every event and candidate holds at least one value (the
-    schema's rule for multi-valued features)."""
-    q, q_present = _padded_units(candidate)  # (N, C, d)
-    k, k_present = _padded_units(event)  # (E, V, d)
-    cosines = torch.einsum("ncd,nwvd->nwcv", q, k[index]) / q.shape[-1]  # (N, W, C, V)
-    # Padding never wins the maximum (cosines are at least -1; every event has a value).
-    cosines = cosines.masked_fill(~k_present[index].unsqueeze(2), -2.0)
-    best = cosines.amax(dim=-1)  # (N, W, C)
-    return (best * q_present.unsqueeze(1).to(best.dtype)).sum(dim=-1)
-
-
 class AttributeAttention(nn.Module):
     """One token per candidate: the attribute-by-attribute activation-unit attention over its
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, overlap_pairs: tuple[int, ...] = (),
-                 evolution: int = 0) -> None:
-        """``overlap_pairs``: the indices of ``pairs`` that get a soft overlap count (those
-        multi-valued on either side; empty: none). ``evolution``: the width of a GRU over the
-        scored events' hidden activations in time order
-        (:mod:`gem_core.model.interest_evolution`; 0: none)."""
+                 tower_keys: bool, evolution: int = 0) -> None:
+        """``evolution``: the width of a GRU over the scored events' hidden activations in time
+        order (:mod:`gem_core.model.interest_evolution`; 0: none)."""
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
                              "feature that share a table; the schema has none")
         self.pairs, self.history, self.hidden = pairs, history, hidden
-        self.overlap_pairs = tuple(overlap_pairs)
         num = len(pairs)
         # Per candidate: A q + A2 q^2 for every attribute in one matmul; per event likewise.
         self.candidate_terms = nn.Linear(2 * num * dim, hidden, bias=True)
@@ -129,9 +81,6 @@ class AttributeAttention(nn.Module):
         nn.init.normal_(self.products, std=1.0 / dim)
         # S_p: the cosine of each attribute pair, its own input of every hidden unit.
         self.similarities = nn.Parameter(torch.randn(num, hidden))
-        # O_p: the soft overlap count of each multi-valued pair, likewise.
-        self.overlaps = (nn.Parameter(torch.randn(len(self.overlap_pairs), hidden))
-                         if self.overlap_pairs else None)
         self.token_terms = nn.Linear(dim, hidden, bias=False)
         self.tower_terms = nn.Linear(dim, hidden, bias=False) if tower_keys else None
         self.act = nn.SiLU()
@@ -142,16 +91,12 @@ class AttributeAttention(nn.Module):
 
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
-                max_len: int, retrieved: tuple[Tensor, Tensor] | None = None,
-                candidate_values: Mapping[str, Jagged] | None = None,
-                event_values: Mapping[str, Jagged] | None = None) -> Tensor:
+                max_len: int, retrieved: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``candidate_vectors`` ``(N, d)`` and ``event_vectors`` ``(E, d)`` per feature name
         (multi-valued ones pooled); ``events`` ``(E, d)`` raw event tokens; ``history`` the
         tower's outputs (None: the raw tokens alone); ``owner`` ``(N,)`` each candidate's
         request; ``retrieved``: ``(N, B)`` indices and mask of older events scored besides the
-        recent window (:mod:`gem_core.model.history_retrieval`); ``candidate_values`` and
-        ``event_values``: the unpooled vectors of the multi-valued features (needed for the
-        overlap pairs). Returns ``(N, d)``."""
+        recent window (:mod:`gem_core.model.history_retrieval`). Returns ``(N, d)``."""
         num, dim = len(self.pairs), events.shape[1]
         candidates = owner.numel()
         window = min(self.history, max_len) if self.history else max_len
@@ -172,17 +117,6 @@ class AttributeAttention(nn.Module):
         products = q.unsqueeze(1) * k[index]
         pair_terms = torch.einsum("nwpd,pdh->nwh", products, self.products)
         pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
-        if self.overlaps is not None:
-            if candidate_values is None or event_values is None:
-                raise ValueError("attribute attention's overlap pairs need the unpooled "
-                                 "vectors of the multi-valued features")
-            overlaps = []
-            for p in self.overlap_pairs:
-                c_name, e_name = self.pairs[p]
-                overlaps.append(soft_overlap(
-                    candidate_values.get(c_name, candidate_vectors[c_name]),
-                    event_values.get(e_name, event_vectors[e_name]), index))
-            pair_terms = pair_terms + torch.stack(overlaps, dim=-1) @ self.overlaps
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
@@ -191,15 +125,11 @@ class AttributeAttention(nn.Module):
             pooled = pooled + self.evolution(hidden, valid)
         return self.proj(pooled)
 
-    def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0,
-              widths: Mapping[str, int] | None = None) -> int:
+    def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
-        products' projection and weights, the overlap pairs' cosines and projection, the
-        weighted sum of values and the output projection, for ``lengths`` events and
-        ``candidates`` per request and ``retrieved`` more slots per candidate. ``widths``:
-        the widest row of each multi-valued feature in the batch, under its ``feature_key``
-        (:meth:`gem_core.batch.JaggedBatch.value_widths`; a feature not named counts one value
-        per row)."""
+        products' projection and weights, the interest-evolution GRU, the weighted sum of
+        values and the output projection, for ``lengths`` events and ``candidates`` per
+        request and ``retrieved`` more slots per candidate."""
         lengths, candidates = lengths.to(torch.int64), candidates.to(torch.int64)
         events, impressions = int(lengths.sum()), int(candidates.sum())
         window = lengths.clamp(max=self.history) if self.history else lengths
@@ -217,13 +147,6 @@ class AttributeAttention(nn.Module):
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
         weighted_sum = 2 * slots * num * dim
-        if self.overlap_pairs:
-            widths = widths or {}
-            for p in self.overlap_pairs:
-                c_name, e_name = self.pairs[p]
-                per_pair += (2 * slots * widths.get(feature_key("candidate", c_name), 1)
-                             * widths.get(feature_key("event", e_name), 1) * dim)
-            per_pair += 2 * slots * len(self.overlap_pairs) * self.hidden
         if self.evolution is not None:
             per_pair += self.evolution.flops(slots, impressions, longest + retrieved)
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair

@@ -65,13 +65,6 @@ class LookedUp:
     candidate_vectors: dict[str, Tensor] = attrs.field(factory=dict)
     """Per candidate feature, ``(N, d)``: the parts of ``candidates``."""
 
-    event_values: dict[str, Jagged] = attrs.field(factory=dict)
-    """Per multi-valued event feature, its values' vectors before pooling: one jagged row per
-    event (``(total values, d)``, the feature's own value offsets)."""
-
-    candidate_values: dict[str, Jagged] = attrs.field(factory=dict)
-    """Per multi-valued candidate feature, likewise one jagged row per candidate."""
-
 
 def _request_rows(ids: Ids, offsets: Tensor, multi_valued: bool) -> Jagged:
     """The feature's ids as one jagged row per request: ``offsets`` cut events (or candidates)
@@ -129,21 +122,7 @@ class FeatureLookup:
                                               batch.candidate_ids, vectors, "candidate")
         return LookedUp(events=_sum(event_vectors), candidates=_sum(candidate_vectors),
                         context=[vectors[f.name] for f in self.schema.sparse_features],
-                        event_vectors=event_vectors, candidate_vectors=candidate_vectors,
-                        event_values=self._values(self.schema.event_features, batch.event_ids,
-                                                  vectors, "event"),
-                        candidate_values=self._values(self.schema.candidate_features,
-                                                      batch.candidate_ids, vectors,
-                                                      "candidate"))
-
-    @staticmethod
-    def _values(features: tuple[SequenceFeature, ...], store: Mapping[str, Ids],
-                vectors: Mapping[str, Tensor], kind: str) -> dict[str, Jagged]:
-        """The unpooled vectors of each multi-valued feature, one jagged row per event (or
-        candidate)."""
-        return {feature.name: Jagged(vectors[feature_key(kind, feature.name)],
-                                     store[feature.name].offsets)
-                for feature in features if feature.multi_valued}
+                        event_vectors=event_vectors, candidate_vectors=candidate_vectors)
 
     @staticmethod
     def _per_feature(features: tuple[SequenceFeature, ...], store: Mapping[str, Ids],

@@ -30,7 +30,6 @@ from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTowe
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.target_match import (
     check_action_feature,
-    multi_valued_pairs,
     shared_attributes,
     target_match_from_config,
 )
@@ -130,8 +129,6 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                history=config.attribute_attention_history,
                                hidden=config.attribute_attention_hidden,
                                tower_keys=live and config.downstream_history == "tower",
-                               overlap_pairs=(multi_valued_pairs(schema)
-                                              if config.attribute_attention_overlap else ()),
                                evolution=config.attribute_attention_evolution)
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
@@ -255,8 +252,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                     engaged=self._engaged(batch))
             tokens.append(self.attribute_attention(
                 looked_up.candidate_vectors, looked_up.event_vectors, events, tower_output,
-                offsets, owner, max_len, retrieved, candidate_values=looked_up.candidate_values,
-                event_values=looked_up.event_values))
+                offsets, owner, max_len, retrieved))
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
                 0, rows, history)
@@ -338,13 +334,11 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         return summarize_step_stats(summed)
 
     def flops_by_module(self, lengths: Tensor, candidates: Tensor | None = None, *,
-                        dense: bool = False,
-                        value_widths: Mapping[str, int] | None = None) -> dict[str, int]:
+                        dense: bool = False) -> dict[str, int]:
         """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch of requests
         with these history lengths and ``candidates`` per request (None: one each). ``dense``:
         attention as a backend that computes every sample's full query x key rectangle (the
-        reference backend) spends it; otherwise the masked pairs. ``value_widths``: the batch's
-        widest multi-valued rows (:meth:`JaggedBatch.value_widths`; None: one value each)."""
+        reference backend) spends it; otherwise the masked pairs."""
         c = self.config
         lengths = lengths.to(torch.int64).cpu()
         candidates = (torch.ones_like(lengths) if candidates is None
@@ -371,7 +365,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 counts[f"target_attention.{key}"] = value
         if self.attribute_attention is not None:
             counts["attribute_attention"] = self.attribute_attention.flops(
-                lengths, candidates, c.attribute_attention_retrieve, value_widths)
+                lengths, candidates, c.attribute_attention_retrieve)
         if self.target_match is not None:
             counts["target_match"] = self.target_match.flops(lengths, candidates)
         if self.teacher_token is not None:
@@ -382,16 +376,14 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         return counts
 
-    def flops(self, lengths: Tensor, candidates: Tensor | None = None,
-              value_widths: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
         """Training FLOPs (3 x forward) of one batch of requests with these history lengths
         and ``candidates`` per request (None: one each), jagged and as if every history were
         padded to the batch maximum (where a padded kernel computes every query x key tile)."""
         lengths = lengths.to(torch.int64).cpu()
         max_len = int(lengths.max()) if lengths.numel() else 0
-        jagged = self.flops_by_module(lengths, candidates, value_widths=value_widths)
-        padded = self.flops_by_module(torch.full_like(lengths, max_len), candidates, dense=True,
-                                      value_widths=value_widths)
+        jagged = self.flops_by_module(lengths, candidates)
+        padded = self.flops_by_module(torch.full_like(lengths, max_len), candidates, dense=True)
 
         def attention(counts: Mapping[str, int]) -> int:
             return sum(v for k, v in counts.items() if k.endswith(".attention"))

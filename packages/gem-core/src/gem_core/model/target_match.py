@@ -58,15 +58,6 @@ def shared_attributes(schema: FeatureSchema) -> list[tuple[str, str]]:
             for event in schema.event_features if candidate.table == event.table]
 
 
-def multi_valued_pairs(schema: FeatureSchema) -> tuple[int, ...]:
-    """The indices, in :func:`shared_attributes`' order, of the pairs multi-valued on either
-    side."""
-    candidates = {f.name: f for f in schema.candidate_features}
-    events = {f.name: f for f in schema.event_features}
-    return tuple(i for i, (c, e) in enumerate(shared_attributes(schema))
-                 if candidates[c].multi_valued or events[e].multi_valued)
-
-
 def recent_event_index(offsets: Tensor, owner: Tensor, window: int) -> tuple[Tensor, Tensor]:
     """For each candidate (``owner``: its request), the positions of its request's last
     ``window`` events, most recent first: ``(N, window)`` indices and a validity mask (a

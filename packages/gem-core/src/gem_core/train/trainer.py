@@ -436,8 +436,7 @@ class _Trainer:
         self.engine.backward(loss)
         grad_norm = float(self.engine.clip_grad_norm(tc.grad_clip))
         flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu(),
-                                            batch.candidate_counts().cpu(),
-                                            batch.value_widths())
+                                            batch.candidate_counts().cpu())
         local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
                               flops["padded_total"], flops["padded_attention"],
