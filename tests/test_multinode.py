@@ -133,9 +133,10 @@ def test_two_node_row_wise_tables_train_through_the_sparse_dist_pipeline(runs):
 def _failed_in_time(result, started: float, timeout_s: int) -> float:
     elapsed = time.monotonic() - started
     assert result.returncode != 0
-    # Start-up (imports) on a loaded 2-core machine takes up to tens of seconds; the point is
-    # that the configured timeout, not torchrun's default 600 s, ends the wait.
-    assert elapsed < timeout_s + 90, elapsed
+    # Start-up (imports of two agents, then their ranks) takes 10-30 s on an idle 2-core
+    # machine and several times that under load (three training jobs beside the suite); the
+    # point is that the configured timeout, not torchrun's default 600 s, ends the wait.
+    assert elapsed < timeout_s + 240, elapsed
     return elapsed
 
 
