@@ -17,21 +17,6 @@ def _rms(vector):
     return vector / torch.sqrt(torch.mean(vector * vector) + 1e-6)
 
 
-def _evolution_oracle(evolution, inputs: list) -> torch.Tensor:
-    """The GRU of the interest-evolution docstring, one event at a time, newest first."""
-    width = evolution.width
-    w_in, b_in = evolution.input_gates.weight, evolution.input_gates.bias
-    w_st, b_st = evolution.state_gates.weight, evolution.state_gates.bias
-    state = torch.zeros(width, dtype=torch.float64)
-    for a in inputs:
-        gate_in, gate_st = w_in @ a + b_in, w_st @ state + b_st
-        reset = torch.sigmoid(gate_in[:width] + gate_st[:width])
-        update = torch.sigmoid(gate_in[width:2 * width] + gate_st[width:2 * width])
-        candidate = torch.tanh(gate_in[2 * width:] + reset * gate_st[2 * width:])
-        state = (1 - update) * candidate + update * state
-    return evolution.out.weight @ state
-
-
 def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events, history,
             offsets, owner, window):
     """Candidate by candidate, event by event, attribute by attribute."""
@@ -44,7 +29,6 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
         start, end = int(offsets[request]), int(offsets[request + 1])
         first = max(start, end - window) if window else start
         total = torch.zeros(dim, dtype=torch.float64)
-        activations = []  # the scorer's hidden activations, oldest event first
         for e in range(first, end):
             pre = module.candidate_terms.bias.clone()
             pre = pre + module.token_terms.weight @ _rms(events[e])
@@ -61,13 +45,10 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
                 pre = pre + module.products[p].T @ (q * k)
                 pre = pre + module.similarities[p] * torch.dot(q, k) / dim
             hidden = pre * torch.sigmoid(pre)
-            activations.append(hidden)
             weights = module.weights.weight @ hidden + module.weights.bias
             values = (module.values.weight @ _rms(events[e])).view(num, dim)
             for p in range(num):
                 total = total + weights[p] * values[p]
-        if module.evolution is not None:
-            total = total + _evolution_oracle(module.evolution, activations[::-1])
         out.append(module.proj.weight @ total + module.proj.bias)
     return torch.stack(out)
 
@@ -139,51 +120,3 @@ def test_in_the_model_its_flops_are_counted(history):
     assert analytic["attribute_attention"] > 0
     assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
     assert all(torch.isfinite(v).all() for v in logits.values())
-
-
-@pytest.mark.parametrize("window", [0, 3])
-def test_interest_evolution_matches_the_loop_oracle_in_float64(window):
-    torch.manual_seed(0)
-    module = AttributeAttention(8, PAIRS, history=window, hidden=6, tower_keys=True,
-                                evolution=5).double()
-    for parameter in module.parameters():
-        torch.nn.init.normal_(parameter, std=0.3)
-    lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
-    inputs = _inputs(1, lengths, candidates)
-    got = module(*inputs, max(lengths))
-    want = _oracle(module, *inputs, window)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))  # no history
-    got.sum().backward()
-    for name, parameter in module.evolution.named_parameters():
-        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
-
-
-def test_interest_evolution_tells_the_order_of_two_events_apart():
-    """Two histories holding the same events in opposite orders: a sum of per-event scores
-    gives both the same output, the GRU does not."""
-    torch.manual_seed(0)
-    inputs = _inputs(5, [4, 4], [1, 1])
-    events = inputs[2].clone()
-    events[4:8] = events[0:4].flip(0)  # request 1: request 0's events, reversed
-    event_vectors = {name: torch.cat([v[0:4], v[0:4].flip(0)]) for name, v in inputs[1].items()}
-    candidate_vectors = {name: v[[0, 0]] for name, v in inputs[0].items()}
-    for evolution, same in ((0, True), (4, False)):
-        module = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False,
-                                    evolution=evolution).double()
-        out = module(candidate_vectors, event_vectors, events, None, inputs[4], inputs[5], 4)
-        assert torch.allclose(out[0], out[1], rtol=1e-12, atol=1e-12) == same
-
-
-def test_in_the_model_interest_evolution_is_counted():
-    schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
-    model = small_model(schema, attribute_attention=True, attribute_attention_history=6,
-                        attribute_attention_evolution=4)
-    with FlopCounterMode(display=False) as counter:
-        model(batch)
-    analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
-                                     dense=True)
-    assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
-    with pytest.raises(ValueError, match="attribute_attention_evolution is a part of "
-                                         "attribute attention"):
-        small_model(schema, attribute_attention_evolution=4)

@@ -183,13 +183,6 @@ class ModelConfig:
     attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
     """Hidden width of attribute attention's scoring MLP."""
 
-    attribute_attention_evolution: int = attrs.field(default=0, validator=at_least(0))
-    """Width of a GRU run over each candidate's scored events, newest first, reading the
-    scorer's hidden activations (DIEN-style interest evolution,
-    ``gem_core.model.interest_evolution``): the order of what matched (an engaged event of the
-    category after the advertiser's last view), which a sum of per-event scores cannot
-    tell; 0: none."""
-
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -312,9 +305,6 @@ class ModelConfig:
         if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
             raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
                              f"got {list(self.esmm_tasks)}")
-        if self.attribute_attention_evolution and not self.attribute_attention:
-            raise ValueError("model.attribute_attention_evolution is a part of attribute "
-                             "attention: it needs attribute_attention = true")
         if self.attribute_attention_retrieve and not (self.attribute_attention
                                                       and self.attribute_attention_history):
             raise ValueError("model.attribute_attention_retrieve searches the events older than "

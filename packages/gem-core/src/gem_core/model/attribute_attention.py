@@ -50,7 +50,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
-from gem_core.model.interest_evolution import InterestEvolution
 from gem_core.model.target_match import recent_event_index
 
 
@@ -64,9 +63,7 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, evolution: int = 0) -> None:
-        """``evolution``: the width of a GRU over the scored events' hidden activations in time
-        order (:mod:`gem_core.model.interest_evolution`; 0: none)."""
+                 tower_keys: bool) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
@@ -87,7 +84,6 @@ class AttributeAttention(nn.Module):
         self.weights = nn.Linear(hidden, num)
         self.values = nn.Linear(dim, dim * num, bias=False)
         self.proj = nn.Linear(dim, dim)
-        self.evolution = InterestEvolution(hidden, evolution, dim) if evolution else None
 
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
@@ -120,16 +116,13 @@ class AttributeAttention(nn.Module):
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
-        pooled = torch.einsum("nwp,nwpd->nd", weight, values)
-        if self.evolution is not None:
-            pooled = pooled + self.evolution(hidden, valid)
-        return self.proj(pooled)
+        return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
-        products' projection and weights, the interest-evolution GRU, the weighted sum of
-        values and the output projection, for ``lengths`` events and ``candidates`` per
-        request and ``retrieved`` more slots per candidate."""
+        products' projection and weights, the weighted sum of values and the output
+        projection, for ``lengths`` events and ``candidates`` per request and ``retrieved``
+        more slots per candidate."""
         lengths, candidates = lengths.to(torch.int64), candidates.to(torch.int64)
         events, impressions = int(lengths.sum()), int(candidates.sum())
         window = lengths.clamp(max=self.history) if self.history else lengths
@@ -147,7 +140,5 @@ class AttributeAttention(nn.Module):
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
         weighted_sum = 2 * slots * num * dim
-        if self.evolution is not None:
-            per_pair += self.evolution.flops(slots, impressions, longest + retrieved)
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair
                 + weighted_sum + linear_layer_flops(self.proj, impressions))
