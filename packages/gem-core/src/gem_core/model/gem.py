@@ -128,7 +128,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             AttributeAttention(dim, shared_attributes(schema),
                                history=config.attribute_attention_history,
                                hidden=config.attribute_attention_hidden,
-                               tower_keys=live and config.downstream_history == "tower")
+                               tower_keys=live and config.downstream_history == "tower",
+                               order_channels=config.attribute_attention_order)
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
