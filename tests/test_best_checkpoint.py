@@ -117,7 +117,7 @@ def test_a_warning_names_the_rising_evaluations(overfit):
 def _train(data: Path, out: Path, *extra: str) -> dict:
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     config = load_config(preset="tiny", overrides=[*TRAIN, f"data.path={data}", *extra])
     return train(config, build_plugins(), out, progress=False).summary

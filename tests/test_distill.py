@@ -17,7 +17,7 @@ from gem_core.distill.distiller import _bernoulli_kl_sum
 from gem_core.distill.setup import resolve_distillation
 from gem_core.errors import GemConfigError
 from gem_core.plugins import build_plugins
-from gem_core.train import train
+from gem_core.train.trainer import train
 from gem_core.trained_run import load_run
 from gem_data.distill_precompute import precompute
 from gem_data.sources import ParquetSource

@@ -254,7 +254,7 @@ def test_node_layout_comes_from_the_launcher_and_must_be_even():
 def test_multi_node_sharding_types_are_refused_with_the_reason():
     from gem_core.embedding import EmbeddingTableConfig
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_plan import parse_options, planner_constraints
+    from gem_parallel.torchrec.plan import parse_options, planner_constraints
 
     pooled = EmbeddingTableConfig(name="t", num_embeddings=16, dim=8, features=("f",),
                                   pooling="sum")

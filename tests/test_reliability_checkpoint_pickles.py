@@ -22,8 +22,8 @@ from gem_core.cli.main import cli
 from gem_core.config import load_config
 from gem_core.errors import GemCheckpointError
 from gem_core.plugins import build_plugins
-from gem_core.train import train
 from gem_core.train.checkpointer import read_checkpoint
+from gem_core.train.trainer import train
 from gem_core.trained_run import load_run
 
 SMALL = ["train.steps=2", "train.batch_size=16", "data.eval_rows=128",

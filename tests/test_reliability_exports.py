@@ -45,7 +45,7 @@ def trained(tmp_path_factory):
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
     from gem_core.serving.export import export_model
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     root = tmp_path_factory.mktemp("exports")
     data = root / "data"

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from gem_core.cli.main import CATALOG, cli
 from gem_core.config import load_config
 from gem_core.errors import GemConfigError, GemRunError
-from gem_core.train import train
 from gem_core.train.run_lock import LOCK_NAME
+from gem_core.train.trainer import train
 
 SMALL = ["train.batch_size=32", "data.eval_rows=128", "train.eval_batch_size=128",
          "train.warmup_steps=1", "train.eval_every=0", "data.max_seq_len=24",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gem_core.testing.runs import jsonl_records, step_losses
 from gem_data.testing import write_generated_windows
 
 WINDOWS = 3
@@ -32,14 +33,6 @@ def _train(gem, run: Path, data: Path, *extra: str):
                *_sets(TRAIN + (f"data.path={data}",)), *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in _lines(run / "metrics.jsonl")]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +56,8 @@ def test_one_run_equals_a_run_continued_as_each_window_is_appended(tmp_path, gem
         assert len(write_generated_windows(growing, windows=WINDOWS, upto=count)) == count
         done = _train(gem, continued, growing)  # the same --out: continues, no flag needed
         assert f"windows trained: {count} of {count}" in done.stdout
-    assert _losses(continued) == _losses(run)
-    assert _lines(continued / "eval.jsonl") == _lines(run / "eval.jsonl")
+    assert step_losses(continued) == step_losses(run)
+    assert jsonl_records(continued / "eval.jsonl") == jsonl_records(run / "eval.jsonl")
     one, grown = (json.loads((r / "summary.json").read_text()) for r in (run, continued))
     assert grown["progressive"] == one["progressive"]
     assert grown["eval"] == one["eval"]
@@ -75,13 +68,13 @@ def test_a_run_stopped_inside_a_window_resumes_exactly(tmp_path, gem, windowed, 
     stopped = tmp_path / "run"
     _train(gem, stopped, windowed, "--until-step", "4", "--set", "train.checkpoint_every=2")
     _train(gem, stopped, windowed)
-    assert _losses(stopped) == _losses(run)
-    assert _lines(stopped / "eval.jsonl") == _lines(run / "eval.jsonl")
+    assert step_losses(stopped) == step_losses(run)
+    assert jsonl_records(stopped / "eval.jsonl") == jsonl_records(run / "eval.jsonl")
 
 
 def test_progressive_evaluation_in_eval_jsonl_summary_report_and_final_line(gem, one_go):
     run, stdout = one_go
-    evals = _lines(run / "eval.jsonl")
+    evals = jsonl_records(run / "eval.jsonl")
     # every window but the first, scored before training on it: at the step that ended the one
     # before, by a model that has seen none of it
     assert [e["window"] for e in evals] == [f"day-{i}" for i in range(1, WINDOWS)]
@@ -112,11 +105,11 @@ def test_a_finished_stream_with_no_new_window_trains_nothing_more(tmp_path, gem,
     run, _ = one_go
     again = tmp_path / "run"
     shutil.copytree(run, again)
-    before = _losses(again)
+    before = step_losses(again)
     done = gem("train", "--preset", "tiny", "--out", str(again), "--no-progress",
                *_sets(TRAIN + (f"data.path={_data_path(run)}",)))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _losses(again) == before
+    assert step_losses(again) == before
     assert "all 3 windows are trained on already" in done.stderr
 
 
@@ -194,7 +187,7 @@ def test_a_drifting_synthetic_log_trains_window_by_window(tmp_path, gem):
     _train(gem, run, data)
     manifest = json.loads((data / "manifest.json").read_text())
     names = [w["name"] for w in manifest["windows"]]
-    evaluated = [e["window"] for e in _lines(run / "eval.jsonl")]
+    evaluated = [e["window"] for e in jsonl_records(run / "eval.jsonl")]
     assert evaluated == names[1:]
     # the generating process's own NE on each window is there to compare with
     assert all("achievable_ne" in w["info"] for w in manifest["windows"])
@@ -207,7 +200,7 @@ def test_two_ranks_stream_the_same_windows_as_one_process(tmp_path, gem, windowe
     run, _ = one_go
     two = tmp_path / "two"
     _train(gem, two, windowed, "--nproc-per-node", "2", "--sharding", "ddp")
-    mine, theirs = _lines(two / "eval.jsonl"), _lines(run / "eval.jsonl")
+    mine, theirs = jsonl_records(two / "eval.jsonl"), jsonl_records(run / "eval.jsonl")
     assert [(e["window"], e["step"]) for e in mine] == [(e["window"], e["step"]) for e in theirs]
     for a, b in zip(mine, theirs):
         assert a["click"]["ne"] == pytest.approx(b["click"]["ne"], rel=1e-3)

@@ -18,18 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
+from gem_core.testing.runs import jsonl_records, step_losses
 from gem_data.manifest import read_manifest
+from gem_data.testing import hashed_log_schema
 
-SCHEMA = ('tasks = ["click"]\nmax_seq_len = 8\nnum_dense = 1\n'
-          '[[tables]]\nname = "ad"\nnum_embeddings = 1000\nid_policy = "hash"\n'
-          '[[tables]]\nname = "topic"\nnum_embeddings = 97\nid_policy = "hash"\n'
-          '[[tables]]\nname = "seg"\nnum_embeddings = 13\nid_policy = "hash"\n'
-          '[[event_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[event_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[candidate_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[candidate_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[sparse_features]]\nname = "seg"\ntable = "seg"\n'
-          '[import]\neval_fraction = 0\ndense_columns = ["score"]\n')
+SCHEMA = hashed_log_schema(max_seq_len=8, eval_fraction=0)
 
 WINDOWS = {"A": (1000, 1999), "B": (2000, 2999), "C": (3000, 3999)}
 """Each window's time range (seconds): the logs are cut by these."""
@@ -116,14 +109,6 @@ def _train(gem, run: Path, data: Path):
     return done
 
 
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in _lines(run / "metrics.jsonl")]
-
-
 def test_one_run_on_an_appended_import_equals_a_run_continued_after_each_append(tmp_path, gem):
     logs = window_logs(tmp_path)
     schema = tmp_path / "schema.toml"
@@ -149,13 +134,13 @@ def test_one_run_on_an_appended_import_equals_a_run_continued_after_each_append(
     assert [(e.path, e.sha256) for e in a.splits["train"]] == \
         [(e.path, e.sha256) for e in b.splits["train"]]
 
-    losses = _losses(one_go)
+    losses = step_losses(one_go)
     assert [step for step, _ in losses] == list(range(1, 10))  # three steps a window
     assert all(np.isfinite(loss) for _, loss in losses)
-    assert _losses(continued) == losses
-    evals = _lines(one_go / "eval.jsonl")
+    assert step_losses(continued) == losses
+    evals = jsonl_records(one_go / "eval.jsonl")
     assert [e["window"] for e in evals] == ["B", "C"]
-    assert _lines(continued / "eval.jsonl") == evals
+    assert jsonl_records(continued / "eval.jsonl") == evals
     one, grown = (json.loads((run / "summary.json").read_text()) for run in (one_go, continued))
     assert one["progressive"]["windows_trained"] == one["progressive"]["windows_total"] == 3
     assert [w["step"] for w in one["progressive"]["windows"]] == [3, 6]

@@ -17,8 +17,8 @@ from gem_core.checkpoint import complete_checkpoints
 from gem_core.config import load_config
 from gem_core.errors import GemConfigError
 from gem_core.plugins import build_plugins
-from gem_core.train import train
 from gem_core.train.checkpointer import read_trainer_state
+from gem_core.train.trainer import train
 from gem_data.testing import write_generated_windows
 
 WINDOWS = 3

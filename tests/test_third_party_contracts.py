@@ -53,7 +53,7 @@ def test_a_model_without_the_interface_is_refused_by_name(method):
 
 
 def test_the_gem_model_answers_the_interface(tiny_gem_model):
-    from gem_core.model.interface import CHECKPOINT_KINDS, STASH_KINDS
+    from gem_core.contracts import CHECKPOINT_KINDS, STASH_KINDS
 
     model = tiny_gem_model
     units = model.parallel_units()
@@ -94,10 +94,9 @@ class _ResidualMlp(nn.Module):
 
 
 def _third_party_model_class():
-    from gem_core.contracts import RankingModel
+    from gem_core.contracts import RankingModel, StrategyModel, check_checkpoint_kind
     from gem_core.model import embedding_tables
     from gem_core.model.features import FeatureLookup
-    from gem_core.model.interface import StrategyModel, check_checkpoint_kind
 
     class MeanHistoryModel(nn.Module, RankingModel, StrategyModel):
         """Each request's mean event vector through residual MLP blocks, next to the candidate
@@ -166,9 +165,8 @@ def _third_party_plugin():
     import types
 
     from gem_core import hookimpl
-    from gem_core.contracts import DenseSharding
+    from gem_core.contracts import DenseSharding, require_strategy_model
     from gem_core.engine import Engine
-    from gem_core.model.interface import require_strategy_model
     from gem_core.plan_estimate import Estimate, adam_memory
     from gem_core.registry import ImplementationSpec
 

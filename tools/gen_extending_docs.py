@@ -34,7 +34,7 @@ READS: dict[str, tuple[tuple[str, str], ...]] = {
     "norm": (),
     "embedding": (("gem_core.embedding_tables", "EmbeddingTableConfig"),),
     "model": (("gem_core.contracts", "RankingModel"),
-              ("gem_core.model.interface", "StrategyModel")),
+              ("gem_core.contracts", "StrategyModel")),
     "dense_sharding": (("gem_core.engine", "Engine"), ("gem_core.distributed", "ParallelContext")),
     "embedding_sharding": (("gem_core.contracts", "ShardedModule"),
                            ("gem_core.contracts", "LearningRateFollower"),
@@ -47,9 +47,9 @@ READS: dict[str, tuple[tuple[str, str], ...]] = {
     "cli": (),
 }
 
-# Where the capability names are defined: module-level string constants with a docstring (or a
-# ``#:`` comment) that says what declaring them means.
-CAPABILITY_MODULES = ("gem_core.capabilities", "gem_core.attention.api")
+# Where the capability names are defined (the one module that exports them): module-level string
+# constants with a docstring (or a ``#:`` comment) that says what declaring them means.
+CAPABILITY_MODULE = "gem_core.capabilities"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,30 +225,31 @@ def _shipped_specs(plugins, kind: str) -> list:
 
 
 def capability_meanings() -> dict[str, str]:
-    """Every capability name defined in :data:`CAPABILITY_MODULES`, with what it means."""
+    """Every capability name of :data:`CAPABILITY_MODULE` (its ``DECLARED_CAPABILITIES``), with
+    what it means."""
+    module = importlib.import_module(CAPABILITY_MODULE)
+    source = inspect.getsource(module)
+    lines = source.splitlines()
+    body = ast.parse(source).body
     meanings: dict[str, str] = {}
-    for module_name in CAPABILITY_MODULES:
-        source = inspect.getsource(importlib.import_module(module_name))
-        lines = source.splitlines()
-        body = ast.parse(source).body
-        for index, node in enumerate(body):
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper()
-                    and isinstance(node.value, ast.Constant)
-                    and isinstance(node.value.value, str)):
-                continue
-            following = body[index + 1] if index + 1 < len(body) else None
-            if (isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                    and isinstance(following.value.value, str)):
-                doc = following.value.value
-            else:  # ``#:`` comment lines just above the assignment
-                comments, row = [], node.lineno - 2
-                while row >= 0 and lines[row].lstrip().startswith("#:"):
-                    comments.insert(0, lines[row].lstrip()[2:].strip())
-                    row -= 1
-                doc = " ".join(comments)
-            if doc:
-                meanings.setdefault(node.value.value, prose(doc))
+    for index, node in enumerate(body):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper()
+                and isinstance(node.value, ast.Constant)
+                and node.value.value in module.DECLARED_CAPABILITIES):
+            continue
+        following = body[index + 1] if index + 1 < len(body) else None
+        if (isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            doc = following.value.value
+        else:  # ``#:`` comment lines just above the assignment
+            comments, row = [], node.lineno - 2
+            while row >= 0 and lines[row].lstrip().startswith("#:"):
+                comments.insert(0, lines[row].lstrip()[2:].strip())
+                row -= 1
+            doc = " ".join(comments)
+        if doc:
+            meanings.setdefault(node.value.value, prose(doc))
     return meanings
 
 
@@ -264,7 +265,7 @@ def render_capabilities() -> str:
     meanings = capability_meanings()
     unknown = sorted(set(declared) - set(meanings))
     if unknown:
-        raise LookupError(f"capabilities declared but defined in none of {CAPABILITY_MODULES}: "
+        raise LookupError(f"capabilities declared but not defined in {CAPABILITY_MODULE}: "
                           f"{', '.join(unknown)}")
     lines = ["| capability | declared by (kind: implementations) | meaning |", "|---|---|---|"]
     for capability in sorted(meanings):

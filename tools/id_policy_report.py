@@ -76,7 +76,7 @@ def main() -> None:
         eval_rows = map_ids(evaluation, table)
         out["eval_lookups_on_a_shared_row_rate"] = float((counts[eval_rows] > 1).double().mean())
     else:
-        from gem_parallel.torchrec_managed import IdRemapper
+        from gem_parallel.torchrec.managed import IdRemapper
 
         replay = IdRemapper(table).train()
         shared = replay.shared_row()

@@ -155,9 +155,10 @@ def test_relative_bias_is_checked_against_the_declared_capabilities():
     """A model with relative bias needs a backend whose registration declares it: refused at
     start-up, naming the backend, the setting and the installed backends that declare it."""
     from gem_core.attention.choice import check_attention_backend
+    from gem_core.capabilities import RELATIVE_BIAS, SOFTMAX
     from gem_core.config import ModelConfig
     from gem_core.errors import GemConfigError
-    from gem_core.registry import RELATIVE_BIAS, SOFTMAX, ImplementationSpec
+    from gem_core.registry import ImplementationSpec
 
     def spec(name, *capabilities):
         return ImplementationSpec(name=name, load=ReferenceAttention, capabilities=capabilities)

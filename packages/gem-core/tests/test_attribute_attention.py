@@ -17,12 +17,30 @@ def _rms(vector):
     return vector / torch.sqrt(torch.mean(vector * vector) + 1e-6)
 
 
+def _pre_activation(module: AttributeAttention, candidate_vectors, event_vectors, events,
+                    history, n: int, e: int):
+    """The scorer's pre-activation for candidate ``n`` and event ``e``, term by term."""
+    num, dim = len(module.pairs), events.shape[1]
+    w_candidate, w_event = module.candidate_terms.weight, module.event_terms.weight
+    pre = module.candidate_terms.bias + module.token_terms.weight @ _rms(events[e])
+    if module.tower_terms is not None and history is not None:
+        pre = pre + module.tower_terms.weight @ _rms(history[e])
+    for p, (c_name, e_name) in enumerate(module.pairs):
+        q, k = _rms(candidate_vectors[c_name][n]), _rms(event_vectors[e_name][e])
+        a = w_candidate[:, p * dim:(p + 1) * dim]
+        a2 = w_candidate[:, (num + p) * dim:(num + p + 1) * dim]
+        b = w_event[:, p * dim:(p + 1) * dim]
+        b2 = w_event[:, (num + p) * dim:(num + p + 1) * dim]
+        pre = pre + a @ q + a2 @ (q * q) + b @ k + b2 @ (k * k)
+        pre = pre + module.products[p].T @ (q * k)
+        pre = pre + module.similarities[p] * torch.dot(q, k) / dim
+    return pre
+
+
 def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events, history,
             offsets, owner, window):
     """Candidate by candidate, event by event, attribute by attribute."""
     num, dim = len(module.pairs), events.shape[1]
-    w_candidate = module.candidate_terms.weight
-    w_event = module.event_terms.weight
     out = []
     for n in range(owner.numel()):
         request = int(owner[n])
@@ -30,20 +48,7 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
         first = max(start, end - window) if window else start
         total = torch.zeros(dim, dtype=torch.float64)
         for e in range(first, end):
-            pre = module.candidate_terms.bias.clone()
-            pre = pre + module.token_terms.weight @ _rms(events[e])
-            if module.tower_terms is not None and history is not None:
-                pre = pre + module.tower_terms.weight @ _rms(history[e])
-            for p, (c_name, e_name) in enumerate(module.pairs):
-                q = _rms(candidate_vectors[c_name][n])
-                k = _rms(event_vectors[e_name][e])
-                a = w_candidate[:, p * dim:(p + 1) * dim]
-                a2 = w_candidate[:, (num + p) * dim:(num + p + 1) * dim]
-                b = w_event[:, p * dim:(p + 1) * dim]
-                b2 = w_event[:, (num + p) * dim:(num + p + 1) * dim]
-                pre = pre + a @ q + a2 @ (q * q) + b @ k + b2 @ (k * k)
-                pre = pre + module.products[p].T @ (q * k)
-                pre = pre + module.similarities[p] * torch.dot(q, k) / dim
+            pre = _pre_activation(module, candidate_vectors, event_vectors, events, history, n, e)
             hidden = pre * torch.sigmoid(pre)
             weights = module.weights.weight @ hidden + module.weights.bias
             values = (module.values.weight @ _rms(events[e])).view(num, dim)
@@ -127,26 +132,14 @@ def _order_oracle(module: AttributeAttention, candidate_vectors, event_vectors, 
     """Order context event by event: the pre-activations as in :func:`_oracle`, then each
     event's gates summed over the events after it and before it by explicit loops."""
     num, dim = len(module.pairs), events.shape[1]
-    w_candidate, w_event = module.candidate_terms.weight, module.event_terms.weight
     out = []
     for n in range(owner.numel()):
         request = int(owner[n])
         start, end = int(offsets[request]), int(offsets[request + 1])
         first = max(start, end - window) if window else start
         scored = list(range(first, end))
-        pres = {}
-        for e in scored:
-            pre = module.candidate_terms.bias + module.token_terms.weight @ _rms(events[e])
-            for p, (c_name, e_name) in enumerate(module.pairs):
-                q, k = _rms(candidate_vectors[c_name][n]), _rms(event_vectors[e_name][e])
-                a = w_candidate[:, p * dim:(p + 1) * dim]
-                a2 = w_candidate[:, (num + p) * dim:(num + p + 1) * dim]
-                b = w_event[:, p * dim:(p + 1) * dim]
-                b2 = w_event[:, (num + p) * dim:(num + p + 1) * dim]
-                pre = pre + a @ q + a2 @ (q * q) + b @ k + b2 @ (k * k)
-                pre = pre + module.products[p].T @ (q * k)
-                pre = pre + module.similarities[p] * torch.dot(q, k) / dim
-            pres[e] = pre
+        pres = {e: _pre_activation(module, candidate_vectors, event_vectors, events, None, n, e)
+                for e in scored}
         gates = {e: torch.sigmoid(module.order_gates.weight @ (pres[e] * torch.sigmoid(pres[e]))
                                   + module.order_gates.bias) for e in scored}
         total = torch.zeros(dim, dtype=torch.float64)

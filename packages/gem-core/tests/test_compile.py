@@ -17,13 +17,13 @@ from gem_core.attention.bucketed import BucketedAttention
 from gem_core.attention.padded import PaddedAttention
 from gem_core.compile import CompiledForward, check_compile_setup, compile_model, compiled_units
 from gem_core.config import load_config
+from gem_core.contracts import StrategyModel
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.jagged import offsets_from_lengths
-from gem_core.model.interface import StrategyModel
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.plugins import build_plugins
-from gem_core.train import train
+from gem_core.train.trainer import train
 
 CACHE = Path(__file__).resolve().parents[3] / ".cache" / "inductor"
 STEPS = 50
@@ -107,8 +107,8 @@ def test_backend_without_torch_compile_is_refused_by_name():
     installed = plugins.registry("attention").specs()
     by_name = {spec.name: spec for spec in installed}
     config = load_config(preset="tiny", overrides=["train.compile=true"])
-    with pytest.raises(GemConfigError, match=r"'bucketed' does not declare torch_compile.*"
-                                             r"padded"):
+    with pytest.raises(GemConfigError, match=r"'bucketed' does not support torch_compile \(needed "
+                                             r"by train.compile\); backends that do: .*padded"):
         check_compile_setup(config, attention_spec=by_name["bucketed"], installed=installed)
     check_compile_setup(config, attention_spec=by_name["padded"], installed=installed)
     # The relative bias cannot be traced yet: refused at start-up, not at the first step.

@@ -14,11 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from gem_core import contracts, hookimpl
+from gem_core.capabilities import SOFTMAX
 from gem_core.config import BackendsConfig, ModelConfig
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import KIND_TABLE, RUN_KINDS
 from gem_core.plugins import build_plugins
-from gem_core.registry import SOFTMAX, AutoContext, ImplementationSpec
+from gem_core.registry import AutoContext, ImplementationSpec
 
 GEM_CORE = Path(contracts.__file__).parent
 

@@ -12,7 +12,7 @@ import torch
 from gem_core.config import load_config
 from gem_core.model.moe import MixtureOfExperts
 from gem_core.plugins import build_plugins
-from gem_core.train import train
+from gem_core.train.trainer import train
 
 SMALL = ["train.steps=4", "train.batch_size=32", "data.eval_rows=128",
          "train.eval_batch_size=128", "train.warmup_steps=1", "train.eval_every=0",

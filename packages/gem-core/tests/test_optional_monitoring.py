@@ -13,9 +13,9 @@ import pytest
 from gem_core.config import load_config
 from gem_core.errors import GemConfigError
 from gem_core.plugins import build_plugins
-from gem_core.train import train
 from gem_core.train.progress import Progress
 from gem_core.train.run_dir import TENSORBOARD_DIR, RunDirectory
+from gem_core.train.trainer import train
 
 RECORD = {"step": 1, "loss": 0.75, "samples": 16, "tokens": 100, "step_time_s": 0.5}
 

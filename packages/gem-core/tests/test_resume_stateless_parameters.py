@@ -17,8 +17,8 @@ from gem_core.config import load_config
 from gem_core.embedding import ReferenceEmbeddingBackend, ReferenceEmbeddingCollection
 from gem_core.plugins import build_plugins
 from gem_core.registry import ImplementationSpec
-from gem_core.train import train
 from gem_core.train.checkpointer import read_checkpoint
+from gem_core.train.trainer import train
 
 SMALL = ["train.steps=4", "train.checkpoint_every=2", "train.batch_size=16",
          "data.eval_rows=32", "train.eval_batch_size=32", "train.warmup_steps=1",

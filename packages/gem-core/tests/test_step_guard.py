@@ -13,8 +13,8 @@ from gem_core.config import TrainConfig, load_config
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.plugins import build_plugins
 from gem_core.registry import ImplementationSpec
-from gem_core.train import train
 from gem_core.train.guard import MIN_HISTORY, StepGuard
+from gem_core.train.trainer import train
 
 SMALL = ["train.batch_size=32", "data.eval_rows=128", "train.eval_batch_size=128",
          "train.warmup_steps=1", "train.eval_every=0", "data.max_seq_len=24",

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from gem_core.errors import GemDataError
 from gem_data.importer import import_command, import_logs
+from gem_data.testing import hashed_log_schema
 
 pytest.importorskip("duckdb")
 
@@ -60,16 +61,7 @@ def both(tmp_path: Path, imp: Path, ev: Path, schema_file: Path, *, blocks: dict
 
 # -- generated logs: 64-bit ids, lists, ties, empty histories, events at the request time -----
 
-SCHEMA = ('tasks = ["click"]\nmax_seq_len = 4\nnum_dense = 1\n'
-          '[[tables]]\nname = "ad"\nnum_embeddings = 1000\nid_policy = "hash"\n'
-          '[[tables]]\nname = "topic"\nnum_embeddings = 97\nid_policy = "hash"\n'
-          '[[tables]]\nname = "seg"\nnum_embeddings = 13\nid_policy = "hash"\n'
-          '[[event_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[event_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[candidate_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[candidate_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[sparse_features]]\nname = "seg"\ntable = "seg"\n'
-          '[import]\neval_fraction = 0.25\ndense_columns = ["score"]\n')
+SCHEMA = hashed_log_schema(max_seq_len=4, eval_fraction=0.25)
 USERS = [2**64 - 1, 2**62 + 3, 5, 7, 2**63, 11, 13, 17]  # the last two have no events
 
 

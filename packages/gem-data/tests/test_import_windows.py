@@ -24,17 +24,9 @@ from gem_data.cli import data_group
 from gem_data.dataset import DatasetReader
 from gem_data.importer import import_command, import_logs
 from gem_data.manifest import MANIFEST_NAME, read_manifest
+from gem_data.testing import hashed_log_schema
 
-SCHEMA = ('tasks = ["click"]\nmax_seq_len = 3\nnum_dense = 1\n'
-          '[[tables]]\nname = "ad"\nnum_embeddings = 1000\nid_policy = "hash"\n'
-          '[[tables]]\nname = "topic"\nnum_embeddings = 97\nid_policy = "hash"\n'
-          '[[tables]]\nname = "seg"\nnum_embeddings = 13\nid_policy = "hash"\n'
-          '[[event_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[event_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[candidate_features]]\nname = "ad"\ntable = "ad"\n'
-          '[[candidate_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
-          '[[sparse_features]]\nname = "seg"\ntable = "seg"\n'
-          '[import]\neval_fraction = 0\ndense_columns = ["score"]\n')
+SCHEMA = hashed_log_schema(max_seq_len=3, eval_fraction=0)
 
 WINDOWS = {"A": (1000, 1999), "B": (2000, 2999), "C": (3000, 3999)}
 """Each window's time range (seconds): the logs are cut by these."""

@@ -243,7 +243,7 @@ def test_drop_and_repair_counts_are_logged_after_each_evaluation_and_at_the_end(
         make_dataset, tmp_path, caplog):
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     directory = make_dataset(rows=128)
     chosen = []

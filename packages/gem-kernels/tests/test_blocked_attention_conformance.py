@@ -4,7 +4,8 @@ so that most samples span several tiles and most tiles hold several samples."""
 import pytest
 import torch
 
-from gem_core.attention import AttentionParams, reference_attention
+from gem_core.attention import AttentionParams
+from gem_core.attention.reference import reference_attention
 from gem_core.testing import AttentionConformance
 from gem_kernels.attention.blocked_backend import BlockedAttention, auto_block
 

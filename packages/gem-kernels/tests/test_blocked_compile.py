@@ -13,6 +13,7 @@ import torch
 
 from gem_core.attention import AttentionParams
 from gem_core.attention.relative_bias import RelativeBias
+from gem_core.capabilities import TORCH_COMPILE
 from gem_core.compile import CompileTracker, compile_module, use_inductor_cache
 from gem_core.config import ModelConfig
 from gem_core.embedding import ReferenceEmbeddingBackend
@@ -20,7 +21,7 @@ from gem_core.jagged import offsets_from_lengths
 from gem_core.model import build_model
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.plugins import build_plugins
-from gem_core.registry import TORCH_COMPILE, AutoContext
+from gem_core.registry import AutoContext
 from gem_core.testing.models import synthetic_batch
 from gem_core.train.loss import mean_loss
 from gem_kernels.attention.blocked_backend import BlockedAttention, blocked_attention

@@ -22,9 +22,9 @@ from gem_core.errors import GemConfigError  # noqa: E402
 from gem_core.jagged import Jagged  # noqa: E402
 from gem_core.plugins import build_plugins  # noqa: E402
 from gem_core.registry import ImplementationSpec  # noqa: E402
-from gem_core.train import train  # noqa: E402
 from gem_core.train.checkpointer import read_checkpoint  # noqa: E402
 from gem_core.train.optim import make_adamw  # noqa: E402
+from gem_core.train.trainer import train  # noqa: E402
 from gem_core.trained_run import load_run  # noqa: E402
 from gem_kernels.embedding_tbe import TbeEmbeddingCollection  # noqa: E402
 

@@ -18,7 +18,7 @@ from gem_core.errors import GemConfigError
 from gem_core.jagged import offsets_from_lengths
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.plugins import build_plugins
-from gem_core.train import train
+from gem_core.train.trainer import train
 from gem_parallel.auto_ac import BudgetCheckpointing
 
 

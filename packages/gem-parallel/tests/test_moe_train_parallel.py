@@ -348,7 +348,7 @@ def _train_in_this_process(out: Path, sharding: str, *sets: str,
 
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     config = load_config(preset="tiny-moe", overrides=[
         *SMALL_SETS, f"backends.dense_sharding={sharding}", *sets])

@@ -7,8 +7,8 @@ import pytest
 
 from gem_core.errors import GemConfigError
 from gem_core.plan_estimate import PlanFacts, TableFacts
-from gem_parallel.torchrec_2d import SparseLayout, resolve
-from gem_parallel.torchrec_plan import parse_options
+from gem_parallel.torchrec.plan import parse_options
+from gem_parallel.torchrec.two_d import SparseLayout, resolve
 
 
 @pytest.mark.parametrize("options, world, message", [
@@ -63,7 +63,7 @@ def _facts(world: int) -> PlanFacts:
 
 
 def test_plan_estimate_of_two_groups_is_one_group_plus_the_replicas_average():
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
 
     strategy = TorchRecSharding()
     two_d = {"layout": "2d", "sharding_group_size": 2}
@@ -101,7 +101,7 @@ def test_gem_plan_prints_the_2d_layout():
 
 @pytest.mark.parametrize("every, averaged_before", [(1, [2, 3, 4, 5, 6, 7]), (3, [4, 7])])
 def test_replicas_are_averaged_after_every_sync_every_steps(every, averaged_before):
-    from gem_parallel.torchrec_2d import SyncSchedule
+    from gem_parallel.torchrec.two_d import SyncSchedule
 
     schedule = SyncSchedule(every=every)
     assert not schedule.pending  # nothing to average before the first step

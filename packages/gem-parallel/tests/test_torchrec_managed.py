@@ -46,7 +46,7 @@ def colliding_pair(rows: int = ROWS) -> tuple[int, int]:
 
 def _collection(table: EmbeddingTable):
     from gem_core.embedding import EmbeddingTableConfig
-    from gem_parallel.torchrec_managed import ManagedEmbeddingBackend
+    from gem_parallel.torchrec.managed import ManagedEmbeddingBackend
 
     torch.manual_seed(0)
     config = EmbeddingTableConfig(name="ad", num_embeddings=table.num_embeddings, dim=4,
@@ -82,7 +82,7 @@ def test_managed_keeps_hot_ids_apart_where_hash_collides():
 
 @pytest.mark.parametrize("policy, evicted", [("lru", 3), ("lfu", 2)])
 def test_a_full_table_evicts_by_its_policy_and_evaluation_inserts_nothing(policy, evicted):
-    from gem_parallel.torchrec_managed import IdRemapper
+    from gem_parallel.torchrec.managed import IdRemapper
 
     # 4 rows: 3 live ids and the shared row. 3 is seen first (three times), 2 once, 1 twice.
     remapper = IdRemapper(managed(4, eviction_policy=policy)).train()
@@ -101,7 +101,7 @@ def test_a_full_table_evicts_by_its_policy_and_evaluation_inserts_nothing(policy
 
 
 def test_a_batch_larger_than_the_first_inserts_every_id():
-    from gem_parallel.torchrec_managed import IdRemapper
+    from gem_parallel.torchrec.managed import IdRemapper
 
     remapper = IdRemapper(managed()).train()
     remapper(torch.tensor([1]))
@@ -110,7 +110,7 @@ def test_a_batch_larger_than_the_first_inserts_every_id():
 
 
 def test_loading_a_state_into_a_used_remapper_continues_from_that_state():
-    from gem_parallel.torchrec_managed import IdRemapper
+    from gem_parallel.torchrec.managed import IdRemapper
 
     used, fresh = (IdRemapper(managed(4)).train() for _ in range(2))
     used(torch.tensor([1, 2]))
@@ -126,7 +126,7 @@ def test_loading_a_state_into_a_used_remapper_continues_from_that_state():
 
 def test_bad_options_and_ids_are_refused():
     from gem_core.schema import schema_from_dict, schema_to_dict
-    from gem_parallel.torchrec_managed import IdRemapper
+    from gem_parallel.torchrec.managed import IdRemapper
 
     with pytest.raises(ValueError, match="eviction_policy"):
         managed(eviction_policy="fifo")
@@ -208,7 +208,7 @@ def _worker(out_path: str) -> None:
 
     from gem_core.distributed import init_from_environment
     from gem_core.jagged import Jagged
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
 
     torch.set_num_threads(1)
     ctx = init_from_environment("cpu")

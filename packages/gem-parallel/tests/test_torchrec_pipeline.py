@@ -43,7 +43,7 @@ def _worker(out_dir: str) -> None:
 
     from gem_core.cli.main import CATALOG
     from gem_core.config.loading import load_config
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     torch.set_num_threads(1)
     for attempt, (name, pipeline, steps, eval_every, every, until, fresh) in enumerate(RUNS):
@@ -160,7 +160,7 @@ def test_bench_pipeline_times_each_pipeline_against_none():
 
 def test_an_unknown_pipeline_is_refused_naming_the_choices():
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_plan import parse_options
+    from gem_parallel.torchrec.plan import parse_options
 
     with pytest.raises(GemConfigError, match="parallel.embedding.pipeline") as error:
         parse_options({"pipeline": "async"})
@@ -173,7 +173,7 @@ def test_managed_tables_refuse_a_pipeline(kind):
     from types import SimpleNamespace
 
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_pipeline import PipelinedSteps
+    from gem_parallel.torchrec.pipeline import PipelinedSteps
 
     collection = SimpleNamespace(remappers={"ads": object(), "users": object()})
     with pytest.raises(GemConfigError, match=f"pipeline = '{kind}' cannot run with table"
@@ -186,7 +186,7 @@ def test_semi_sync_refuses_the_2d_layout():
     from types import SimpleNamespace
 
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_pipeline import PipelinedSteps
+    from gem_parallel.torchrec.pipeline import PipelinedSteps
 
     with pytest.raises(GemConfigError, match="'semi-sync' cannot run with layout = '2d'"):
         PipelinedSteps(iter(()), SimpleNamespace(remappers={}), schema=None, ctx=None,

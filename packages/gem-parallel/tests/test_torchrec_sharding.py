@@ -143,7 +143,7 @@ def _worker(out_path: str) -> None:
     from gem_core.precision import Float32Recipe
     from gem_parallel.ddp import DistributedDataParallelStrategy
     from gem_parallel.fsdp import FullyShardedStrategy
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
 
     def task_loss_sums(logits, batch, tasks):  # as gem_core.train.loss computes it
         return torch.stack([torch.nn.functional.binary_cross_entropy_with_logits(
@@ -382,7 +382,7 @@ def _tiny_model():
 def test_bad_options_are_refused_with_the_reason(options, message):
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
 
     model, _ = _tiny_model()
     with pytest.raises(GemConfigError) as error:
@@ -397,12 +397,12 @@ def test_dense_lr_schedule_reaches_the_fused_update():
     import torch
 
     from gem_core.distributed import ParallelContext, shutdown
-    from gem_parallel import torchrec_state
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
+    from gem_parallel.torchrec.state import table_weights
 
     def tables(model):
         return {name: weight.local_shards()[0].tensor.detach().clone() for name, weight in
-                torchrec_state.table_weights(model.embeddings._sharded).items()}
+                table_weights(model.embeddings._sharded).items()}
 
     ctx = ParallelContext()
     try:
@@ -425,7 +425,7 @@ def test_dense_lr_schedule_reaches_the_fused_update():
 def test_column_wise_needs_a_width_that_splits_over_the_ranks():
     from gem_core.embedding import EmbeddingTableConfig
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_plan import parse_options, planner_constraints
+    from gem_parallel.torchrec.plan import parse_options, planner_constraints
 
     table = EmbeddingTableConfig(name="t", num_embeddings=10, dim=16, features=("f",))
     with pytest.raises(GemConfigError, match="table 't' is column_wise but its width 16 does "
@@ -434,17 +434,17 @@ def test_column_wise_needs_a_width_that_splits_over_the_ranks():
 
 
 def _layout(plan: dict[str, tuple[str, int]], optimizer: str = "rowwise_adagrad") -> dict:
-    from gem_parallel import torchrec_state
+    from gem_parallel.torchrec.state import layout
 
     described = {t: {"sharding_type": kind,
                      "shards": [{"offsets": [0, c * 8], "sizes": [10, 8]} for c in range(n)]}
                  for t, (kind, n) in plan.items()}
-    return torchrec_state.layout(described, optimizer)
+    return layout(described, optimizer)
 
 
 def test_resume_keeps_row_wise_adagrad_state_only_where_rows_stay_whole():
     from gem_core.errors import GemConfigError
-    from gem_parallel.torchrec_state import check_resume
+    from gem_parallel.torchrec.state import check_resume
 
     saved = _layout({"item": ("row_wise", 1), "context": ("column_wise", 2)})
     # Another number of row shards, or table-wise instead of row-wise: one sum per row either way.

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from gem_core.attention import AttentionParams, RelativeBias, validate_attention_inputs
-from gem_core.attention.api import reject_unsupported_bias
+from gem_core.attention.api import reject_unsupported_bias, reject_unsupported_normalization
 from gem_core.attention.masks import self_attention_mask
+from gem_core.capabilities import SOFTMAX
 from gem_core.contracts import AttentionBackend
 
 
@@ -17,12 +18,10 @@ class SdpaAttention(AttentionBackend):
     def __call__(self, q, k, v, q_offsets, kv_offsets, *, params: AttentionParams,
                  num_targets=None, max_q_len=None, max_kv_len=None,
                  bias: RelativeBias | None = None):
-        # The whole signature of the contract: a bias this backend does not declare
-        # (no relative_bias in its capabilities) is refused by name, never ignored.
+        # The whole signature of the contract: a bias or a normalisation this backend does not
+        # declare (its capabilities: softmax only) is refused by name, never ignored.
         reject_unsupported_bias(self.name, bias)
-        if params.normalization != "softmax":
-            raise ValueError(f"example-sdpa supports softmax attention only, not "
-                             f"{params.normalization!r}; choose another --attention backend")
+        reject_unsupported_normalization(self.name, params, (SOFTMAX,))
         validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets)
         is_self = torch.equal(q_offsets, kv_offsets)
         scale = params.resolved_scale(q.shape[-1])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import SOFTMAX, ImplementationSpec
+from gem_core.capabilities import SOFTMAX
+from gem_core.registry import ImplementationSpec
 
 
 def _load_attention():

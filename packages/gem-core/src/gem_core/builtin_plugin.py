@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
+from gem_core.capabilities import RELATIVE_BIAS, SILU, SOFTMAX, TORCH_COMPILE, TORCH_EXPORT
 from gem_core.contracts import ActivationCheckpointing, EmbeddingSharding
-from gem_core.registry import (
-    RELATIVE_BIAS,
-    SILU,
-    SOFTMAX,
-    TORCH_COMPILE,
-    TORCH_EXPORT,
-    AutoContext,
-    ImplementationSpec,
-    lazy,
-)
+from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
 
 def _reference_attention():

@@ -1,15 +1,23 @@
 """The names of the capabilities an implementation may declare in its registration
-(``ImplementationSpec.capabilities``), checked at start-up against what a run asks for. Plain
-strings in a module without imports, so that the registry, the plugins and the attention package
-can all read them. Plugins import them from :mod:`gem_core.registry`."""
+(``ImplementationSpec.capabilities``), checked at start-up against what a run asks for.
+
+This is the one module that exports them: gem-core, the plugins and their tests import them from
+here. The registrations are the one source of who declares what: a message that names the
+implementations able to do something builds the list from the registry with :func:`declared_by`,
+never from a list written by hand (``tests/test_capability_messages.py`` checks it). Plain strings
+in a module that imports nothing first-party, so that every layer can read them."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
 
 MANAGED_IDS = "managed_ids"
 """Capability of an embedding backend that remaps the raw ids of ``id_policy = "managed"`` tables
 itself, and of an embedding sharding that keeps that remapping the same on every rank (checked at
 start-up by :func:`gem_core.ids.check_managed_ids`)."""
 
-# Capabilities of attention backends (checked at start-up by
-# :func:`gem_core.attention.choice.check_attention_backend`, and by ``gem export-model``).
+# Capabilities of attention backends (checked at start-up, all of them, by
+# :func:`gem_core.attention.choice.check_attention_backend`).
 SOFTMAX = "softmax"
 """The backend computes softmax attention (``AttentionParams.normalization``)."""
 
@@ -44,3 +52,23 @@ TIME_WINDOWS = "time_windows"
 """Capability of a data source that can stream its training data in time order, window after
 window, and evaluate each window on its own (:class:`gem_core.contracts.WindowedSource`): what
 ``data.order = "time"`` needs (checked at start-up by :mod:`gem_core.train.time_order`)."""
+
+ATTENTION_CAPABILITIES: tuple[str, ...] = (*NORMALIZATIONS, RELATIVE_BIAS, TORCH_EXPORT,
+                                           TORCH_COMPILE)
+"""Every capability an attention backend may declare: the normalisations it computes and its
+optional features."""
+
+DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, *ATTENTION_CAPABILITIES,
+                                          TIME_WINDOWS)
+"""Every capability name gem-core checks."""
+
+WHO_DECLARES = "gem plugins lists what each implementation declares"
+"""What a message says where it cannot see the registry (a backend called directly)."""
+
+
+def declared_by(specs: Iterable[Any], *capabilities: str) -> str:
+    """The names of ``specs`` (registered ``ImplementationSpec`` s of one kind) that declare
+    every one of ``capabilities``, sorted and comma separated, or ``none installed``: the list a
+    message offers instead of one written by hand."""
+    names = sorted(spec.name for spec in specs if set(capabilities) <= set(spec.capabilities))
+    return ", ".join(names) or "none installed"

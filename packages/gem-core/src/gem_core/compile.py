@@ -32,12 +32,11 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from gem_core.capabilities import TORCH_COMPILE
+from gem_core.attention.choice import check_attention_backend
 from gem_core.config import GemConfig
-from gem_core.contracts import ActivationCheckpointing
+from gem_core.contracts import ActivationCheckpointing, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 
 #: ``train.compile_mode`` -> ``torch.compile``'s ``mode``.
 TORCH_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduce-overhead",
@@ -46,23 +45,14 @@ TORCH_MODES: dict[str, str | None] = {"default": None, "reduce-overhead": "reduc
 
 def check_compile_setup(config: GemConfig, *, attention_spec: Any, installed: list[Any]
                         ) -> None:
-    """At start-up: refuse a compiled run whose attention backend would break the graph of every
-    block, naming it and the installed backends that trace whole."""
-    if not config.train.compile:
-        return
-    if config.model.relative_bias:
-        # Each block builds a frozen attrs RelativeBias inside its forward, and dynamo cannot
-        # trace attrs' object.__setattr__: every backend would fail at the first step instead.
-        raise GemConfigError(
-            "train.compile does not support model.relative_bias yet (the bias object is built "
-            "inside the compiled block, which torch.compile cannot trace); set "
-            "train.compile=false or model.relative_bias=false")
-    if TORCH_COMPILE not in attention_spec.capabilities:
-        able = sorted(spec.name for spec in installed if TORCH_COMPILE in spec.capabilities)
-        raise GemConfigError(
-            f"train.compile: attention backend {attention_spec.name!r} does not declare "
-            f"{TORCH_COMPILE} (its calls would break the graph of every sequence block); "
-            f"backends that do: {', '.join(able) or 'none installed'} (backends.attention)")
+    """At start-up: refuse a compiled run whose attention backend does not declare
+    ``torch_compile`` (its calls would break the graph of every block), or whose model cannot be
+    compiled yet: :func:`gem_core.attention.choice.check_attention_backend`, the one check of
+    what a run asks of its attention backend, with ``compile=True``. (Not folded into
+    ``resolve_backends``: :func:`gem_core.trained_run.load_run` resolves a compiled run's
+    backends too, to run it uncompiled, possibly on another attention backend.)"""
+    if config.train.compile:
+        check_attention_backend(config.model, attention_spec, installed, compile=True)
 
 
 def inductor_cache_dir(config: GemConfig, run_dir: Path) -> Path:

@@ -11,12 +11,18 @@ Function-like kinds are checked by what they are: a ``balancer`` is a callable `
 num_ranks) -> shares``, a ``data`` factory a callable ``(config, *, seed) -> DataSource`` whose
 product is checked against :class:`DataSource` when the trainer builds it, a ``cli`` command a
 ``click.Command``.
+
+A model has two interfaces here: :class:`RankingModel` (what the training loop asks of it) and
+:class:`StrategyModel` (what the strategies that transform it ask, with the kinds of parts it
+answers for, :data:`CHECKPOINT_KINDS` and :data:`STASH_KINDS`).
 """
 
 from __future__ import annotations
 
 import abc
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Sequence
+
+from gem_core.errors import GemConfigError, GemPluginError
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -48,12 +54,12 @@ class AttentionBackend(abc.ABC):
     :class:`gem_core.testing.AttentionConformance`.
 
     What it supports beyond the required call is declared as data in its registration's
-    ``capabilities`` (:data:`gem_core.attention.ATTENTION_CAPABILITIES`): the normalisations
-    (``softmax``, ``silu``) it computes, ``relative_bias`` (``bias=RelativeBias(...)``, added to
-    ``scale * q.k`` before the normalisation, with gradients for its weights) and
-    ``torch_export``. A run checks them at start-up against what its model asks for. Given a
-    bias it does not declare, a backend raises (NotImplementedError naming ``relative_bias``);
-    it never ignores it.
+    ``capabilities``, names of :data:`gem_core.capabilities.ATTENTION_CAPABILITIES` (each one's
+    docstring there says what declaring it means): the normalisations it computes and its
+    optional features. ``bias=RelativeBias(...)`` is added to ``scale * q.k`` before the
+    normalisation, with gradients for its weights. A run checks the declaration at start-up
+    against what it asks for. Given a bias or a normalisation it does not declare, a backend
+    raises (NotImplementedError naming it); it never computes something else.
     """
 
     @abc.abstractmethod
@@ -393,7 +399,7 @@ index exactly once, deterministic for the same input."""
 
 class RankingModel(abc.ABC):
     """What the training loop asks of a model (mix it into an ``nn.Module``). Its interface to
-    the strategies that transform it is :class:`gem_core.model.interface.StrategyModel`."""
+    the strategies that transform it is :class:`StrategyModel`."""
 
     @abc.abstractmethod
     def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
@@ -413,6 +419,108 @@ class RankingModel(abc.ABC):
     def summarize_step_stats(self, summed: dict[str, float]) -> dict[str, Any]:
         """Metrics for ``metrics.jsonl`` from :meth:`step_stats` summed over ranks."""
         return dict(summed)
+
+
+CHECKPOINT_KINDS = ("block", "attention", "mlp")
+"""Kinds :meth:`StrategyModel.checkpoint_parts` answers: ``block`` (what a ``full`` policy
+recomputes whole), ``attention`` (the attention kernel calls), ``mlp`` (the feed-forward parts)."""
+
+STASH_KINDS = ("linear", "norm", "swiglu", "sequence_block", "target_attention", "pma",
+               "cross_attention", "interaction")
+"""Kinds :meth:`StrategyModel.stash_points` answers (the FP8 activation stash's
+``activation_modules``)."""
+
+
+class StrategyModel(abc.ABC):
+    """The interface of a model to the strategies that transform it (mix it into an
+    ``nn.Module``: ``class MyModel(nn.Module, StrategyModel)``).
+
+    Dense sharding (FSDP2 units), activation checkpointing, expert parallelism and the FP8
+    activation stash ask the model through these methods which of its modules to wrap,
+    recompute, shard or hook; they never walk its attribute layout and never import its classes.
+    A model that does not subclass it is refused by name (:func:`require_strategy_model`). The
+    methods are queried when a strategy applies, after earlier steps may have swapped modules
+    (precision conversion replaces linear layers, embedding sharding replaces ``embeddings``), so
+    an implementation computes its answers from the current module tree.
+
+    ``embeddings``: the module holding the sparse embedding tables, as the embedding backend
+    built it (``embedding_backend.build(tables)``). Embedding sharding strategies replace this
+    attribute with their sharded module (same forward); the forward must read the tables only
+    through it, and the model's other parameters are the dense ones.
+    """
+
+    embeddings: nn.Module
+
+    @abc.abstractmethod
+    def parallel_units(self) -> list[nn.Module]:
+        """The repeated blocks of the model, in forward order. FSDP2-style strategies make each
+        its own unit (its parameters gathered just before it runs and freed after) and give
+        every remaining parameter to the root; none may contain another. An empty list (a model
+        too small to be worth it) makes the whole model one unit, deliberately."""
+
+    @abc.abstractmethod
+    def checkpoint_parts(self, kind: str) -> list[tuple[nn.Module, str]]:
+        """What an activation-checkpointing policy may recompute for ``kind`` (one of
+        :data:`CHECKPOINT_KINDS`), in forward order: ``(owner, attribute)`` pairs where
+        ``getattr(owner, attribute)`` is an ``nn.Module`` (the policy replaces its forward on
+        the instance, parameters keep their names) or a plain callable such as an attention
+        backend (the policy sets the attribute to a checkpointed stand-in with the same call).
+        Every call of the part must depend only on its arguments and parameters (it runs again
+        in the backward). An empty list: the model has no such parts (a policy that was asked
+        for them refuses); an unknown kind raises ``ValueError``."""
+
+    @abc.abstractmethod
+    def moe_layers(self) -> list[tuple[str, nn.Module]]:
+        """Every routed mixture-of-experts layer (:class:`gem_core.model.moe.MixtureOfExperts`)
+        with its qualified name in ``named_modules()``, in forward order; empty without MoE.
+        Expert-parallel strategies shard their ``experts``, set their ``dispatcher``, or
+        replace a layer (by that name) with one that keeps its ``reports_moe_stats`` contract."""
+
+    def output_heads(self) -> list[nn.Module]:
+        """The modules that produce the logits (the task heads): precision recipes keep them,
+        and every module inside them, in full precision (the loss and NE read their output).
+        The default declares none: a model whose heads must stay in full precision under the
+        FP8 recipes overrides it (the GEM model does)."""
+        return []
+
+    @abc.abstractmethod
+    def stash_points(self) -> Mapping[str, list[nn.Module]]:
+        """Modules whose tensors saved for backward the FP8 activation stash may quantize, by
+        kind (every kind of :data:`STASH_KINDS` the model has, each with its modules, possibly
+        none). The stash enters its hooks around each chosen module's forward."""
+
+
+def require_strategy_model(model: nn.Module, user: str, method: str) -> StrategyModel:
+    """``model`` as a :class:`StrategyModel`, or a ``GemConfigError`` naming the model class,
+    the strategy ``user`` and the interface ``method`` it needed."""
+    if isinstance(model, StrategyModel):
+        return model
+    raise GemConfigError(
+        f"{user} needs {type(model).__name__}.{method}() of the model interface "
+        f"{StrategyModel.__module__}.StrategyModel, which {type(model).__module__}."
+        f"{type(model).__name__} does not implement (subclass StrategyModel and implement "
+        "parallel_units, checkpoint_parts, moe_layers and stash_points)")
+
+
+def check_checkpoint_kind(kind: str) -> None:
+    """Raise ``ValueError`` for a kind outside :data:`CHECKPOINT_KINDS` (for implementations)."""
+    if kind not in CHECKPOINT_KINDS:
+        raise ValueError(f"checkpoint_parts: unknown kind {kind!r}; kinds: "
+                         f"{', '.join(CHECKPOINT_KINDS)}")
+
+
+def modules_of(model: nn.Module, kinds: Mapping[str, tuple[type, ...]]
+               ) -> dict[str, list[nn.Module]]:
+    """``{kind: every module of model that is an instance of the kind's classes}``: a helper for
+    :meth:`StrategyModel.stash_points` implementations that classify by type."""
+    return {kind: [m for m in model.modules() if isinstance(m, classes)]
+            for kind, classes in kinds.items()}
+
+
+ModelFactory = Callable[..., "nn.Module"]
+"""What a ``model`` plugin's ``load()`` returns: ``factory(model_config, schema, *, attention,
+embedding_backend, norm) -> nn.Module`` implementing :class:`RankingModel` and
+:class:`StrategyModel`."""
 
 
 class LearningRateFollower(abc.ABC):
@@ -471,8 +579,6 @@ def check_contract(obj: Any, contract: type | None, *, kind: str, name: str, plu
     """Raise ``GemPluginError`` unless ``obj`` satisfies ``contract``: an instance of it (a
     class), or a callable (``None``: function-like kinds). The message names the
     implementation, its plugin and distribution, the kind and what is missing."""
-    from gem_core.errors import GemPluginError
-
     where = f"{kind} {name!r} (plugin {plugin or '?'}, distribution {distribution or '?'})"
     if contract is None:
         if not callable(obj):
@@ -489,15 +595,3 @@ def check_contract(obj: Any, contract: type | None, *, kind: str, name: str, plu
         f"{contract.__module__}.{contract.__qualname__}: {detail}; subclass "
         f"{contract.__qualname__} and implement its abstract methods")
 
-
-
-
-def __getattr__(name: str) -> Any:
-    """``StrategyModel``, the model's interface to the strategies that transform it, lives with
-    the model (:mod:`gem_core.model.interface`) and is re-exported here on first use: importing
-    ``gem_core.model`` while this module loads would be circular."""
-    if name == "StrategyModel":
-        from gem_core.model.interface import StrategyModel
-
-        return StrategyModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.capabilities import FUSED_OPTIMIZER
-from gem_core.config.schema import EmbeddingOptimizerConfig, ModelConfig
+from gem_core.capabilities import FUSED_OPTIMIZER, MANAGED_IDS, WHO_DECLARES
+from gem_core.config.model_schema import EmbeddingOptimizerConfig, ModelConfig
 from gem_core.contracts import EmbeddingBackend
 from gem_core.embedding_tables import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
@@ -41,8 +41,8 @@ def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
         raise GemConfigError(
             f"model.embedding_optimizer is set, but the embedding backend {embedding.name!r} "
             f"trains its tables with the dense optimizer (AdamW at train.lr); use an embedding "
-            f"backend with the {FUSED_OPTIMIZER} capability (--set backends.embedding="
-            "fbgemm-tbe) or leave [model.embedding_optimizer] at its defaults")
+            f"backend that declares {FUSED_OPTIMIZER} ({WHO_DECLARES}; --set backends.embedding="
+            "NAME) or leave [model.embedding_optimizer] at its defaults")
     if not fused:
         return
     if world_size > 1:
@@ -71,7 +71,7 @@ class ReferenceEmbeddingCollection(nn.Module):
         if managed and not self.accepts_managed_ids:
             raise ValueError(f"embedding table(s) {', '.join(managed)} have id_policy 'managed', "
                              f"which {type(self).__name__} does not remap; use an embedding "
-                             "backend with the managed_ids capability (torchrec-managed)")
+                             f"backend with the {MANAGED_IDS} capability (torchrec-managed)")
         self.table_configs = {t.name: t for t in tables}
         self.tables = nn.ModuleDict(
             {t.name: nn.Embedding(t.num_embeddings, t.dim) for t in tables}

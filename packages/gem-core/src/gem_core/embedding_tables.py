@@ -7,7 +7,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core.config.schema import EmbeddingOptimizerConfig
+from gem_core.config.model_schema import EmbeddingOptimizerConfig
 from gem_core.config.validators import choice, greater_than
 from gem_core.schema import EmbeddingTable
 

@@ -60,11 +60,10 @@ def gem_register_attention_backends(register: Register) -> None:
     max_kv_len=None, bias=None) -> Tensor`` that computes the same function as the reference
     backend (``gem_core.attention.reference``) for every mask, normalisation and shape it
     declares, with gradients for q, k and v when ``supports_backward`` is true. What it supports
-    is declared as data in the spec's ``capabilities``: the normalisations (``softmax``,
-    ``silu``) and the optional features (``relative_bias``: HSTU's relative attention bias,
-    ``bias=RelativeBias(...)``, with gradients for its weights; ``torch_export``). A run checks
-    them at start-up against its model; a backend given a bias it does not declare raises an
-    error naming it. It must pass :class:`gem_core.testing.AttentionConformance`.
+    is declared as data in the spec's ``capabilities`` (the normalisations it computes and its
+    optional features: :data:`gem_core.capabilities.ATTENTION_CAPABILITIES`), checked at
+    start-up against the run; a backend called with what it does not declare raises an error
+    naming it. It must pass :class:`gem_core.testing.AttentionConformance`.
     """
 
 
@@ -108,7 +107,7 @@ def gem_register_models(register: Register) -> None:
       shardings replace it);
     * subclasses :class:`gem_core.contracts.RankingModel` (``flops`` and the optional losses and
       step statistics the training loop asks for) and
-      :class:`gem_core.model.interface.StrategyModel` (``parallel_units``,
+      :class:`gem_core.contracts.StrategyModel` (``parallel_units``,
       ``checkpoint_parts``, ``moe_layers``, ``stash_points``: what parallelism strategies and
       precision recipes use; they never walk its attributes).
 

@@ -8,16 +8,6 @@ from typing import Any, Callable
 
 import attrs
 
-from gem_core.capabilities import (
-    FUSED_OPTIMIZER,
-    MANAGED_IDS,
-    RELATIVE_BIAS,
-    SILU,
-    SOFTMAX,
-    TIME_WINDOWS,
-    TORCH_COMPILE,
-    TORCH_EXPORT,
-)
 from gem_core.contracts import check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import KIND_TABLE, kind_named
@@ -35,13 +25,6 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
             f"{attribute.name} must be a non-empty word of letters, digits, '-', '_' or '.' "
             f"other than 'auto', got {value!r}"
         )
-
-
-DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, SOFTMAX, SILU,
-                                          RELATIVE_BIAS, TORCH_EXPORT, TORCH_COMPILE,
-                                          TIME_WINDOWS)
-"""The capability names gem-core checks (:mod:`gem_core.capabilities`), re-exported here where
-plugins import them from."""
 
 
 @attrs.frozen(kw_only=True)
@@ -77,10 +60,12 @@ class ImplementationSpec:
 
     capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     """What it supports, declared as data so a run checks its choices at start-up before
-    building anything: attention backends their normalisations (``softmax``, ``silu``) and
-    optional features (``relative_bias``, ``torch_export``:
-    :data:`gem_core.attention.ATTENTION_CAPABILITIES`); embedding backends and embedding
-    shardings :data:`MANAGED_IDS`."""
+    building anything; the one source of who can do what, which every message naming the
+    implementations able to do something reads. The names are those of
+    :mod:`gem_core.capabilities` (:data:`~gem_core.capabilities.DECLARED_CAPABILITIES`):
+    attention backends declare the normalisations they compute and their optional features
+    (:data:`~gem_core.capabilities.ATTENTION_CAPABILITIES`); embedding backends, embedding
+    shardings and data sources theirs."""
 
     requires: tuple[str, ...] = ()
     """Importable module names it needs; ``gem plugins`` checks them without importing them."""

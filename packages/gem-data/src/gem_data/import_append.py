@@ -73,10 +73,10 @@ class Earlier:
 
     def not_later(self, role: str, time: int, count: int) -> str:
         """The message of a row of the new logs at or before :attr:`last_time`."""
-        from gem_data.validation import _utc
+        from gem_data.validation_time import utc_date
 
-        return (f"{role} {time} ({_utc(time)}) is not after {self.last_time} "
-                f"({_utc(self.last_time)}), the last time of window {self.window.name!r} of "
+        return (f"{role} {time} ({utc_date(time)}) is not after {self.last_time} "
+                f"({utc_date(self.last_time)}), the last time of window {self.window.name!r} of "
                 f"{self.directory} ({count} such rows): an appended window holds only requests "
                 "and events later than every earlier window's")
 
@@ -348,14 +348,14 @@ def describe_window(manifest: Manifest, out: Any) -> list[str]:
     the notes (an unused ``eval_fraction``) and :func:`~gem_data.importer.describe_import`'s
     lines of the window."""
     from gem_data.import_build import describe_import
-    from gem_data.validation import _utc
+    from gem_data.validation_time import utc_date
 
     window = manifest.windows[-1]
     entries = {entry.path: entry for entry in manifest.splits["train"]}
     tokens = sum(entries[path].tokens for path in window.files)
     tail = ", ".join(f"{Path(e.path).name} ({e.rows} events)" for e in window.state)
     return [f"wrote window {window.name!r} to {out}: {manifest.window_rows(window)} requests "
-            f"({tokens} history events) from {_utc(window.first_time)} to "
-            f"{_utc(window.last_time)}; state: {tail}; the data set has "
+            f"({tokens} history events) from {utc_date(window.first_time)} to "
+            f"{utc_date(window.last_time)}; state: {tail}; the data set has "
             f"{len(manifest.windows)} windows, {manifest.rows('train')} requests",
             *window.info.get("notes", []), *describe_import(window.info)]

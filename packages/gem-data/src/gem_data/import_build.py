@@ -95,17 +95,87 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     (:mod:`gem_data.import_append`): the report also holds the window's ``history_tail`` (a
     table, :mod:`gem_data.import_history`) and ``last_time``. ``earlier``: the
     :class:`~gem_data.import_append.Earlier` windows it follows, whose tail starts the
-    histories."""
-    import torch
+    histories.
 
-    from gem_core.batch import JaggedBatch
-    from gem_core.errors import GemDataError
-    from gem_data.import_history import concat_ids, history_bounds, no_ids, tail_rows, tail_table
-    from gem_data.import_requests import user_numbers
+    The steps keep this order (the logs' values, the requests' keys and ids, the context),
+    which decides the error raised when a log has several faults; the DuckDB engine
+    (:mod:`gem_data.import_duckdb`) checks in the same order."""
+    from gem_data.import_history import tail_rows, tail_table
     from gem_data.import_split import split_time
-    from gem_data.import_users import user_keys
 
     o = options
+    logs = _read_logs(impressions, events, schema, o, vocabularies, earlier)
+    requests = _group_requests(logs, o)
+    history = _sort_histories(logs, requests, schema)
+    columns = _request_columns(logs, requests, schema, o)
+
+    # Splits by request time: eval from the cut on (none without a cut).
+    cut, summary = split_time(requests.time, o.eval_fraction)
+    by_time = requests.by_time
+    in_eval = np.zeros(by_time.size, dtype=bool) if cut is None else \
+        requests.time[by_time] >= cut
+    result = {}
+    for split, mask in (("train", ~in_eval), ("eval", in_eval)):
+        req = by_time[mask]
+        if req.size:
+            result[split] = _batch(req, logs, requests, history, columns, schema)
+    imp, ev, keys = logs.imp, logs.ev, logs.keys
+    all_requests = int(np.unique(keys.code).size)
+    report = {
+        "split": summary,
+        "requests": {"key": list(keys.columns), "requests": int(requests.head.size),
+                     "dropped_impressions": int(imp.table.num_rows - requests.live.size),
+                     "dropped_events": int(ev.table.num_rows - history.live.size
+                                           + logs.tail_size),
+                     "dropped_requests": all_requests - int(requests.head.size),
+                     "user_ids": "integers" if logs.imp_user.dtype.kind in "iu" else "text"},
+        "features": logs.features.counts,
+        "vocabularies": logs.features.vocabularies,
+    }
+    if windowed:  # each user's last max_seq_len events, for the next window
+        rows = history.order[tail_rows(history.user, schema.max_seq_len)]
+        report["history_tail"] = tail_table(
+            schema, logs.users[logs.ev_code[rows]], logs.ev_time[rows],
+            {name: _ids_of(ids, rows) for name, ids in history.ids.items()})
+        report["last_time"] = logs.last_time
+    return result, report
+
+
+@attrs.frozen(kw_only=True)
+class _Logs:
+    """Both logs read and converted (every value checked, with its file and row in errors),
+    and every user numbered once over both logs and the earlier windows' tail."""
+
+    imp: Log
+    ev: Log
+    has_events: bool
+    features: Features
+    keys: Any
+    """The impressions' request keys (:func:`~gem_data.import_requests.read_keys`)."""
+    users: np.ndarray
+    """The users' stable numbers (the data set's ``user_id``), sorted: a user code indexes it."""
+    imp_user: np.ndarray
+    """Per impression, its user id as read."""
+    imp_code: np.ndarray
+    imp_time: np.ndarray
+    ev_code: np.ndarray
+    """Per event, its user code: the earlier windows' tail first, then the event log's rows."""
+    ev_time: np.ndarray
+    """Per event, its time, in the order of ``ev_code``."""
+    tail_ids: dict[str, Any]
+    tail_size: int
+    """How many events of the earlier windows' tail come before the event log's."""
+    last_time: int
+    """The latest time of the logs: every request and event, also those dropped."""
+
+
+def _read_logs(impressions: str | Path, events: str | Path, schema: Any, o: ImportOptions,
+               vocabularies: dict[str, Any] | None, earlier: Any) -> _Logs:
+    from gem_core.errors import GemDataError
+    from gem_data.import_history import no_ids
+    from gem_data.import_requests import user_numbers
+    from gem_data.import_users import user_keys
+
     imp = Log(Path(impressions), "impression log", o.delimiter,
               text_columns(schema, o, "impressions"))
     ev = Log(Path(events), "event log", o.delimiter, text_columns(schema, o, "events"))
@@ -138,15 +208,47 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     if earlier is not None:
         earlier.refuse_not_later(imp, imp_time, o.timestamp_column, "request time")
         earlier.refuse_not_later(ev, ev_time, o.timestamp_column, "event time")
-    # What the window covers: every request and event of the logs, also those dropped.
-    last_time = int(max(imp_time.max(), ev_time.max(initial=imp_time.max())))
+    return _Logs(imp=imp, ev=ev, has_events=has_events, features=features, keys=keys,
+                 users=users, imp_user=imp_user, imp_code=imp_code, imp_time=imp_time,
+                 ev_code=np.r_[user_code[numbers.size:], ev_code],
+                 ev_time=np.r_[tail_time, ev_time], tail_ids=tail_ids, tail_size=tail_user.size,
+                 last_time=int(max(imp_time.max(), ev_time.max(initial=imp_time.max()))))
 
-    # Group the impressions kept (``missing = "drop"`` leaves some out) by request key,
-    # impressions in file order.
-    live = np.flatnonzero(features.keep["impressions"])
+
+@attrs.frozen(kw_only=True)
+class _Requests:
+    """The impressions kept, grouped into requests by key."""
+
+    live: np.ndarray
+    """The impressions kept (``missing = "drop"`` leaves some out), rows in the file."""
+    order: np.ndarray
+    """The impressions kept, request by request, each request's in file order."""
+    starts: np.ndarray
+    """Per request, where its impressions start in ``order``."""
+    group_of: np.ndarray
+    """Per impression in ``order``, its request."""
+    head: np.ndarray
+    """Per request, its first impression (row in the file): its time, user and context."""
+    time: np.ndarray
+    user: np.ndarray
+    """Per request, its user code."""
+    by_time: np.ndarray
+    """The requests ordered by time, then first row."""
+    counts: np.ndarray
+    """Per request, its number of impressions (candidates)."""
+
+
+def _group_requests(logs: _Logs, o: ImportOptions) -> _Requests:
+    """Group the impressions kept by request key; a request's user and time (when not in its
+    key) must be the same on all its impressions, and its 64-bit id its own."""
+    from gem_core.errors import GemDataError
+
+    imp, keys = logs.imp, logs.keys
+    live = np.flatnonzero(logs.features.keep["impressions"])
     if live.size == 0:
         raise GemDataError(f"{imp.path}: every impression was dropped for a missing value "
-                           f"(missing = \"drop\"): {'; '.join(describe_counts(features.counts))}")
+                           f"(missing = \"drop\"): "
+                           f"{'; '.join(describe_counts(logs.features.counts))}")
     _, live_code = np.unique(keys.code[live], return_inverse=True)
     live_code = live_code.reshape(-1)
     order = live[np.lexsort((live, live_code))]
@@ -155,8 +257,9 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
     first = np.r_[True, request_code[order][1:] != request_code[order][:-1]]
     starts = np.flatnonzero(first)
     group_of = np.cumsum(first) - 1  # per sorted impression, its request
-    for name, values, raw, role in ((o.user_column, imp_code, imp_user, "user"),
-                                    (o.timestamp_column, imp_time, imp_time, "request time")):
+    for name, values, raw, role in ((o.user_column, logs.imp_code, logs.imp_user, "user"),
+                                    (o.timestamp_column, logs.imp_time, logs.imp_time,
+                                     "request time")):
         if name in keys.columns:
             continue
         differs = np.flatnonzero(values[order] != values[order][starts][group_of])
@@ -167,34 +270,71 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
                                               raw[row].item()))
     head = order[starts]  # the first impression of each request (file order)
     keys.ids(head)  # the requests' 64-bit ids: checked one to one with their keys
-    request_time, request_user = imp_time[head], imp_code[head]
-    by_time = np.lexsort((head, request_time))  # requests ordered by time, then first row
-    counts = np.diff(np.r_[starts, order.size])
+    request_time = logs.imp_time[head]
+    return _Requests(live=live, order=order, starts=starts, group_of=group_of, head=head,
+                     time=request_time, user=logs.imp_code[head],
+                     by_time=np.lexsort((head, request_time)),  # by time, then first row
+                     counts=np.diff(np.r_[starts, order.size]))
 
-    # History: the user's events strictly before the request time (import_history). The
-    # earlier windows' tail comes first (its rows before the log's): every event of it is
-    # older than the log's, and its own order is kept. Sort the events kept by (user, time,
-    # row).
-    event_ids = {f.name: concat_ids(tail_ids[f.name], features.ids[f"event.{f.name}"]
-                                    if has_events else no_ids(f))
+
+@attrs.frozen(kw_only=True)
+class _Histories:
+    """The events kept, sorted by (user, time, row), and each request's slice of them."""
+
+    ids: dict[str, Any]
+    """Per event feature, the ids of every event (the tail's first)."""
+    live: np.ndarray
+    """The events kept (every event of the tail), indices into ``ids``."""
+    order: np.ndarray
+    """``live`` sorted by (user, time, row)."""
+    user: np.ndarray
+    """The user code of each event in ``order``."""
+    begin: np.ndarray
+    end: np.ndarray
+    """Per request, its history: ``order[begin:end]``."""
+
+
+def _sort_histories(logs: _Logs, requests: _Requests, schema: Any) -> _Histories:
+    """History: the user's events strictly before the request time (import_history). The
+    earlier windows' tail comes first (its rows before the log's): every event of it is older
+    than the log's, and its own order is kept."""
+    from gem_data.import_history import concat_ids, history_bounds, no_ids
+
+    features = logs.features
+    event_ids = {f.name: concat_ids(logs.tail_ids[f.name], features.ids[f"event.{f.name}"]
+                                    if logs.has_events else no_ids(f))
                  for f in schema.event_features}
-    ev_code = np.r_[user_code[numbers.size:], ev_code]
-    ev_time = np.r_[tail_time, ev_time]
-    ev_live = np.r_[np.arange(tail_user.size),
-                    tail_user.size + np.flatnonzero(features.keep["events"])]
-    ev_order = ev_live[np.lexsort((ev_live, ev_time[ev_live], ev_code[ev_live]))]
-    e_user = ev_code[ev_order]
-    begin, end = history_bounds(request_user, request_time, e_user, ev_time[ev_order],
+    ev_live = np.r_[np.arange(logs.tail_size),
+                    logs.tail_size + np.flatnonzero(features.keep["events"])]
+    ev_order = ev_live[np.lexsort((ev_live, logs.ev_time[ev_live], logs.ev_code[ev_live]))]
+    e_user = logs.ev_code[ev_order]
+    begin, end = history_bounds(requests.user, requests.time, e_user, logs.ev_time[ev_order],
                                 schema.max_seq_len)
+    return _Histories(ids=event_ids, live=ev_live, order=ev_order, user=e_user, begin=begin,
+                      end=end)
 
-    # Features, checked over whole columns (errors name the input row).
+
+@attrs.frozen(kw_only=True)
+class _RequestColumns:
+    """The impressions' candidate ids, labels, context bags and dense values."""
+
+    candidate_ids: dict[str, Any]
+    labels: dict[str, np.ndarray]
+    sparse: dict[str, Any]
+    dense: np.ndarray | None
+
+
+def _request_columns(logs: _Logs, requests: _Requests, schema: Any,
+                     o: ImportOptions) -> _RequestColumns:
+    """The features, checked over whole columns (errors name the input row); the context
+    describes the request, so every impression of one must agree with its first."""
+    imp, features, keys = logs.imp, logs.features, logs.keys
     cand_ids = {f.name: features.ids[f"candidate.{f.name}"] for f in schema.candidate_features}
     labels = read_labels(imp, schema, o)
     sparse = {f.name: features.ids[f"sparse.{f.name}"] for f in schema.sparse_features}
     dense = features.dense
-
-    # Context describes the request: every impression of one must agree with its first.
-    heads_of = order[starts][group_of]  # per impression (in `order`), its request's first
+    order = requests.order
+    heads_of = order[requests.starts][requests.group_of]  # per impression, its request's first
     for f in schema.sparse_features:
         same_bags(imp, features.column("sparse", f.name), f"context feature {f.name!r}",
                   sparse[f.name], order, heads_of, keys)
@@ -204,61 +344,46 @@ def _build(impressions: str | Path, events: str | Path, schema: Any, options: Im
             row, other = int(order[differs[0]]), int(heads_of[differs[0]])
             imp.fail(row, name, mixed_dense(keys.name(row), name, dense[other, index],
                                             imp.row_name(other), dense[row, index]))
+    return _RequestColumns(candidate_ids=cand_ids, labels=labels, sparse=sparse, dense=dense)
 
-    # Splits by request time: eval from the cut on (none without a cut).
-    cut, summary = split_time(request_time, o.eval_fraction)
-    in_eval = np.zeros(by_time.size, dtype=bool) if cut is None else request_time[by_time] >= cut
+
+def _batch(req: np.ndarray, logs: _Logs, requests: _Requests, history: _Histories,
+           columns: _RequestColumns, schema: Any) -> Any:
+    """The requests ``req`` (indices, in the order wanted) as one JaggedBatch."""
+    import torch
+
+    from gem_core.batch import JaggedBatch
+
     t = torch.from_numpy
-    result = {}
-    for split, mask in (("train", ~in_eval), ("eval", in_eval)):
-        req = by_time[mask]
-        if req.size == 0:
-            continue
-        lengths = end[req] - begin[req]
-        seq_offsets = np.zeros(req.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=seq_offsets[1:])
-        ev_rows_sorted = np.arange(int(seq_offsets[-1])) + np.repeat(
-            begin[req] - seq_offsets[:-1], lengths)
-        ev_rows = ev_order[ev_rows_sorted]  # input rows of the history events
-        c_offsets = np.zeros(req.size + 1, dtype=np.int64)
-        np.cumsum(counts[req], out=c_offsets[1:])
-        imp_rows = order[np.arange(int(c_offsets[-1])) + np.repeat(
-            starts[req] - c_offsets[:-1], counts[req])]
-        heads = head[req]
-        bag = {}
-        for name, (offsets, values) in sparse.items():
-            bag[name] = _take((offsets, values), heads)
-        result[split] = JaggedBatch(
-            seq_offsets=t(seq_offsets),
-            seq_timestamps=t(np.ascontiguousarray(ev_time[ev_rows])),
-            event_ids={f.name: _take(event_ids[f.name], ev_rows)
-                       for f in schema.event_features},
-            request_timestamps=t(np.ascontiguousarray(request_time[req])),
-            candidate_offsets=t(c_offsets),
-            candidate_ids={name: _take(ids, imp_rows) for name, ids in cand_ids.items()},
-            labels={task: t(np.ascontiguousarray(v[imp_rows])) for task, v in labels.items()},
-            sparse=bag,
-            dense=None if dense is None else t(dense[heads].astype(np.float32)),
-            user_ids=t(users[request_user[req]]),
-        )
-    all_requests = int(np.unique(keys.code).size)
-    report = {
-        "split": summary,
-        "requests": {"key": list(keys.columns), "requests": int(head.size),
-                     "dropped_impressions": int(imp.table.num_rows - live.size),
-                     "dropped_events": int(ev.table.num_rows - ev_live.size + tail_user.size),
-                     "dropped_requests": all_requests - int(head.size),
-                     "user_ids": "integers" if imp_user.dtype.kind in "iu" else "text"},
-        "features": features.counts,
-        "vocabularies": features.vocabularies,
-    }
-    if windowed:  # each user's last max_seq_len events, for the next window
-        rows = ev_order[tail_rows(e_user, schema.max_seq_len)]
-        report["history_tail"] = tail_table(
-            schema, users[ev_code[rows]], ev_time[rows],
-            {name: _ids_of(ids, rows) for name, ids in event_ids.items()})
-        report["last_time"] = last_time
-    return result, report
+    lengths = history.end[req] - history.begin[req]
+    seq_offsets = np.zeros(req.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=seq_offsets[1:])
+    ev_rows_sorted = np.arange(int(seq_offsets[-1])) + np.repeat(
+        history.begin[req] - seq_offsets[:-1], lengths)
+    ev_rows = history.order[ev_rows_sorted]  # input rows of the history events
+    counts = requests.counts[req]
+    c_offsets = np.zeros(req.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=c_offsets[1:])
+    imp_rows = requests.order[np.arange(int(c_offsets[-1])) + np.repeat(
+        requests.starts[req] - c_offsets[:-1], counts)]
+    heads = requests.head[req]
+    bag = {}
+    for name, (offsets, values) in columns.sparse.items():
+        bag[name] = _take((offsets, values), heads)
+    dense = columns.dense
+    return JaggedBatch(
+        seq_offsets=t(seq_offsets),
+        seq_timestamps=t(np.ascontiguousarray(logs.ev_time[ev_rows])),
+        event_ids={f.name: _take(history.ids[f.name], ev_rows)
+                   for f in schema.event_features},
+        request_timestamps=t(np.ascontiguousarray(requests.time[req])),
+        candidate_offsets=t(c_offsets),
+        candidate_ids={name: _take(ids, imp_rows) for name, ids in columns.candidate_ids.items()},
+        labels={task: t(np.ascontiguousarray(v[imp_rows])) for task, v in columns.labels.items()},
+        sparse=bag,
+        dense=None if dense is None else t(dense[heads].astype(np.float32)),
+        user_ids=t(logs.users[requests.user[req]]),
+    )
 
 
 def _ids_of(ids: tuple[np.ndarray | None, np.ndarray], rows: np.ndarray) -> tuple:

@@ -6,10 +6,11 @@ and checked by the numpy path's code). DuckDB then, over the staged Parquet file
 
 - groups the impressions kept into requests by the request key
   (:mod:`gem_data.import_requests`), the first impression in the file heading each, and runs
-  the checks that need whole requests, in the numpy path's order and with its messages: one
-  user and one time per request, no two keys with one 64-bit request id (computed by the numpy
-  path's function, :func:`~gem_data.import_requests.fold_ids`, as a DuckDB function; a key of
-  one integer column cannot collide and is not checked), the same context on every impression;
+  the checks that need whole requests (:mod:`gem_data.import_duckdb_checks`), in the numpy
+  path's order and with its messages: one user and one time per request, no two keys with one
+  64-bit request id (computed by the numpy path's function,
+  :func:`~gem_data.import_requests.fold_ids`, as a DuckDB function; a key of one integer column
+  cannot collide and is not checked), the same context on every impression;
 - cuts train from eval by :func:`gem_data.import_split.choose_cut`, asking DuckDB for the
   times it needs;
 - numbers each user's events kept by (time, row in the file) and counts, per request, the
@@ -39,16 +40,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gem_data.format import event_column as fmt_event
+from gem_data.import_duckdb_checks import check_requests
 from gem_data.import_duckdb_results import ResultRows, quote_identifier
 from gem_data.import_options import ImportOptions
-from gem_data.import_requests import (
-    fold_ids,
-    key_name,
-    mixed_context,
-    mixed_dense,
-    mixed_request,
-    same_id,
-)
 from gem_data.import_split import choose_cut
 from gem_data.import_stage import stage_logs
 
@@ -162,7 +156,7 @@ class DuckDBImport:
 
             refuse_not_later(self)
         self._requests()
-        self._check_requests()
+        check_requests(self)
         count = self._one("SELECT count(*) FROM req")[0]
         self.cut, summary = choose_cut(
             count, self.options.eval_fraction,
@@ -230,96 +224,6 @@ class DuckDBImport:
         self._sql(f"CREATE TABLE req AS SELECT head, any_value(head_u) AS ru, "
                   f"any_value(head_t) AS rt, count(*) AS n{context}, {self.key} FROM live "
                   f"GROUP BY head, {self.key}")
-
-    def _request_name(self, values: list[Any]) -> str:
-        return key_name(self.staged.key, values)
-
-    def _check_requests(self) -> None:
-        """The checks over whole requests, in the numpy path's order (see the module doc)."""
-        schema, o, s = self.schema, self.options, self.staged
-        checks: list[tuple[str, str]] = []  # (name, condition)
-        if o.user_column not in s.key:
-            checks.append(("user", "u IS DISTINCT FROM head_u"))
-        if o.timestamp_column not in s.key:
-            checks.append(("time", "t <> head_t"))
-        for j in range(len(schema.sparse_features)):
-            checks.append((f"length{j}", f"len(s{j}) <> len(head_s{j})"))
-            checks.append((f"bag{j}", f"list_sort(s{j}) <> list_sort(head_s{j})"))
-        for j in range(len(o.dense_columns)):
-            checks.append((f"dense{j}", f"d{j} <> head_d{j}"))
-        counts = {}
-        if checks:
-            row = self._one("SELECT " + ", ".join(f"count(*) FILTER (WHERE {condition})"
-                                                  for _, condition in checks) + " FROM live")
-            counts = dict(zip([name for name, _ in checks], row))
-        conditions = dict(checks)
-
-        def first(condition: str, columns: str) -> Any:
-            found = self._one(f"SELECT row, head, {columns}, {self.key} FROM live WHERE "
-                              f"{condition} ORDER BY {self.key}, row LIMIT 1")
-            return (found[0], found[1], list(found[4:]), found[2], found[3])
-
-        imp = s.imp_log
-        for name, column, role, raw in (("user", o.user_column, "user", "u"),
-                                        ("time", o.timestamp_column, "request time", "t")):
-            if counts.get(name):
-                row, head, key, here, other = first(conditions[name], f"{raw}, head_{raw}")
-                imp.fail(row, column, mixed_request(self._request_name(key), role, other, here))
-        self._check_ids()
-        for j, feature in enumerate(schema.sparse_features):
-            name = f"length{j}" if counts[f"length{j}"] else f"bag{j}"
-            if counts[name]:
-                row, head, key, here, other = first(conditions[name], f"s{j}, head_s{j}")
-                imp.fail(row, o.columns.get(f"sparse.{feature.name}", feature.name),
-                         mixed_context(self._request_name(key), f"context feature "
-                                       f"{feature.name!r}", other, imp.row_name(head), here,
-                                       int(counts[name])))
-        for j, column in enumerate(o.dense_columns):
-            if counts[f"dense{j}"]:
-                row, head, key, here, other = first(conditions[f"dense{j}"], f"d{j}, head_d{j}")
-                imp.fail(row, column, mixed_dense(self._request_name(key), column, other,
-                                                  imp.row_name(head), here))
-
-    def _check_ids(self) -> None:
-        """No two request keys with one 64-bit id (:meth:`RequestKeys.ids`)."""
-        import pyarrow as pa
-
-        from gem_core.errors import GemDataError
-
-        s = self.staged
-        numbers = [self._numbers(i) for i in range(len(s.key))]
-        if len(s.key) == 1 and numbers[0]:
-            return  # one integer column: splitmix64 is a bijection, no two keys share an id
-
-        def request_id(keys: Any) -> Any:
-            keys = keys.combine_chunks() if hasattr(keys, "combine_chunks") else keys
-            values = [keys.field(i).to_numpy(zero_copy_only=False) for i in range(len(numbers))]
-            values = [v if n else v.astype(str) for v, n in zip(values, numbers)]
-            return pa.array(fold_ids(values), pa.int64())
-
-        struct = ", ".join(f"f{i} {'BIGINT' if n else 'VARCHAR'}" for i, n in enumerate(numbers))
-        self.con.create_function("gem_request_id", request_id, [f"STRUCT({struct})"], "BIGINT",
-                                 type="arrow", side_effects=False)
-        fields = ", ".join(f"'f{i}': {e}" for i, e in enumerate(self.key_exprs))
-        self._sql(f"CREATE TABLE ids AS SELECT gem_request_id({{{fields}}}) AS id, {self.key} "
-                  "FROM req")
-        twice = self._one("SELECT id FROM ids GROUP BY id HAVING count(*) > 1 ORDER BY id "
-                          "LIMIT 1")
-        if twice:
-            keys = self._sql(f"SELECT {self.key} FROM ids WHERE id = ? ORDER BY {self.key} "
-                             "LIMIT 2", [twice[0]]).fetchall()
-            raise GemDataError(same_id(s.imp_log.path, self._request_name(list(keys[0])),
-                                       self._request_name(list(keys[1])), int(twice[0])))
-
-    def _numbers(self, index: int) -> bool:
-        """Whether the key's ``index``-th column holds numbers (else text)."""
-        o, s = self.options, self.staged
-        column = s.key[index]
-        if column == o.timestamp_column:
-            return True
-        if column == o.user_column:
-            return self.user_numbers
-        return s.kinds[self.key_exprs[index]].numbers
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -505,7 +409,6 @@ class DuckDBImport:
         threads = self._one("SELECT current_setting('threads')")[0]
         return {"name": "duckdb", "version": duckdb.__version__, "memory_limit": limit,
                 "threads": int(threads)}
-
 
 
 def _array(column: Any) -> Any:

@@ -405,12 +405,12 @@ class Log:
 
     def check_floor(self, times: np.ndarray, name: str, role: str, floor: int) -> None:
         """Refuse a time before ``floor`` (``[import] time_floor``), naming its row."""
-        from gem_data.validation import _utc
+        from gem_data.validation_time import utc_date
 
         bad = np.flatnonzero(times < floor)
         if bad.size:
             value = int(times[bad[0]])
-            self.fail(int(bad[0]), name, f"{role} {value} ({_utc(value)}) is before "
-                                         f"import.time_floor {floor} ({_utc(floor)}; "
+            self.fail(int(bad[0]), name, f"{role} {value} ({utc_date(value)}) is before "
+                                         f"import.time_floor {floor} ({utc_date(floor)}; "
                                          f"{bad.size} such rows): a placeholder or corrupt time? "
                                          "Fix the rows, or lower time_floor in [import]")

@@ -125,12 +125,22 @@ def staged_schema(schema: Any, options: ImportOptions, log: str, key_count: int)
 
 
 class _Stager:
+    """One staging of both logs; what it learns block by block (key kinds, row counts, missing
+    value counts) accumulates here until :meth:`run` returns it as :class:`Staged`."""
+
     def __init__(self, impressions: Path, events: Path, schema: Any, options: ImportOptions,
                  directory: Path, block_rows: int, block_bytes: int) -> None:
         self.paths = {"impressions": impressions, "events": events}
         self.schema, self.options, self.directory = schema, options, directory
         self.block_rows, self.block_bytes = block_rows, block_bytes
         self.side_tables: dict[int, Any] = {}
+        self.counts: dict[str, dict[str, Any]] = {}
+        self.kinds: dict[str, KeyKind] = {}
+        self.rows = {"impressions": 0, "events": 0}
+        self.kept = {"impressions": 0, "events": 0}
+        self.key: tuple[str, ...] = ()
+        self.found_vocabularies: dict[str, Any] | None = None
+        """The vocabularies as the last block's features held them (None: no block yet)."""
 
     def blocks(self, log: str) -> Any:
         o = self.options
@@ -167,7 +177,6 @@ class _Stager:
 
     def run(self, vocabularies: dict[str, Any] | None, users_as_text: bool | None) -> Staged:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         from gem_core.errors import GemDataError
 
@@ -176,82 +185,91 @@ class _Stager:
             file_kind(path)
         if vocabularies is None and "vocabulary" in o.strings.values():
             vocabularies = self.vocabularies()
-        counts: dict[str, dict[str, Any]] = {}
-        kinds: dict[str, KeyKind] = {}
-        rows = {"impressions": 0, "events": 0}
-        kept = {"impressions": 0, "events": 0}
-        key: tuple[str, ...] = ()
-        report: dict[str, Any] = {}
-        paths = {log: self.directory / f"{log}.parquet" for log in rows}
+        paths = {log: self.directory / f"{log}.parquet" for log in self.rows}
         for log in ("impressions", "events"):
-            writer = None
-            for block in self.blocks(log):
-                if log == "impressions" and not key:
-                    key = key_columns(o, block)
-                others = [c for c in key if c not in (o.user_column, o.timestamp_column)]
-                if writer is None:
-                    writer = pq.ParquetWriter(paths[log], staged_schema(schema, o, log,
-                                                                        len(others)))
-                logs = {"impressions": None, "events": None, log: block}
-                features = Features(schema, o, logs["impressions"], logs["events"],
-                                    vocabularies, self.side_tables)
-                report = {"vocabularies": features.vocabularies}
-                merge_counts(counts, features.counts)
-                user = block.key_column(o.user_column, "user")
-                kinds.setdefault(f"u_{log}", KeyKind()).add(user)
-                keep = features.keep[log]
-                n = block.table.num_rows
-                columns = [pa.array(np.arange(block.first_row, block.first_row + n)),
-                           pa.array(keep), *_key_arrays(user)]
-                if log == "impressions":
-                    for i, name in enumerate(others):
-                        cells = block.key_column(name, key_role(name, o))
-                        kinds.setdefault(f"k{i}", KeyKind()).add(cells)
-                        columns += _key_arrays(cells)
-                what = "request time" if log == "impressions" else "event time"
-                times = block.times(o.timestamp_column, what)
-                block.check_floor(times, o.timestamp_column, what, o.time_floor)
-                columns.append(pa.array(times, pa.int64()))
-                if log == "impressions":
-                    columns += [_list(*features.ids[f"candidate.{f.name}"])
-                                for f in schema.candidate_features]
-                    columns += [pa.array(v, pa.float32())
-                                for v in read_labels(block, schema, o).values()]
-                    columns += [_list(*features.ids[f"sparse.{f.name}"])
-                                for f in schema.sparse_features]
-                    if features.dense is not None:
-                        columns += [pa.array(features.dense[:, j], pa.float64())
-                                    for j in range(features.dense.shape[1])]
-                else:
-                    columns += [_list(*features.ids[f"event.{f.name}"])
-                                for f in schema.event_features]
-                writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
-                rows[log] += n
-                kept[log] += int(keep.sum())
-            if writer is None:  # no rows: an empty staged log
-                pq.write_table(staged_schema(schema, o, log, 0).empty_table(), paths[log])
-            else:
-                writer.close()
-            if log == "impressions" and not rows[log]:
+            self.stage(log, paths[log], vocabularies)
+            if log == "impressions" and not self.rows[log]:
                 raise GemDataError(f"{self.paths[log]}: the impression log has no rows")
-        if not kept["impressions"]:
+        if not self.kept["impressions"]:
             raise GemDataError(f"{self.paths['impressions']}: every impression was dropped for a "
                                f"missing value (missing = \"drop\"): "
-                               f"{'; '.join(describe_counts(counts))}")
+                               f"{'; '.join(describe_counts(self.counts))}")
         # A data set of text user ids appended to reads both logs' users as text (the engine
         # checks that they are: import_append.users_as_text), so their kinds may differ here.
-        if rows["events"] and "u_events" in kinds and not users_as_text and \
+        kinds = self.kinds
+        if self.rows["events"] and "u_events" in kinds and not users_as_text and \
                 kinds["u_events"].numbers != kinds["u_impressions"].numbers:
             raise GemDataError(f"column {o.user_column!r}: the user ids of "
                                f"{self.paths['impressions']} and {self.paths['events']} have "
                                "different types (one integers, one text)")
         pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
-        vocabularies_found = report.get("vocabularies", vocabularies or {})
+        found = self.found_vocabularies
         return Staged(impressions=paths["impressions"], events=paths["events"],
                       imp_log=_empty_log(self.paths["impressions"], "impression log", o),
-                      ev_log=_empty_log(self.paths["events"], "event log", o), key=key,
-                      kinds=kinds, rows=rows, kept=kept, counts=_ordered(counts, schema, o),
-                      vocabularies=vocabularies_found)
+                      ev_log=_empty_log(self.paths["events"], "event log", o), key=self.key,
+                      kinds=kinds, rows=self.rows, kept=self.kept,
+                      counts=_ordered(self.counts, schema, o),
+                      vocabularies=found if found is not None else (vocabularies or {}))
+
+    def stage(self, log: str, path: Path, vocabularies: dict[str, Any] | None) -> None:
+        """Convert and check ``log`` block by block into the Parquet file ``path``."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        o, schema = self.options, self.schema
+        writer = None
+        for block in self.blocks(log):
+            if log == "impressions" and not self.key:
+                self.key = key_columns(o, block)
+            others = [c for c in self.key if c not in (o.user_column, o.timestamp_column)]
+            if writer is None:
+                writer = pq.ParquetWriter(path, staged_schema(schema, o, log, len(others)))
+            logs = {"impressions": None, "events": None, log: block}
+            features = Features(schema, o, logs["impressions"], logs["events"],
+                                vocabularies, self.side_tables)
+            self.found_vocabularies = features.vocabularies
+            merge_counts(self.counts, features.counts)
+            columns = self.block_columns(log, block, features, others)
+            writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
+            self.rows[log] += block.table.num_rows
+            self.kept[log] += int(features.keep[log].sum())
+        if writer is None:  # no rows: an empty staged log
+            pq.write_table(staged_schema(schema, o, log, 0).empty_table(), path)
+        else:
+            writer.close()
+
+    def block_columns(self, log: str, block: Log, features: Features,
+                      others: list[str]) -> list[Any]:
+        """A block's staged columns, in :func:`staged_schema`'s order; notes the kinds of its
+        key columns."""
+        import pyarrow as pa
+
+        o, schema = self.options, self.schema
+        user = block.key_column(o.user_column, "user")
+        self.kinds.setdefault(f"u_{log}", KeyKind()).add(user)
+        n = block.table.num_rows
+        columns = [pa.array(np.arange(block.first_row, block.first_row + n)),
+                   pa.array(features.keep[log]), *_key_arrays(user)]
+        if log == "impressions":
+            for i, name in enumerate(others):
+                cells = block.key_column(name, key_role(name, o))
+                self.kinds.setdefault(f"k{i}", KeyKind()).add(cells)
+                columns += _key_arrays(cells)
+        what = "request time" if log == "impressions" else "event time"
+        times = block.times(o.timestamp_column, what)
+        block.check_floor(times, o.timestamp_column, what, o.time_floor)
+        columns.append(pa.array(times, pa.int64()))
+        if log == "events":
+            return columns + [_list(*features.ids[f"event.{f.name}"])
+                              for f in schema.event_features]
+        columns += [_list(*features.ids[f"candidate.{f.name}"])
+                    for f in schema.candidate_features]
+        columns += [pa.array(v, pa.float32()) for v in read_labels(block, schema, o).values()]
+        columns += [_list(*features.ids[f"sparse.{f.name}"]) for f in schema.sparse_features]
+        if features.dense is not None:
+            columns += [pa.array(features.dense[:, j], pa.float64())
+                        for j in range(features.dense.shape[1])]
+        return columns
 
 
 def _empty_log(path: Path, what: str, options: ImportOptions) -> Log:

@@ -106,11 +106,55 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
     """The JaggedBatch of a KJT made by :func:`to_kjt` (or by anyone with the same keys); its
     ids are the KJT's values (table rows if it was made with ``map_ids``)."""
     keys = list(kjt.keys())
+    b = extras.request_timestamps.numel()
+    _check_layout(kjt, extras, schema, keys, b)
+    values, lengths = kjt.values(), kjt.lengths()
+    per_key = lengths.view(len(keys), b)
+    chunks = torch.split(values, per_key.sum(dim=1).tolist())
+    features = {key: (chunk, per_key[i]) for i, (key, chunk) in enumerate(zip(keys, chunks))}
+    event_ids, candidate_ids, sparse = {}, {}, {}
+    for kind, feature in schema.id_features():
+        key = feature_key(kind, feature.name)
+        if kind == "event":
+            event_ids[feature.name] = _item_ids(features, extras, key, extras.seq_offsets,
+                                                "request's history length")
+        elif kind == "candidate":
+            candidate_ids[feature.name] = _item_ids(features, extras, key,
+                                                    extras.candidate_offsets,
+                                                    "request's candidate count")
+        else:
+            chunk, lens = features[key]
+            bag_offsets = torch.zeros(b + 1, dtype=torch.int64)
+            torch.cumsum(lens.to(torch.int64), 0, out=bag_offsets[1:])
+            sparse[feature.name] = Jagged(chunk, bag_offsets)
+    return JaggedBatch(
+        seq_offsets=extras.seq_offsets,
+        seq_timestamps=extras.seq_timestamps,
+        event_ids=event_ids,
+        request_timestamps=extras.request_timestamps,
+        candidate_offsets=extras.candidate_offsets,
+        candidate_ids=candidate_ids,
+        labels=dict(extras.labels),
+        sparse=sparse,
+        dense=extras.dense,
+        seq_dense=extras.seq_dense,
+        candidate_dense=extras.candidate_dense,
+        user_embedding=extras.user_embedding,
+        user_ids=extras.user_ids,
+        teacher_logits=extras.teacher_logits,
+        teacher_embedding=extras.teacher_embedding,
+    )
+
+
+def _check_layout(kjt: Any, extras: KJTExtras, schema: FeatureSchema, keys: list[str],
+                  b: int) -> None:
+    """What TorchRec's own validator lets through, before the KJT is cut into features: every
+    key the schema needs, extras for ``b`` requests, offsets that never go backwards, one
+    non-negative length per key and request, lengths that sum to the values."""
     expected = kjt_keys(schema)
     missing = [k for k in expected if k not in keys]
     if missing:
         raise GemDataError(f"KeyedJaggedTensor lacks keys {missing}; it has {keys}")
-    b = extras.request_timestamps.numel()
     if extras.seq_offsets.numel() != b + 1 or extras.candidate_offsets.numel() != b + 1:
         raise GemDataError(f"KJT extras: {b} requests but {extras.seq_offsets.numel() - 1} "
                            f"histories and {extras.candidate_offsets.numel() - 1} candidate lists")
@@ -136,51 +180,21 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
     if int(lengths.sum()) != values.numel():
         raise GemDataError(f"KeyedJaggedTensor: lengths sum to {int(lengths.sum())} but there "
                            f"are {values.numel()} values")
-    per_key = lengths.view(len(keys), b)
-    chunks = torch.split(values, per_key.sum(dim=1).tolist())
-    features = {key: (chunk, per_key[i]) for i, (key, chunk) in enumerate(zip(keys, chunks))}
 
-    def ids(key: str, rows: Tensor, what: str) -> Any:
-        """A feature's ids per event (candidate), after checking its per-request lengths."""
-        chunk, lens = features[key]
-        inner = extras.item_offsets.get(key)
-        expected = (inner[rows] if inner is not None else rows)
-        expected = expected[1:] - expected[:-1]
-        bad = torch.nonzero(lens != expected)
-        if bad.numel():
-            row = int(bad[0])
-            raise GemDataError(f"KeyedJaggedTensor: feature {key!r} row {row}: length "
-                               f"{int(lens[row])} differs from the {what} "
-                               f"({int(expected[row])} ids)")
-        return Jagged(chunk, inner) if inner is not None else chunk
 
-    event_ids, candidate_ids, sparse = {}, {}, {}
-    for kind, feature in schema.id_features():
-        key = feature_key(kind, feature.name)
-        if kind == "event":
-            event_ids[feature.name] = ids(key, extras.seq_offsets, "request's history length")
-        elif kind == "candidate":
-            candidate_ids[feature.name] = ids(key, extras.candidate_offsets,
-                                              "request's candidate count")
-        else:
-            chunk, lens = features[key]
-            bag_offsets = torch.zeros(b + 1, dtype=torch.int64)
-            torch.cumsum(lens.to(torch.int64), 0, out=bag_offsets[1:])
-            sparse[feature.name] = Jagged(chunk, bag_offsets)
-    return JaggedBatch(
-        seq_offsets=extras.seq_offsets,
-        seq_timestamps=extras.seq_timestamps,
-        event_ids=event_ids,
-        request_timestamps=extras.request_timestamps,
-        candidate_offsets=extras.candidate_offsets,
-        candidate_ids=candidate_ids,
-        labels=dict(extras.labels),
-        sparse=sparse,
-        dense=extras.dense,
-        seq_dense=extras.seq_dense,
-        candidate_dense=extras.candidate_dense,
-        user_embedding=extras.user_embedding,
-        user_ids=extras.user_ids,
-        teacher_logits=extras.teacher_logits,
-        teacher_embedding=extras.teacher_embedding,
-    )
+def _item_ids(features: dict[str, tuple[Tensor, Tensor]], extras: KJTExtras, key: str,
+              rows: Tensor, what: str) -> Any:
+    """An event (candidate) feature's ids per event (candidate), after checking its
+    per-request lengths against ``rows`` (the history or candidate offsets; ``what`` words
+    them): a tensor, or a Jagged with the offsets of a multi-valued feature's ids."""
+    chunk, lens = features[key]
+    inner = extras.item_offsets.get(key)
+    expected = (inner[rows] if inner is not None else rows)
+    expected = expected[1:] - expected[:-1]
+    bad = torch.nonzero(lens != expected)
+    if bad.numel():
+        row = int(bad[0])
+        raise GemDataError(f"KeyedJaggedTensor: feature {key!r} row {row}: length "
+                           f"{int(lens[row])} differs from the {what} "
+                           f"({int(expected[row])} ids)")
+    return Jagged(chunk, inner) if inner is not None else chunk

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gem_core import hookimpl
-from gem_core.registry import TIME_WINDOWS, ImplementationSpec, lazy
+from gem_core.capabilities import TIME_WINDOWS
+from gem_core.registry import ImplementationSpec, lazy
 
 
 def _load_parquet() -> Any:

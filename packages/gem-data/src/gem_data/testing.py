@@ -85,3 +85,19 @@ def write_generated_windows(out: Path, *, windows: int, upto: int | None = None,
         previous = publish_windows(out, generator.schema, [writer.window()], writer.entries,
                                    previous=previous)
     return [window.name for window in previous.windows]
+
+
+def hashed_log_schema(*, max_seq_len: int, eval_fraction: float) -> str:
+    """The schema TOML (with its ``[import]`` table) of the small raw logs the import tests
+    write: hashed 64-bit ``ad`` ids, a multi-valued ``topics`` list on events and candidates,
+    a ``seg`` request feature and one dense column, ``score``; ``click`` the one task."""
+    return (f'tasks = ["click"]\nmax_seq_len = {max_seq_len}\nnum_dense = 1\n'
+            '[[tables]]\nname = "ad"\nnum_embeddings = 1000\nid_policy = "hash"\n'
+            '[[tables]]\nname = "topic"\nnum_embeddings = 97\nid_policy = "hash"\n'
+            '[[tables]]\nname = "seg"\nnum_embeddings = 13\nid_policy = "hash"\n'
+            '[[event_features]]\nname = "ad"\ntable = "ad"\n'
+            '[[event_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
+            '[[candidate_features]]\nname = "ad"\ntable = "ad"\n'
+            '[[candidate_features]]\nname = "topics"\ntable = "topic"\nmulti_valued = true\n'
+            '[[sparse_features]]\nname = "seg"\ntable = "seg"\n'
+            f'[import]\neval_fraction = {eval_fraction}\ndense_columns = ["score"]\n')

@@ -39,6 +39,7 @@ import attrs
 import torch
 from torch import Tensor, nn
 
+from gem_core.capabilities import MANAGED_IDS, WHO_DECLARES
 from gem_core.config import EmbeddingOptimizerConfig
 from gem_core.contracts import EmbeddingBackend, LearningRateFollower, ShardedModule
 from gem_core.embedding import EmbeddingTableConfig, ReferenceEmbeddingCollection, check_ids
@@ -125,7 +126,8 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
         if managed:
             raise GemConfigError(
                 f"embedding table(s) {', '.join(managed)} have id_policy 'managed', which the "
-                "fbgemm-tbe embedding backend does not remap; use torchrec-managed")
+                "fbgemm-tbe embedding backend does not remap; use an embedding backend that "
+                f"declares {MANAGED_IDS} ({WHO_DECLARES})")
         options = {t.optimizer for t in tables}
         if len(options) > 1:
             raise GemConfigError("the fbgemm-tbe backend trains every table with one optimizer; "

@@ -9,15 +9,8 @@ from __future__ import annotations
 import importlib.util
 
 from gem_core import hookimpl
-from gem_core.capabilities import FUSED_OPTIMIZER
-from gem_core.registry import (
-    RELATIVE_BIAS,
-    SILU,
-    SOFTMAX,
-    TORCH_COMPILE,
-    AutoContext,
-    ImplementationSpec,
-)
+from gem_core.capabilities import FUSED_OPTIMIZER, RELATIVE_BIAS, SILU, SOFTMAX, TORCH_COMPILE
+from gem_core.registry import AutoContext, ImplementationSpec
 
 # torch_compile: under torch.compile the kernels are one custom op with a fake implementation.
 
@@ -94,7 +87,7 @@ def gem_register_attention_backends(register) -> None:
         dtypes=("float32", "bfloat16", "float16"),
         supports_backward=True,
         capabilities=(SOFTMAX,),
-        description="PyTorch fused SDPA per sample, unpadded (softmax only)",
+        description="PyTorch fused SDPA per sample, unpadded",
     ))
     register(ImplementationSpec(
         name="blocked",

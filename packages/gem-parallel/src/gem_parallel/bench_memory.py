@@ -93,7 +93,7 @@ def compiled_budget(base: nn.Module, budget: float, batch, tasks: Sequence[str]
     """A row of the ``budget`` policy: a copy of ``base`` with its blocks compiled under the
     activation memory budget; its first step's compile time and saved bytes."""
     from gem_core.compile import CompileTracker, compile_module
-    from gem_core.model.interface import require_strategy_model
+    from gem_core.contracts import require_strategy_model
 
     model = copy.deepcopy(base)
     for unit in require_strategy_model(model, "gem bench memory", "parallel_units"

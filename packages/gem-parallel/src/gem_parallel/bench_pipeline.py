@@ -32,7 +32,7 @@ import click
 
 from gem_core.cli.options import config_options
 from gem_core.train.summary import WARMUP_STEPS_EXCLUDED
-from gem_parallel.torchrec_plan import PIPELINES
+from gem_parallel.torchrec.plan import PIPELINES
 
 
 def run_once(pipeline: str, *, ranks: int, preset: str, per_rank_batch: int, steps: int,

@@ -16,10 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 from gem_core.config import structure
 from gem_core.config.validators import choice, each
-from gem_core.contracts import ActivationCheckpointing
+from gem_core.contracts import ActivationCheckpointing, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 from gem_core.plan_estimate import Estimate, PlanFacts, measured_activations
 from gem_core.precision import reject_options
 

@@ -40,10 +40,9 @@ from torch import Tensor, nn
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least, choice
-from gem_core.contracts import DenseSharding
+from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe import LastForward, MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
 from gem_core.plan_estimate import (

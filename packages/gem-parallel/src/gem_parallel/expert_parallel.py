@@ -42,11 +42,10 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least
-from gem_core.contracts import DenseSharding
+from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 from gem_core.model.moe import MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
 from gem_core.plan_estimate import (

@@ -27,11 +27,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from gem_core.config import structure
-from gem_core.contracts import DenseSharding
+from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine, scale_to_max_norm
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 from gem_parallel.eval_replica import EvalReplica
 

@@ -25,11 +25,11 @@ import attrs
 import torch
 
 from gem_core.config import GemConfig
+from gem_core.contracts import require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model.building import build_checked
 from gem_core.model.features import FeatureLookup
-from gem_core.model.interface import require_strategy_model
 from gem_core.model.summary import parameter_counts
 from gem_core.norm import ReferenceNorm
 from gem_core.plan_estimate import (

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.registry import MANAGED_IDS, AutoContext, ImplementationSpec, lazy
+from gem_core.capabilities import MANAGED_IDS
+from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
 
 def _ddp():
@@ -128,7 +129,7 @@ def gem_register_activation_checkpointing(register) -> None:
 
 
 def _torchrec():
-    from gem_parallel.torchrec_sharding import TorchRecSharding
+    from gem_parallel.torchrec.sharding import TorchRecSharding
 
     return TorchRecSharding()
 
@@ -146,7 +147,7 @@ def gem_register_embedding_sharding(register) -> None:
 
 
 def _torchrec_managed():
-    from gem_parallel.torchrec_managed import ManagedEmbeddingBackend
+    from gem_parallel.torchrec.managed import ManagedEmbeddingBackend
 
     return ManagedEmbeddingBackend()
 

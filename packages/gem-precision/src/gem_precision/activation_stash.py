@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from gem_core.contracts import require_strategy_model
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import require_strategy_model
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max

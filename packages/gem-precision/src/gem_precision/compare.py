@@ -65,7 +65,7 @@ def compare(preset, config_file, overrides, recipes, out) -> None:
     """Train the same model, data and seed under each recipe; print and save NE drift."""
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     if "fp32" not in names:

@@ -8,8 +8,8 @@ import attrs
 
 from gem_core.config import structure
 from gem_core.config.validators import at_least, choice, each
+from gem_core.contracts import STASH_KINDS  # the kinds a model's stash_points() answers
 from gem_core.errors import GemConfigError
-from gem_core.model.interface import STASH_KINDS  # the kinds a model's stash_points() answers
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 STASH_GRANULARITIES = ("tensor", "row")

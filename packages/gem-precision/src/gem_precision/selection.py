@@ -7,7 +7,7 @@ from typing import Sequence
 
 from torch import nn
 
-from gem_core.model.interface import require_strategy_model
+from gem_core.contracts import require_strategy_model
 
 # FP8 matmul kernels (torch._scaled_mm) need both matmul dims to be multiples of 16.
 FP8_ALIGNMENT = 16

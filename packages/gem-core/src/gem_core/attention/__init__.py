@@ -5,28 +5,15 @@
 * cross-attention, long query over a short K/V of the same sample;
 * PMA, a few queries per sample over that sample's whole history.
 
-Backends are registered through ``gem_register_attention_backends``; ``reference`` lives here.
+This package module exports the types of the call (its parameters, the relative bias and the
+input checks); the contract a backend implements is :class:`gem_core.contracts.AttentionBackend`,
+the capability names it declares are in :mod:`gem_core.capabilities`. Backends are registered
+through ``gem_register_attention_backends``; gem-core's live in
+:mod:`gem_core.attention.reference`, :mod:`~gem_core.attention.bucketed` and
+:mod:`~gem_core.attention.padded`.
 """
 
-from gem_core.attention.api import (
-    ATTENTION_CAPABILITIES,
-    TORCH_COMPILE,
-    TORCH_EXPORT,
-    AttentionParams,
-    validate_attention_inputs,
-)
-from gem_core.attention.reference import reference_attention
-from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
-from gem_core.contracts import AttentionBackend
+from gem_core.attention.api import AttentionParams, validate_attention_inputs
+from gem_core.attention.relative_bias import RelativeBias
 
-__all__ = [
-    "ATTENTION_CAPABILITIES",
-    "AttentionBackend",
-    "AttentionParams",
-    "RELATIVE_BIAS",
-    "RelativeBias",
-    "TORCH_COMPILE",
-    "TORCH_EXPORT",
-    "reference_attention",
-    "validate_attention_inputs",
-]
+__all__ = ["AttentionParams", "RelativeBias", "validate_attention_inputs"]

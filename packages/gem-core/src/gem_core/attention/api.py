@@ -9,8 +9,8 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
-from gem_core.capabilities import NORMALIZATIONS, TORCH_COMPILE, TORCH_EXPORT
+from gem_core.attention.relative_bias import RelativeBias
+from gem_core.capabilities import NORMALIZATIONS, RELATIVE_BIAS, WHO_DECLARES
 from gem_core.jagged import check_offsets
 
 Normalization = Literal["softmax", "silu"]
@@ -37,7 +37,7 @@ class AttentionParams:
     see the whole history and every token sees them, regardless of causality and window."""
 
     normalization: Normalization = attrs.field(
-        default="softmax", validator=attrs.validators.in_(("softmax", "silu"))
+        default="softmax", validator=attrs.validators.in_(NORMALIZATIONS)
     )
     """``softmax`` or HSTU-style pointwise ``silu(scale * q.k) / n`` with ``n`` the number of keys
     of the sample (not the batch maximum, so a sample's output never depends on its batch)."""
@@ -53,13 +53,10 @@ class AttentionParams:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-
-
-
-#: Every capability an attention backend may declare in its registration's ``capabilities``:
-#: the normalisations it computes and its optional features.
-ATTENTION_CAPABILITIES: tuple[str, ...] = (*NORMALIZATIONS, RELATIVE_BIAS, TORCH_EXPORT,
-                                            TORCH_COMPILE)
+# A run never calls a backend with what it does not declare: the start-up check
+# (:func:`gem_core.attention.choice.check_attention_backend`) refuses it first, naming the
+# backends that declare it, from the registry. These two are what a backend still raises when
+# called directly, so that it never computes something else silently.
 
 
 def reject_unsupported_bias(backend: str, bias: RelativeBias | None) -> None:
@@ -67,8 +64,19 @@ def reject_unsupported_bias(backend: str, bias: RelativeBias | None) -> None:
     if bias is not None:
         raise NotImplementedError(
             f"the {backend} attention backend does not support {RELATIVE_BIAS} (a RelativeBias "
-            "was passed); use a backend that declares the relative_bias capability, such as "
-            "reference, bucketed, blocked or triton"
+            f"was passed); use a backend that declares {RELATIVE_BIAS} ({WHO_DECLARES})"
+        )
+
+
+def reject_unsupported_normalization(backend: str, params: AttentionParams,
+                                     computes: tuple[str, ...]) -> None:
+    """Raise unless the backend named ``backend`` computes ``params.normalization`` (one of
+    ``computes``, the normalisations its registration declares)."""
+    if params.normalization not in computes:
+        raise NotImplementedError(
+            f"the {backend} attention backend computes {', '.join(computes)} attention only, not "
+            f"{params.normalization!r}; use a backend that declares {params.normalization} "
+            f"({WHO_DECLARES})"
         )
 
 

@@ -60,7 +60,7 @@ def bucketed_attention(
     growth: float = 1.25,
     bias: RelativeBias | None = None,
 ) -> Tensor:
-    """See :class:`gem_core.attention.AttentionBackend`."""
+    """See :class:`gem_core.contracts.AttentionBackend`."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets, bias)
     # The backend does its own float32 (or float64) math; an enclosing bf16 autocast must
     # not recast its matmuls.

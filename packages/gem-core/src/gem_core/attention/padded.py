@@ -53,7 +53,7 @@ def padded_attention(
     max_kv_len: int | None = None,
     bias: RelativeBias | None = None,
 ) -> Tensor:
-    """See :class:`gem_core.attention.AttentionBackend`. ``max_q_len`` and ``max_kv_len`` must
+    """See :class:`gem_core.contracts.AttentionBackend`. ``max_q_len`` and ``max_kv_len`` must
     bound the samples' lengths when given (None: read from the offsets)."""
     reject_unsupported_bias("padded", bias)
     if torch.compiler.is_compiling():

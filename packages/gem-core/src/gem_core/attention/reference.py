@@ -33,7 +33,7 @@ def reference_attention(
     max_kv_len: int | None = None,
     bias: RelativeBias | None = None,
 ) -> Tensor:
-    """See :class:`gem_core.attention.AttentionBackend`."""
+    """See :class:`gem_core.contracts.AttentionBackend`."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, params, num_targets, bias)
     # The backend does its own float32 (or float64) math; an enclosing bf16 autocast must
     # not recast its matmuls.

@@ -33,12 +33,6 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core import capabilities
-
-#: The declared capability name of a backend that accepts ``bias=RelativeBias(...)``.
-RELATIVE_BIAS = capabilities.RELATIVE_BIAS
-
-
 #: HSTU's divisor of the natural logarithm of the time difference.
 DEFAULT_TIME_BUCKET_DIVISOR = 0.301
 

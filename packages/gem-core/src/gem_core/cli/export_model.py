@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from gem_core.capabilities import TORCH_EXPORT
+
 
 @click.command("export-model")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
@@ -16,8 +18,9 @@ import click
               help="Checkpoint step to export (default: the best complete checkpoint, by "
                    "evaluation NE; the newest when none has one).")
 @click.option("--attention", default=None,
-              help="Attention backend to export with; it must declare the torch_export "
-                   "capability (default: the run's, or 'padded' when the run's cannot export).")
+              help=f"Attention backend to export with; it must declare the {TORCH_EXPORT} "
+                   "capability (default: the run's, or one that does when the run's cannot "
+                   "export).")
 @click.option("--aoti", is_flag=True,
               help="Also compile each program with AOTInductor (needs a C++ compiler).")
 def export_model(run_dir: Path, out: Path, step: int | None, attention: str | None,

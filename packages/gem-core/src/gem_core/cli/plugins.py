@@ -1,4 +1,5 @@
-"""``gem plugins``: every registered implementation by kind, with its package and version."""
+"""``gem plugins``: every registered implementation by kind, with its package, version and the
+capabilities it declares."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def plugins(as_json: bool) -> None:
         click.echo(f"{kind}:")
         for row in rows:
             status = "" if row["status"] == "ok" else f"  [{row['status']}]"
+            declares = (f"  (declares {', '.join(row['capabilities'])})"
+                        if row["capabilities"] else "")
             click.echo(f"  {row['name']:<20} {row['package']} {row['version']}  "
-                       f"{row['description']}{status}")
+                       f"{row['description']}{declares}{status}")
     if table["failed_plugins"]:
         click.echo("plugins that failed to import (fatal only if a run selects them):")
         for failure in table["failed_plugins"]:

@@ -86,8 +86,8 @@ def train(preset, config_file, overrides, nproc_per_node, nnodes, rdzv_endpoint,
     from gem_core.cli.main import CATALOG
     from gem_core.process_life import rank_dies_with_agent
     from gem_core.rank_exit import is_process_group_rank
-    from gem_core.train import train as run_training
     from gem_core.train.stop_signal import RunStopped
+    from gem_core.train.trainer import train as run_training
 
     rank_dies_with_agent()  # a rank of torchrun's: SIGTERM when the agent dies
     if "TORCHELASTIC_RUN_ID" in os.environ:

@@ -8,15 +8,13 @@ from gem_core.config.loading import (
     to_toml,
     unstructure,
 )
+from gem_core.config.model_schema import EmbeddingOptimizerConfig, ModelConfig, MoeConfig
 from gem_core.config.schema import (
     AdapterConfig,
     BackendsConfig,
     DataConfig,
     DistillConfig,
-    EmbeddingOptimizerConfig,
     GemConfig,
-    ModelConfig,
-    MoeConfig,
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,

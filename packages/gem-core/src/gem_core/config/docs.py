@@ -1,10 +1,10 @@
 """What every configuration key means, read from the attrs classes that define it.
 
 Python keeps no docstring of a class attribute at runtime; the string literal under each field
-of :mod:`gem_core.config.schema` is read once from the class's source with :mod:`ast` (cached)
-and paired with the field's type, default and validator rule. ``gem config explain`` prints
-these, and any plugin's options class (an attrs class written the same way) can be described
-by :func:`describe_class`.
+of :mod:`gem_core.config.schema` and :mod:`gem_core.config.model_schema` is read once from the
+class's source with :mod:`ast` (cached) and paired with the field's type, default and validator
+rule. ``gem config explain`` prints these, and any plugin's options class (an attrs class
+written the same way) can be described by :func:`describe_class`.
 
 Presets are described by the first line of their leading comment block (``# ...`` lines before
 the first key), the one place a preset says what it is for.

@@ -37,6 +37,7 @@ from gem_core.distill.refit import (
     load_adapter,
     teacher_ne,
 )
+from gem_core.distill.teacher import open_teacher
 from gem_core.distributed import ParallelContext, all_reduce_sum
 from gem_core.errors import GemConfigError
 
@@ -151,9 +152,6 @@ class Distiller:
         self.soft_tasks = [t for t in tasks if self.weights.soft[t] > 0]
         self.needs_embedding = bool(d.embedding_feature or d.embedding_match_weight > 0
                                     or (d.adapter.enabled and d.adapter.use_embedding))
-        # Imported here: teacher -> trained_run -> gem_core.train -> the trainer -> this module.
-        from gem_core.distill.teacher import open_teacher
-
         # Opening the teacher builds a model: keep the student's initialisation untouched. It
         # runs on the CPU, where load_run resolved its backends, on batches the stream yields
         # (before the trainer moves them to the device).

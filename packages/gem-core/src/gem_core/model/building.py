@@ -8,9 +8,8 @@ from typing import Any
 from torch import nn
 
 from gem_core.config import ModelConfig
-from gem_core.contracts import RankingModel, check_contract
+from gem_core.contracts import RankingModel, StrategyModel, check_contract
 from gem_core.errors import GemPluginError
-from gem_core.model.interface import StrategyModel
 from gem_core.schema import FeatureSchema
 
 
@@ -25,7 +24,7 @@ def build_checked(factory: Any, config: ModelConfig, schema: FeatureSchema, *, a
                   embedding_backend: Any, norm: Any) -> nn.Module:
     """Call a resolved ``model`` factory and check what it built: an ``nn.Module`` implementing
     :class:`~gem_core.contracts.RankingModel` and
-    :class:`~gem_core.model.interface.StrategyModel` (an error names the plugin otherwise)."""
+    :class:`~gem_core.contracts.StrategyModel` (an error names the plugin otherwise)."""
     spec = factory.spec
     model = factory.impl(config, schema, attention=attention,
                          embedding_backend=embedding_backend, norm=norm)

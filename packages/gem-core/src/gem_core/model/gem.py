@@ -9,10 +9,16 @@ import attrs
 import torch
 from torch import Tensor, nn
 
-from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.attention import AttentionParams
 from gem_core.batch import JaggedBatch
 from gem_core.config import ModelConfig
-from gem_core.contracts import RankingModel
+from gem_core.contracts import (
+    AttentionBackend,
+    RankingModel,
+    StrategyModel,
+    check_checkpoint_kind,
+    modules_of,
+)
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
@@ -23,7 +29,6 @@ from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import retrieve_matching_events
 from gem_core.model.interaction import DotInteractionMLP
-from gem_core.model.interface import StrategyModel, check_checkpoint_kind, modules_of
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTower, SwiGLU
@@ -282,7 +287,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             return None
         return batch.event_ids[self.config.action_feature] != self.config.view_action
 
-    # -- the model interface of strategies (gem_core.model.interface) -------------------------
+    # -- the model interface of strategies (gem_core.contracts) -------------------------------
 
     def parallel_units(self) -> list[nn.Module]:
         """The sequence tower's blocks (none without an upstream tower)."""

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.attention import AttentionBackend, AttentionParams, RelativeBias
+from gem_core.attention import AttentionParams, RelativeBias
 from gem_core.config import MoeConfig
+from gem_core.contracts import AttentionBackend
 from gem_core.flops import attention_flops, linear_layer_flops, self_attention_pairs
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.moe import build_moe, mlp_flops

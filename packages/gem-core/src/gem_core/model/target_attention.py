@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gem_core.attention import AttentionBackend, AttentionParams
+from gem_core.attention import AttentionParams
+from gem_core.contracts import AttentionBackend
 from gem_core.flops import attention_flops, cross_pairs
 
 

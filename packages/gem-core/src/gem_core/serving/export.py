@@ -12,11 +12,12 @@ size and SHA-256 of every file (:mod:`gem_core.serving.integrity`). The export i
 staging directory beside ``out`` and published whole (:mod:`gem_core.serving.publish`).
 
 Attention backends declare whether ``torch.export`` can capture them (the ``torch_export``
-capability). When the run's backend cannot, the exporter swaps in gem-core's ``padded`` backend
-(the weights do not depend on the backend) and says so; a backend the user names explicitly
-that cannot export is an error. Every export is checked before it is written: the exported
-programs score a held-out batch (other sizes than the capture's example) and must agree with the
-run's model on its own backend.
+capability). When the run's backend cannot, the exporter swaps in one that declares it and
+everything else the model needs (gem-core's ``padded`` backend when it does; the weights do not
+depend on the backend) and says so; a backend the user names explicitly that cannot export is an
+error, and so is a model that no installed backend can export. Every export is checked before it
+is written: the exported programs score a held-out batch (other sizes than the capture's example)
+and must agree with the run's model on its own backend.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import attrs
 import torch
 from torch import Tensor
 
-from gem_core.attention import TORCH_EXPORT
+from gem_core.attention.choice import attention_needs, check_attention_backend
 from gem_core.batch import JaggedBatch, select_ids
+from gem_core.capabilities import TORCH_EXPORT
 from gem_core.contracts import WindowedSource
 from gem_core.errors import GemConfigError, GemDataError
 from gem_core.jagged import offsets_from_lengths
+from gem_core.plugins import build_plugins
 from gem_core.schema import schema_to_dict
 from gem_core.serving.archive import inspect_program
 from gem_core.serving.inputs import batch_inputs, input_specs
@@ -47,7 +50,8 @@ from gem_core.trained_run import LoadedRun, load_run
 
 log = logging.getLogger(__name__)
 
-#: The attention backend swapped in when the run's cannot be exported.
+#: The attention backend swapped in when the run's cannot be exported (when it declares what the
+#: export of the model needs; else the first installed backend that does).
 EXPORT_ATTENTION = "padded"
 #: Largest absolute difference between exported and eager outputs the export accepts (float32).
 PARITY_TOLERANCE = 1e-5
@@ -190,25 +194,30 @@ def resolve_export_attention(run_dir: Path, attention: str | None,
                              step: int | None) -> tuple[LoadedRun, LoadedRun, dict[str, Any]]:
     """The run on its own backends (the parity reference), the run on a backend that exports,
     and the manifest's account of the choice."""
-    reference = load_run(run_dir, step=step)
-    run_backend = reference.backends.attention.spec.name
-    if attention is not None:
-        chosen = load_run(run_dir, step=step, backends={"attention": attention})
-        if TORCH_EXPORT not in chosen.backends.attention.spec.capabilities:
-            raise GemConfigError(
-                f"attention backend {attention!r} has no export path (it does not declare the "
-                f"{TORCH_EXPORT!r} capability); choose one that does, such as "
-                f"{EXPORT_ATTENTION!r}, or leave --attention out to use the run's")
+    plugins = build_plugins()
+    registry = plugins.registry("attention")
+    reference = load_run(run_dir, step=step, plugins=plugins)
+    model, run_spec = reference.config.model, reference.backends.attention.spec
+    run_backend = run_spec.name
+    if attention is not None:  # named: it exports, or the export stops (never a fallback)
+        check_attention_backend(model, registry.get(attention), registry.specs(), export=True)
+        chosen = load_run(run_dir, step=step, backends={"attention": attention}, plugins=plugins)
         return reference, chosen, {"run": run_backend, "exported": attention,
                                    "swapped": attention != run_backend, "chosen_by": "user"}
-    if TORCH_EXPORT in reference.backends.attention.spec.capabilities:
+    if TORCH_EXPORT in run_spec.capabilities:
         return reference, reference, {"run": run_backend, "exported": run_backend,
                                       "swapped": False, "chosen_by": "run"}
-    log.warning("attention backend %r of %s has no export path; exporting with %r (pure PyTorch, "
-                "the same function) instead", run_backend, run_dir, EXPORT_ATTENTION)
-    chosen = load_run(run_dir, step=step, backends={"attention": EXPORT_ATTENTION})
+    needs = attention_needs(model, export=True)
+    able = [spec.name for spec in registry.specs() if needs.keys() <= spec.capabilities]
+    if not able:  # names the run's backend, what it lacks and that none has everything
+        check_attention_backend(model, run_spec, registry.specs(), export=True)
+    swap = EXPORT_ATTENTION if EXPORT_ATTENTION in able else able[0]
+    log.warning("attention backend %r of %s does not declare %s; exporting with %r, which "
+                "declares what the export needs, instead", run_backend, run_dir, TORCH_EXPORT,
+                swap)
+    chosen = load_run(run_dir, step=step, backends={"attention": swap}, plugins=plugins)
     return reference, chosen, {
-        "run": run_backend, "exported": EXPORT_ATTENTION, "swapped": True, "chosen_by": "export",
+        "run": run_backend, "exported": swap, "swapped": True, "chosen_by": "export",
         "why": f"{run_backend!r} does not declare the {TORCH_EXPORT!r} capability"}
 
 
@@ -229,13 +238,10 @@ def export_model(run_dir: Path, out: Path, *, attention: str | None = None,
                  step: int | None = None, aoti: bool = False) -> dict[str, Any]:
     """Export ``run_dir`` into ``out`` (replacing an export there only once the new one is
     complete); returns the manifest (also written as ``out/manifest.json``). ``attention``:
-    the backend to export with (must declare ``torch_export``; None: the run's, or ``padded``
-    when the run's cannot export)."""
+    the backend to export with (must declare ``torch_export`` and what the model needs; None:
+    the run's, or one that does when the run's cannot export)."""
     check_target(Path(out))
     reference, run, attention_info = resolve_export_attention(Path(run_dir), attention, step)
-    if run.config.model.relative_bias:
-        raise GemConfigError(f"{run_dir} uses model.relative_bias, which no exportable attention "
-                             "backend supports yet")
     if run.config.model.teacher_embedding_dim:
         raise GemConfigError(
             f"{run_dir} is a distilled student that reads its teacher's user embedding as an "

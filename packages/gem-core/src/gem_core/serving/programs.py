@@ -24,7 +24,7 @@ import attrs
 import torch
 from torch import Tensor, nn
 
-from gem_core.attention import AttentionBackend
+from gem_core.contracts import AttentionBackend
 from gem_core.model.gem import GEMModel
 from gem_core.serving.inputs import CANDIDATES, CONTEXT, HISTORY, USER_EMBEDDING, batch_from_inputs
 

@@ -41,9 +41,10 @@ from torch import Tensor
 
 from gem_core.attention.api import AttentionParams
 from gem_core.attention.reference import reference_attention
-from gem_core.attention.relative_bias import RELATIVE_BIAS, RelativeBias
+from gem_core.attention.relative_bias import RelativeBias
+from gem_core.capabilities import NORMALIZATIONS, RELATIVE_BIAS
 from gem_core.jagged import offsets_from_lengths
-from gem_core.testing.attention_drawing import NORMALIZATIONS, AttentionCaseDrawing
+from gem_core.testing.attention_drawing import AttentionCaseDrawing
 from gem_core.testing.attention_oracle import (
     DEFAULT_TOLERANCES,
     AttentionCase,
@@ -78,7 +79,7 @@ class AttentionConformance(AttentionCaseDrawing):
     tolerances: ClassVar[dict[torch.dtype, Tolerance]] = DEFAULT_TOLERANCES
 
     def make_backend(self) -> Any:
-        """Return the backend under test (see :class:`gem_core.attention.AttentionBackend`)."""
+        """Return the backend under test (see :class:`gem_core.contracts.AttentionBackend`)."""
         raise NotImplementedError("subclasses of AttentionConformance must override make_backend")
 
     # ----------------------------------------------------------------------------------------

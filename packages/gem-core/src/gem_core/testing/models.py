@@ -9,11 +9,11 @@ import torch
 from gem_core.attention.reference import ReferenceAttention
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, ModelConfig
+from gem_core.contracts import StrategyModel, check_checkpoint_kind
 from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.model.gem import GEMModel
-from gem_core.model.interface import StrategyModel, check_checkpoint_kind
 from gem_core.model.moe import moe_layers
 from gem_core.schema import FeatureSchema
 

@@ -40,3 +40,13 @@ SMALL_RUN = ("--set", "train.steps=6", "--set", "train.batch_size=64", "--set", 
              "--set", "data.eval_rows=256", "--set", "train.eval_batch_size=256",
              "--set", "train.warmup_steps=2", "--set", "train.eval_every=0",
              "--set", "train.checkpoint_every=3", "--set", "data.max_seq_len=48", "--no-progress")
+
+
+def jsonl_records(path: Path) -> list[dict]:
+    """Every record of a run's ``.jsonl`` file (``metrics.jsonl``, ``eval.jsonl``), in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def step_losses(run_dir: Path) -> list[tuple[int, float]]:
+    """``(step, loss)`` of every step record in ``metrics.jsonl``."""
+    return [(r["step"], r["loss"]) for r in jsonl_records(Path(run_dir) / "metrics.jsonl")]

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from gem_core.config import load_config
 from gem_core.logs import configure_logging
 from gem_core.plugins import build_plugins
-from gem_core.train import train
+from gem_core.train.trainer import train
 
 _TIMEOUT = datetime.timedelta(minutes=10)
 

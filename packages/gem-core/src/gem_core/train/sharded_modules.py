@@ -1,6 +1,6 @@
 """Sharded modules: modules of the model whose state the dense engine's state dict does not hold
 (TorchRec-sharded embedding tables and their fused optimizer,
-:mod:`gem_parallel.torchrec_sharding`), and how the checkpointer stores them.
+:mod:`gem_parallel.torchrec.sharding`), and how the checkpointer stores them.
 
 Such a module subclasses :class:`gem_core.contracts.ShardedModule` and offers its state through
 its four methods (every rank calls them together):

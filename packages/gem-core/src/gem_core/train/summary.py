@@ -1,6 +1,7 @@
-"""The parts of ``summary.json`` computed from what a run measured and evaluated: the
-performance figures (throughput, FLOPs, padding saved, MFU) and the headline evaluation with the
-checkpoint it belongs to. The trainer adds what its components report."""
+"""The parts of ``summary.json`` computed from what a run did, measured and evaluated: the run
+(how far it got, why it stopped), the performance figures (throughput, FLOPs, padding saved,
+MFU) and the evaluations, led by the headline one with the checkpoint it belongs to. The trainer
+adds what its components report."""
 
 from __future__ import annotations
 
@@ -8,11 +9,29 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gem_core.config import GemConfig
+from gem_core.distributed import ParallelContext
 from gem_core.train.time_order import TimeOrder
 
 WARMUP_STEPS_EXCLUDED = 3
 """The first steps pay one-off costs (allocation, compilation); throughput figures leave them
 out."""
+
+
+def run_record(config: GemConfig, ctx: ParallelContext, *, step: int, resumed_from: int,
+               ending: Mapping[str, str] | None, data_passes: int | None,
+               wall_s: float) -> dict[str, Any]:
+    """``summary.json``'s ``run``: how far it got and why it stopped there (``ending``: why it
+    ended before ``train.steps``, or None)."""
+    steps = config.train.steps
+    return {"name": config.name, "steps": step, "resumed_from": resumed_from,
+            "finished": step >= steps or ending is not None,
+            "stopped": ending or {
+                "reason": "steps" if step >= steps else "until_step",
+                "message": f"stopped at step {step} (train.steps = {steps})"},
+            "data_passes": data_passes,
+            "world_size": ctx.world_size, "nodes": ctx.num_nodes,
+            "device": str(ctx.device), "wall_time_s": wall_s}
 
 
 def performance(totals: Mapping[str, float], *, steps: int, step_times: Sequence[float],
@@ -81,3 +100,20 @@ def headline(run_dir: Path, history: Sequence[Mapping[str, Any]], *, step: int,
         return last, {"step": last["step"], "best": False,
                       "reason": f"the last evaluation, step {last['step']}"}
     return entries[-1], {"step": choice.step, "best": choice.best, "reason": choice.reason}
+
+
+def evaluation_summary(run_dir: Path, history: Sequence[Mapping[str, Any]],
+                       tasks: Sequence[str], *, step: int, time_order: TimeOrder | None,
+                       windows_trained: int | None) -> dict[str, Any]:
+    """``summary.json``'s ``eval`` (:func:`headline`), ``eval_last``, in time order
+    ``progressive`` (``windows_trained``: windows trained on), and ``checkpoint_used``."""
+    final, used = headline(run_dir, history, step=step, time_order=time_order)
+    return {
+        # The headline: the evaluation of the checkpoint readers use by default (the best),
+        # or in time order the windows' mean.
+        "eval": {task: final[task] for task in tasks},
+        "eval_last": {task: history[-1][task] for task in tasks} if history else final,
+        **({"progressive": time_order.summary(history, windows_trained)}
+           if time_order is not None else {}),
+        "checkpoint_used": used,
+    }

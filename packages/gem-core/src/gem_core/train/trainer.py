@@ -1,50 +1,42 @@
-"""The training loop. Every backend is resolved once here and injected; nothing is global."""
+"""The training loop, over a run assembled by :mod:`gem_core.train.assembly` (where every backend
+is resolved once and injected; nothing is global)."""
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
 from gem_core.batch import JaggedBatch
 from gem_core.checkpoint import latest_checkpoint, remove_torn
-from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig, unstructure
-from gem_core.contracts import LearningRateFollower
-from gem_core.distill.distiller import build_distiller
 from gem_core.distill.setup import resolve_distillation
 from gem_core.distributed import (
     ParallelContext,
-    all_reduce_max,
     all_reduce_sum,
     init_from_environment,
     shutdown,
 )
-from gem_core.embedding import check_fused_optimizer
-from gem_core.ids import check_managed_ids
-from gem_core.model.building import build_run_model
-from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins
 from gem_core.schema import schema_to_dict
-from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
+from gem_core.train.accounting import RunAccounting
+from gem_core.train.assembly import RunAssembly
 from gem_core.train.checkpointer import Checkpointer
-from gem_core.train.costs import sample_costs
-from gem_core.train.data_fingerprint import STATE_KEY, check_same_data, data_fingerprint
-from gem_core.train.data_log import data_report, log_data_counts
+from gem_core.train.data_fingerprint import STATE_KEY, check_same_data
+from gem_core.train.data_log import log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
 from gem_core.train.evaluate import evaluate, selection_ne
 from gem_core.train.guard import StepGuard
-from gem_core.train.loss import mean_loss, task_loss_sums
-from gem_core.train.optim import learning_rate, lr_schedule, make_adamw
+from gem_core.train.loss import task_loss_sums
+from gem_core.train.optim import learning_rate
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress, log_start
+from gem_core.train.random_state import rng_state, set_rng_state
 from gem_core.train.resume import (
     MODEL_FORMAT,
     check_compatible,
@@ -61,12 +53,10 @@ from gem_core.train.run_end import (
 )
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
-from gem_core.train.summary import headline, performance
+from gem_core.train.summary import evaluation_summary, run_record
 from gem_core.train.teardown import stop_background_work
-from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
-
 
 
 @attrs.frozen(kw_only=True)
@@ -107,84 +97,22 @@ def train(config: GemConfig, plugins: GemPlugins, run_dir: Path, *, fresh: bool 
         shutdown(ctx)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
-class _Trainer:
+class _Trainer(RunAssembly):
     def __init__(self, config: GemConfig, plugins: GemPlugins, run_dir: Path,
                  ctx: ParallelContext, *, fresh: bool, progress: bool,
                  allow_data_change: bool = False, stop: StopSignals | None = None) -> None:
-        self.config, self.ctx = config, ctx
-        self.tc = config.train
         # Asked to stop (a signal): read in each step's reduction, so all ranks agree.
-        self.stop = stop if stop is not None else StopSignals(self.tc.stop_grace_s)
+        self.stop = stop if stop is not None else StopSignals(config.train.stop_grace_s)
         self.stopping = False
         self.allow_data_change = allow_data_change
-        if self.tc.deterministic:
+        if config.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.run_dir = RunDirectory(run_dir, enabled=ctx.is_main,
-                                    tensorboard=self.tc.tensorboard)
+                                    tensorboard=config.train.tensorboard)
         if fresh:
             self.run_dir.start_fresh()
-        self.backends: RunBackends = resolve_backends(config, plugins, ctx)
-        self.compiled = start_compiled_run(config, self.backends.attention.spec,
-                                           plugins.registry("attention").specs(), run_dir)
         self.show_progress = progress
-        seed_everything(self.tc.seed)
-        self.source = build_data_source(self.backends.data, config.data, seed=self.tc.seed)
-        # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
-        self.distiller = build_distiller(config, self.source, ctx)
-        if self.distiller is not None:
-            self.source = self.distiller.source
-        self.schema = self.source.schema
-        # data.order = "time": the windows once, each evaluated before it is trained on.
-        self.time_order: TimeOrder | None = None
-        if config.data.order == "time":
-            self.time_order = TimeOrder(
-                check_time_order(config, self.backends.data.spec, self.source), self.schema.tasks)
-        self.lr_schedule = lr_schedule(config)
-        check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
-                          embedding_sharding=self.backends.embedding_sharding.spec,
-                          world_size=ctx.world_size, plugins=plugins)
-        check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
-                              embedding_sharding=self.backends.embedding_sharding.spec,
-                              world_size=ctx.world_size)
-        self.model = build_run_model(self.backends, config.model, self.schema)
-        window = config.model.window or None
-        self.stream_args = dict(
-            batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
-            balancer=self.backends.balancer.impl,
-            cost_fn=lambda b: sample_costs(b.seq_lengths(), window, b.candidate_counts()),
-        )
-        self._calibrate_precision()
-        self.engine = parallelize(
-            self.model, ctx=ctx, precision=self.backends.precision.impl,
-            embedding_sharding=self.backends.embedding_sharding.impl,
-            activation_checkpointing=self.backends.activation_checkpointing.impl,
-            dense_sharding=self.backends.dense_sharding.impl,
-            make_optimizer=make_adamw(self.tc), config=config,
-        )
-        self._lr_followers = [m for m in self.engine.unwrapped.modules()
-                              if isinstance(m, LearningRateFollower)]
-        self.stream = self.source.train_stream(**self.stream_args)
-        # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
-        self.steps = self.backends.embedding_sharding.impl.step_runner(
-            self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
-            options=config.parallel.embedding)
+        super().__init__(config, plugins, run_dir, ctx)
         self.step = 0
         self.saved_step: int | None = None  # of the newest checkpoint this run wrote or resumed
         self.guard = StepGuard(self.tc)
@@ -193,24 +121,7 @@ class _Trainer:
         self.ending: dict[str, str] | None = None  # why the run ends before train.steps
         self.warnings: list[str] = []
         self.passes_done: int | None = 0
-        self.step_times: list[float] = []
-        self.totals = {"samples": 0, "requests": 0, "tokens": 0, "flops": 0.0,
-                       "attention_flops": 0.0, "padded_flops": 0.0, "padded_attention_flops": 0.0}
-
-    def _calibrate_precision(self) -> None:
-        """Recipes that choose by measuring (automatic FP8 selection) see a few training
-        batches from a separate stream, so the training stream starts untouched."""
-        recipe = self.backends.precision.impl
-        options = self.config.precision.options
-        count = recipe.calibration_batches_for(options)
-        if count == 0:
-            return
-        stream = self.source.train_stream(**self.stream_args)
-        batches = [next(stream).to(self.ctx.device) for _ in range(count)]
-        self.model.to(self.ctx.device)
-        tasks = self.schema.tasks
-        recipe.calibrate(self.model, batches,
-                         lambda logits, batch: mean_loss(logits, batch, tasks), options)
+        self.accounting = RunAccounting(self.schema.tasks, ctx)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -254,9 +165,9 @@ class _Trainer:
         number."""
         self.checkpointer.load_engine(path, state)
         rng = state["rng"]
-        _set_rng_state(rng[self.ctx.rank % len(rng)])
+        set_rng_state(rng[self.ctx.rank % len(rng)])
         self.step = state["step"]
-        self.totals = state["totals"]
+        self.accounting.totals = state["totals"]
         self.eval_history = state["eval_history"]
         self.guard.load_state_dict(state["guard"])
 
@@ -273,14 +184,14 @@ class _Trainer:
 
     def _save(self) -> None:
         data_states = _gather_objects(self.steps.data_position(), self.ctx)  # last trained
-        rng_states = _gather_objects(_rng_state(), self.ctx)
+        rng_states = _gather_objects(rng_state(), self.ctx)
         last = self.eval_history[-1] if self.eval_history else None
         ne = (selection_ne(last, self.schema.tasks)
               if last is not None and last["step"] == self.step and self.time_order is None
               else None)  # in time order each evaluation is of another window: no ranking
         state = {
             "step": self.step, "data": data_states,
-            "rng": rng_states, "totals": self.totals, "eval_history": self.eval_history,
+            "rng": rng_states, "totals": self.accounting.totals, "eval_history": self.eval_history,
             "config": unstructure(self.config), "world_size": self.ctx.world_size,
             "guard": self.guard.state_dict(),
             "dense_sharding": self.backends.dense_sharding.spec.name,
@@ -308,9 +219,6 @@ class _Trainer:
             log.warning("%s", stopped)
         raise stopped
 
-    def _data_fingerprint(self) -> dict[str, Any]:
-        return data_fingerprint(self.config, self.source.fingerprint())
-
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self, until_step: int | None = None) -> TrainResult:
@@ -321,28 +229,7 @@ class _Trainer:
         with torch.random.fork_rng(devices=[]):  # random matrices; the training RNG stays exact
             peak = measure_matmul_peak(self.ctx.device)
         start_step, started = self.step, time.perf_counter()
-        total = self.tc.steps
-        if self.time_order is not None:  # one pass over the windows, if shorter
-            planned = self.time_order.planned_steps(
-                self.tc.batch_size, bool(self.config.data.options.get("token_budget")))
-            total = min(total, planned) if planned else total
-        bar = Progress(total=total, initial=self.step, stop=min(stop, total),
-                       enabled=self.ctx.is_main, bar=self.show_progress,
-                       log_every_s=self.tc.log_every_s)
-        if self.ctx.is_main:
-            log_start(self.config, self.backends.describe(), device=self.ctx.device.type,
-                      world_size=self.ctx.world_size, start_step=self.step, stop=stop,
-                      run_dir=self.run_dir.path)
-        self.engine.train()
-        self.passes_done = self._passes()
-        if self.ctx.is_main:
-            log_epochs_plan(self.tc, self.config.data.source, self.passes_done,
-                            time_order=self.time_order is not None)
-        if self.time_order is not None:
-            self._start_windows(stop)
-        self.ending = self._ending()  # a resumed run that had already stopped early
-        if self.ending is not None and self.ctx.is_main:
-            log.info("nothing to train: %s", self.ending["message"])
+        bar = self._start(stop)
         while self.step < stop and self.ending is None:
             looped = time.perf_counter()  # the step as the loop sees it, batch fetch included
             record = self.steps.run_step(lambda batch: self._train_step(batch, peak))
@@ -403,16 +290,38 @@ class _Trainer:
             log_data_counts(self.source, "at the end of the run")
         return TrainResult(run_dir=self.run_dir.path, summary=summary)
 
+    def _start(self, stop: int) -> Progress:
+        """Say what runs, set the model training and find whether there is anything left to
+        train before ``stop``; the progress bar (or lines) of the steps to come."""
+        total = self.tc.steps
+        if self.time_order is not None:  # one pass over the windows, if shorter
+            planned = self.time_order.planned_steps(
+                self.tc.batch_size, bool(self.config.data.options.get("token_budget")))
+            total = min(total, planned) if planned else total
+        bar = Progress(total=total, initial=self.step, stop=min(stop, total),
+                       enabled=self.ctx.is_main, bar=self.show_progress,
+                       log_every_s=self.tc.log_every_s)
+        if self.ctx.is_main:
+            log_start(self.config, self.backends.describe(), device=self.ctx.device.type,
+                      world_size=self.ctx.world_size, start_step=self.step, stop=stop,
+                      run_dir=self.run_dir.path)
+        self.engine.train()
+        self.passes_done = self._passes()
+        if self.ctx.is_main:
+            log_epochs_plan(self.tc, self.config.data.source, self.passes_done,
+                            time_order=self.time_order is not None)
+        if self.time_order is not None:
+            self._start_windows(stop)
+        self.ending = self._ending()  # a resumed run that had already stopped early
+        if self.ending is not None and self.ctx.is_main:
+            log.info("nothing to train: %s", self.ending["message"])
+        return bar
+
     def _train_step(self, batch: JaggedBatch, peak: float) -> dict[str, Any]:
-        tc, ctx = self.tc, self.ctx
+        ctx = self.ctx
         started = time.perf_counter()
         batch = batch.to(ctx.device)
-        lr = learning_rate(tc, self.step, self.lr_schedule)
-        self.engine.set_lr(lr)
-        # Modules with their own optimizer (TorchRec's fused sparse one) see the schedule's
-        # factor through ``follow_learning_rate(factor) -> lr | None``.
-        sparse_lr = [m.follow_learning_rate(lr / tc.lr) for m in self._lr_followers]
-        sparse_lr = [x for x in sparse_lr if x is not None]
+        learning_rates = self._follow_schedule()
         with self.backends.precision.impl.autocast(ctx.device.type):
             logits = self.engine(batch)
         # Sum over the local impressions, divided by the global batch's impressions and
@@ -434,26 +343,40 @@ class _Trainer:
         if aux_losses:
             loss = loss + sum(aux_losses.values())
         self.engine.backward(loss)
-        grad_norm = float(self.engine.clip_grad_norm(tc.grad_clip))
-        flops = self.engine.unwrapped.flops(batch.seq_lengths().cpu(),
-                                            batch.candidate_counts().cpu())
-        local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
-                              batch.num_events, flops["total"], flops["attention"],
-                              flops["padded_total"], flops["padded_attention"],
-                              0.0 if math.isfinite(grad_norm) else 1.0, self.stop.requested],
-                             dtype=torch.float64)
-        # One reduction gives every rank the same loss and the same "any rank non-finite" and
-        # "any rank asked to stop" flags, so all ranks take or skip the step, or stop, together.
-        reduced = all_reduce_sum(local, ctx).tolist()
-        num_tasks = len(self.schema.tasks)
-        task_loss = [x / max(impressions, 1.0) for x in reduced[:num_tasks]]
-        (requests, tokens, total, attention, padded, padded_attention, bad,
-         stops) = reduced[num_tasks:]
-        self.stopping = stops > 0
-        samples = impressions
-        busiest = all_reduce_max(torch.tensor([float(batch.num_events)]), ctx).item()
-        skipped = self.guard.verdict(sum(task_loss), math.inf if bad else grad_norm)
-        self.guard.record(sum(task_loss), skipped)
+        grad_norm = float(self.engine.clip_grad_norm(self.tc.grad_clip))
+        reduced = self.accounting.reduce(batch, self.engine.unwrapped, task_sums,
+                                         impressions=impressions, grad_norm=grad_norm,
+                                         stop_requested=self.stop.requested)
+        self.stopping = reduced.stop
+        skipped = self._optimizer_step(reduced.loss,
+                                       math.inf if reduced.nonfinite_grad else grad_norm)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        record = self.accounting.step_record(
+            self.step + 1, reduced, step_time=time.perf_counter() - started, peak=peak,
+            trainer_figures={**learning_rates, "grad_norm": grad_norm,
+                             **(self.compiled.step_record() if self.compiled is not None else {})},
+            model=self.engine.unwrapped, aux_losses=aux_losses)
+        record.update(distill_record)
+        if skipped is not None:
+            record["skipped"] = skipped
+        return record
+
+    def _follow_schedule(self) -> dict[str, float]:
+        """Set this step's learning rate; ``lr`` and, where a module has an optimizer of its own
+        (TorchRec's fused sparse one), its ``sparse_lr``."""
+        lr = learning_rate(self.tc, self.step, self.lr_schedule)
+        self.engine.set_lr(lr)
+        # They see the schedule's factor through ``follow_learning_rate(factor) -> lr | None``.
+        sparse_lr = [m.follow_learning_rate(lr / self.tc.lr) for m in self._lr_followers]
+        sparse_lr = [x for x in sparse_lr if x is not None]
+        return {"lr": lr, **({"sparse_lr": sparse_lr[0]} if sparse_lr else {})}
+
+    def _optimizer_step(self, loss: float, grad_norm: float) -> str | None:
+        """Take the optimizer step unless the guard skips it (every rank alike: ``loss`` and
+        ``grad_norm`` are the same on all); why it was skipped, or None."""
+        skipped = self.guard.verdict(loss, grad_norm)
+        self.guard.record(loss, skipped)
         if skipped is None:
             self.engine.step()
             # e.g. FP8 scales for FSDP2's FP8 all-gather
@@ -461,68 +384,7 @@ class _Trainer:
         else:
             self.engine.zero_grad()
             log.warning("step %d skipped: %s", self.step + 1, skipped)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        step_time = time.perf_counter() - started
-        self.totals["samples"] += int(samples)
-        self.totals["requests"] += int(requests)
-        self.totals["tokens"] += int(tokens)
-        self.totals["flops"] += total
-        self.totals["attention_flops"] += attention
-        self.totals["padded_flops"] += padded
-        self.totals["padded_attention_flops"] += padded_attention
-        self.step_times.append(step_time)
-        record = {
-            "step": self.step + 1,
-            "loss": sum(task_loss),
-            **{f"loss_{t}": v for t, v in zip(self.schema.tasks, task_loss)},
-            # A sample is an impression (a candidate of a request, with its labels); a request
-            # is one history with its candidates, encoded once.
-            "samples": self.totals["samples"],
-            "requests": self.totals["requests"],
-            "tokens": self.totals["tokens"],
-            "step_time_s": step_time,
-            "samples_per_s": samples / step_time,
-            "requests_per_s": requests / step_time,
-            "tokens_per_s": tokens / step_time,
-            "lr": lr,
-            **({"sparse_lr": sparse_lr[0]} if sparse_lr else {}),
-            "grad_norm": float(grad_norm),
-            **(self.compiled.step_record() if self.compiled is not None else {}),
-            "flops": total,
-            "padded_flops": padded,
-            "attention_flops": attention,
-            "padded_attention_flops": padded_attention,
-            "mfu": total / (ctx.world_size * step_time * peak),
-            # A straggler shows as a rank with more tokens than the mean.
-            "rank_tokens_max_over_mean": busiest / (tokens / ctx.world_size) if tokens else 1.0,
-        }
-        record.update(self._model_step_stats(aux_losses))
-        record.update(distill_record)
-        if skipped is not None:
-            record["skipped"] = skipped
-        return record
-
-    def _model_step_stats(self, aux_losses: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """The model's own figures of this step (MoE tokens per expert, load balance, dropped
-        tokens, auxiliary loss), summed over ranks; empty when the model reports none."""
-        model = self.engine.unwrapped
-        stats = dict(model.step_stats())
-        if aux_losses:
-            stats["aux_loss"] = float(sum(loss.detach() for loss in aux_losses.values()))
-        if not stats:
-            return {}
-        keys = sorted(stats)
-        values = all_reduce_sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64),
-                                self.ctx).tolist()
-        summed = dict(zip(keys, values))
-        record = dict(model.summarize_step_stats(summed))
-        if "aux_loss" in summed:
-            record["aux_loss"] = summed["aux_loss"] / self.ctx.world_size
-        if "moe_dropped_tokens" in record:
-            self.totals["moe_dropped_tokens"] = (self.totals.get("moe_dropped_tokens", 0.0)
-                                                 + record["moe_dropped_tokens"])
-        return record
+        return skipped
 
     def _evaluate(self, window: int | None = None) -> None:
         """Evaluate on the eval split, or (time order) on time window ``window``."""
@@ -562,10 +424,6 @@ class _Trainer:
                                                bool(self.config.data.options.get("token_budget"))))
         self._evaluate_due_window()
 
-    def _windows_trained(self) -> int:
-        index, begun = self.time_order.position(self.steps.data_position())
-        return index + int(begun)
-
     def _evaluate_due_window(self) -> bool:
         """Evaluate the next window if it is due (:meth:`TimeOrder.due`); whether it was."""
         due = self.time_order.due(self.steps.data_position(), self.eval_history)
@@ -575,18 +433,6 @@ class _Trainer:
         return True
 
     # -- when to end, which checkpoint counts ----------------------------------------------------
-
-    def _passes(self) -> int | None:
-        """Complete passes over the training data at the last trained batch, or None when the
-        stream has none (generated data). With ``train.epochs``, the most of any rank's (a
-        collective: every rank calls it), so all ranks stop at the same step."""
-        position = self.steps.data_position()
-        epoch = position.get("epoch") if isinstance(position, dict) else None
-        if not isinstance(epoch, int):
-            return None
-        if self.tc.epochs and self.ctx.world_size > 1:
-            epoch = int(all_reduce_max(torch.tensor([float(epoch)]), self.ctx).item())
-        return epoch
 
     def _count_passes(self) -> None:
         if self.passes_done is None:
@@ -618,46 +464,18 @@ class _Trainer:
                 log.warning("%s", message)
 
     def _summary(self, peak: float, start_step: int, wall_s: float) -> dict[str, Any]:
-        final, used = headline(self.run_dir.path, self.eval_history, step=self.step,
-                               time_order=self.time_order)
-        tasks = self.schema.tasks
         return {
-            "run": {"name": self.config.name, "steps": self.step, "resumed_from": start_step,
-                    "finished": self.step >= self.tc.steps or self.ending is not None,
-                    "stopped": self.ending or {
-                        "reason": "steps" if self.step >= self.tc.steps else "until_step",
-                        "message": f"stopped at step {self.step} (train.steps = "
-                                   f"{self.tc.steps})"},
-                    "data_passes": self.passes_done,
-                    "world_size": self.ctx.world_size, "nodes": self.ctx.num_nodes,
-                    "device": str(self.ctx.device), "wall_time_s": wall_s},
-            # The headline: the evaluation of the checkpoint readers use by default (the best),
-            # or in time order the windows' mean.
-            "eval": {task: final[task] for task in tasks},
-            "eval_last": ({task: self.eval_history[-1][task] for task in tasks}
-                          if self.eval_history else final),
-            **({"progressive": self.time_order.summary(self.eval_history, self._windows_trained())}
-               if self.time_order is not None else {}),
-            "checkpoint_used": used,
+            "run": run_record(self.config, self.ctx, step=self.step, resumed_from=start_step,
+                              ending=self.ending, data_passes=self.passes_done, wall_s=wall_s),
+            **evaluation_summary(self.run_dir.path, self.eval_history, self.schema.tasks,
+                                 step=self.step, time_order=self.time_order,
+                                 windows_trained=(self._windows_trained()
+                                                  if self.time_order is not None else None)),
             "warnings": self.warnings,
             "eval_history": self.eval_history,
-            **performance(self.totals, steps=self.step, step_times=self.step_times,
-                          world_size=self.ctx.world_size, peak=peak,
-                          device_type=self.ctx.device.type),
-            "guard": self.guard.report(),
-            **({"moe": {"dropped_tokens": self.totals["moe_dropped_tokens"]}}
-               if "moe_dropped_tokens" in self.totals else {}),
+            **self.accounting.summary(steps=self.step, peak=peak, guard=self.guard.report()),
             "checkpoints": self.checkpointer.report(),
-            "precision": self.backends.precision.impl.summary(),
-            # e.g. the TorchRec plan: sharding type and ranks per table
-            "embedding_sharding": self.backends.embedding_sharding.impl.summary(),
-            # e.g. expert parallelism's all-to-all bytes per step (this rank's)
-            "dense_sharding": self.engine.summary(),
-            "backends": self.backends.describe(),
-            **({"compile": self.compiled.summary(self.engine.unwrapped)}
-               if self.compiled is not None else {}),
-            "data": data_report(self.source),
-            **({"distill": self.distiller.summary()} if self.distiller is not None else {}),
+            **self._part_reports(),
             "config": unstructure(self.config),
         }
 

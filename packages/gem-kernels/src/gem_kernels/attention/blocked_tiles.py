@@ -153,7 +153,7 @@ def blocked_attention(
     params: AttentionParams, num_targets: Tensor | None = None,
     block_q: int | None = None, block_k: int | None = None, bias: RelativeBias | None = None,
 ) -> Tensor:
-    """See :class:`gem_core.attention.AttentionBackend`; ``block_q`` (query tile) and
+    """See :class:`gem_core.contracts.AttentionBackend`; ``block_q`` (query tile) and
     ``block_k`` (granularity of key spans) default to :func:`auto_block` of each side."""
     is_self = checked_inputs("blocked", DTYPES, q, k, v, q_offsets, kv_offsets, params,
                              num_targets, bias)

@@ -13,9 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gem_core.attention.api import AttentionParams, reject_unsupported_bias
+from gem_core.attention.api import (
+    AttentionParams,
+    reject_unsupported_bias,
+    reject_unsupported_normalization,
+)
 from gem_core.attention.masks import self_attention_mask
 from gem_core.attention.relative_bias import RelativeBias
+from gem_core.capabilities import SOFTMAX
 from gem_core.contracts import AttentionBackend
 from gem_kernels.attention.common import checked_inputs
 
@@ -34,11 +39,7 @@ class TorchSdpaAttention(AttentionBackend):
         bias: RelativeBias | None = None,
     ) -> Tensor:
         reject_unsupported_bias("torch-sdpa", bias)
-        if params.normalization != "softmax":
-            raise NotImplementedError(
-                f"the torch-sdpa attention backend supports softmax only, not "
-                f"{params.normalization!r}; use triton, fbgemm or reference for silu"
-            )
+        reject_unsupported_normalization("torch-sdpa", params, (SOFTMAX,))  # SDPA has no SiLU
         is_self = checked_inputs("torch-sdpa", DTYPES, q, k, v, q_offsets, kv_offsets, params,
                                  num_targets)
         scale = params.resolved_scale(q.shape[-1])

@@ -47,7 +47,8 @@ def check_device(t: Tensor) -> None:
         raise RuntimeError(
             "the triton attention backend got CPU tensors but triton kernels run on CPU only "
             "under the interpreter: set TRITON_INTERPRET=1 before anything imports triton (slow, "
-            "for tests), or choose the 'reference' or 'fbgemm' attention backend on CPU"
+            "for tests), or choose an attention backend that runs on cpu (gem plugins lists "
+            "each one's devices)"
         )
     raise RuntimeError(
         f"the triton attention backend cannot run on {t.device}: it needs CUDA tensors (or CPU "

@@ -109,7 +109,7 @@ def validate(run: dict[str, Any], plugins: Any) -> None:
 
 def train_one(preset: str, overrides: list[str], run_dir: str) -> None:
     from gem_core.config import load_config
-    from gem_core.train import train
+    from gem_core.train.trainer import train
 
     config = load_config(preset=preset, overrides=overrides)
     train(config, build_run_plugins(), Path(run_dir), fresh=True, progress=False)

@@ -18,6 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from gem_kernels.bench.attention import BenchConfig, _jagged_step, _shape_inputs
 
+#: The backends this tool builds itself (with its tile options), by registered name.
+PROFILED = ("triton", "blocked")
+
 
 def _backend(name: str, block_m: int | None, block_n: int | None):
     if name == "triton":
@@ -26,7 +29,7 @@ def _backend(name: str, block_m: int | None, block_n: int | None):
     if name == "blocked":
         from gem_kernels.attention.blocked_backend import BlockedAttention
         return BlockedAttention()
-    raise SystemExit(f"gpu_profile: unknown backend {name!r} (triton, blocked)")
+    raise SystemExit(f"gpu_profile: unknown backend {name!r} ({', '.join(PROFILED)})")
 
 
 def profile_shape(cfg: BenchConfig, backend, shape: str, rows: int, sort: str) -> str:
@@ -59,7 +62,7 @@ def profile_shape(cfg: BenchConfig, backend, shape: str, rows: int, sort: str) -
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--backend", default="triton", choices=PROFILED)
     parser.add_argument("--shapes", nargs="+", default=["pma", "cross", "self"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=32)

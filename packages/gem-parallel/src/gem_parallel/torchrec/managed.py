@@ -31,7 +31,7 @@ Choices and why:
   ids of a CUDA run go there and back.
 
 Several ranks: ranks must agree on the map, or one id would train different rows on different
-ranks. :mod:`gem_parallel.torchrec_sharding` (the ``torchrec`` embedding sharding, which declares
+ranks. :mod:`gem_parallel.torchrec.sharding` (the ``torchrec`` embedding sharding, which declares
 the ``managed_ids`` capability) gathers every rank's ids of a training lookup, in rank order, and
 every rank runs its copy of the remapper on that same global batch: the copies stay identical,
 and each rank takes its own slice of the rows. Other embedding shardings on several ranks are

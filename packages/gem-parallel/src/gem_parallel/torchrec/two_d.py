@@ -28,7 +28,7 @@ What TorchRec does and this module does alike (``torchrec.distributed.model_para
 
 Why not ``DMPCollection`` itself: in TorchRec 1.8 its constructor asserts a CUDA (or MTIA) device
 and it wraps the whole model (``DistributedModelParallel``), while this strategy keeps the sharded
-modules outside the model's module tree (see :mod:`gem_parallel.torchrec_sharding`). The pieces
+modules outside the model's module tree (see :mod:`gem_parallel.torchrec.sharding`). The pieces
 above run on CPU over gloo with two differences, both small: gloo has no ``ReduceOp.AVG``, so the
 sync sums and divides by N / G (the same average); and the state dict is asked for as
 ``ShardedTensor``s over the sharding group (``ShardingEnv2D`` defaults to DTensors), the form this
@@ -54,8 +54,8 @@ import torch.distributed as dist
 
 from gem_core.errors import GemConfigError
 from gem_core.plan_estimate import Estimate, ring_fraction
-from gem_parallel import torchrec_state
-from gem_parallel.torchrec_plan import SHARDING_TYPES, TorchRecOptions
+from gem_parallel.torchrec.plan import SHARDING_TYPES, TorchRecOptions
+from gem_parallel.torchrec.state import optimizer_states, table_weights
 
 log = logging.getLogger(__name__)
 
@@ -231,11 +231,11 @@ class ReplicaSync:
     def __init__(self, sharded: Any, groups: TwoDimGroups) -> None:
         self.layout = groups.layout
         self._pg = groups.replica_pg
-        weights = torchrec_state.table_weights(sharded)
+        weights = table_weights(sharded)
         # Views of FBGEMM TBE's weights and optimizer state: averaged in place.
         self.weights = [shard.tensor for weight in weights.values()
                         for shard in weight.local_shards()]
-        self.states = [shard.tensor for states in torchrec_state.optimizer_states(sharded).values()
+        self.states = [shard.tensor for states in optimizer_states(sharded).values()
                        for state in states.values() for shard in state.local_shards()]
         self.schedule = SyncSchedule(every=self.layout.sync_every)
         self.syncs = 0
@@ -286,10 +286,10 @@ class ReplicaSync:
 def local_shard_bytes(sharded: Any) -> dict[str, int]:
     """Bytes of this rank's shards: table weights and fused-optimizer state (measured)."""
     weights = sum(shard.tensor.numel() * shard.tensor.element_size()
-                  for weight in torchrec_state.table_weights(sharded).values()
+                  for weight in table_weights(sharded).values()
                   for shard in weight.local_shards())
     states = sum(shard.tensor.numel() * shard.tensor.element_size()
-                 for values in torchrec_state.optimizer_states(sharded).values()
+                 for values in optimizer_states(sharded).values()
                  for state in values.values() for shard in state.local_shards())
     return {"embedding_params": weights, "embedding_optimizer": states}
 

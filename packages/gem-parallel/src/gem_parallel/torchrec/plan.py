@@ -95,7 +95,7 @@ class TorchRecOptions:
     """Row-wise Adagrad's epsilon."""
 
     pipeline: str = attrs.field(default="none", validator=attrs.validators.in_(PIPELINES))
-    """How steps overlap the lookups' communication (:mod:`gem_parallel.torchrec_pipeline`):
+    """How steps overlap the lookups' communication (:mod:`gem_parallel.torchrec.pipeline`):
     ``none``, each step distributes its own ids; ``sparse-dist``, TorchRec's
     ``TrainPipelineSparseDist`` sends the ids of the next batch to the tables' owners while
     this batch computes (same numbers as ``none``); ``semi-sync``, TorchRec's
@@ -107,7 +107,7 @@ class TorchRecOptions:
     """``model_parallel``: every table sharded over all ranks; ``2d``: sharded over a group of
     ``sharding_group_size`` ranks and replicated over the ``world / sharding_group_size`` groups,
     the replicas averaged every ``sync_every`` steps (TorchRec's ``DMPCollection`` layout, see
-    :mod:`gem_parallel.torchrec_2d`)."""
+    :mod:`gem_parallel.torchrec.two_d`)."""
 
     sharding_group_size: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))

@@ -13,7 +13,7 @@ train pipelines, so that the all-to-alls of the sparse lookups overlap the dense
 
 How GEM's step runs inside them. TorchRec's pipelines trace a model whose sharded modules take
 attributes of the batch (``torch.fx``); GEM's model is not traceable and keeps the sharded
-modules outside its module tree (:mod:`gem_parallel.torchrec_sharding`). So the pipeline gets a
+modules outside its module tree (:mod:`gem_parallel.torchrec.sharding`). So the pipeline gets a
 small traceable stage (:class:`SparseInputs`: the sharded ``EmbeddingBagCollection`` and
 ``EmbeddingCollection`` called on the batch's two ``KeyedJaggedTensor``\\ s) and a
 ``custom_model_fwd`` that runs the trainer's whole step (forward, loss, backward, clipping, the

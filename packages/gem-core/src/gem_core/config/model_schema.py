@@ -1,0 +1,329 @@
+"""The model's configuration: ``[model]`` with its sections ``[model.moe]`` and
+``[model.embedding_optimizer]``. The rest of a run's configuration is in
+:mod:`gem_core.config.schema`; ``gem config explain`` reads the docstring under each field.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gem_core.config.validators import at_least, between, choice, each, greater_than
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddingOptimizerConfig:
+    """``[model.embedding_optimizer]``: the optimizer of embedding tables that their backend
+    trains itself, inside the backward (backends declaring the ``fused_optimizer`` capability,
+    :data:`gem_core.embedding.FUSED_OPTIMIZER`: ``fbgemm-tbe``). Those tables are not parameters
+    of the dense AdamW optimizer. With any other embedding backend the tables train with AdamW at
+    ``train.lr``, and a run that changes this section is refused at start-up."""
+
+    name: str = attrs.field(default="rowwise_adagrad", validator=choice("rowwise_adagrad", "sgd"))
+    """``rowwise_adagrad`` (one sum of squared gradients per row, the usual choice for sparse
+    tables) or ``sgd``; FBGEMM's CPU kernels have no Adam."""
+
+    lr: float = attrs.field(default=0.02, validator=greater_than(0))
+    """Learning rate (the peak, with ``lr_schedule = "dense"``)."""
+
+    lr_schedule: str = attrs.field(default="constant", validator=choice("constant", "dense"))
+    """``constant``: ``lr`` at every step; ``dense``: ``lr`` times the run's warm-up and decay
+    factor (the dense learning rate at the step divided by ``train.lr``)."""
+
+    eps: float = attrs.field(default=1e-8, validator=greater_than(0))
+    """Row-wise Adagrad's epsilon: ``w -= lr * g / (sqrt(sum of mean squared g) + eps)``."""
+
+    weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
+    """Weight decay of the rows a step looks up (row-wise Adagrad only; SGD has none)."""
+
+    weight_decay_mode: str = attrs.field(default="l2", validator=choice("l2", "decoupled"))
+    """``l2``: ``weight_decay * w`` is added to the gradient before the Adagrad sums;
+    ``decoupled``: ``w -= lr * weight_decay * w`` beside the Adagrad step."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.name == "sgd" and self.weight_decay:
+            raise ValueError("model.embedding_optimizer: weight_decay needs name = "
+                             "'rowwise_adagrad' (FBGEMM's fused SGD has no weight decay)")
+
+
+@attrs.frozen(kw_only=True)
+class MoeConfig:
+    """Mixture of experts in place of the dense model's MLPs (``[model.moe]``); off while
+    ``num_experts`` is 0."""
+
+    num_experts: int = attrs.field(default=0, validator=at_least(0))
+    """Routed experts per MoE layer, each the size of the MLP it replaces; 0: no MoE."""
+
+    top_k: int = attrs.field(default=2, validator=greater_than(0))
+    """Experts each token (sequence layers) or sample (Wukong layers) is routed to."""
+
+    capacity_factor: float = attrs.field(default=1.25, validator=at_least(0))
+    """An expert takes at most ``ceil(capacity_factor * rows * top_k / num_experts)``
+    assignments per forward; the rest are dropped (first choices before second choices, earlier
+    rows first) and their rows keep only the residual and the shared expert. 0: no limit."""
+
+    shared_expert: bool = False
+    """Add one always-on expert of the same size that every row goes through."""
+
+    aux_loss_weight: float = attrs.field(default=0.01, validator=at_least(0))
+    """Weight of the Switch/GShard load-balancing loss ``E * sum_e f_e * P_e`` per layer,
+    added to the training loss."""
+
+    where: tuple[str, ...] = attrs.field(default=("sequence",), converter=tuple,
+                                         validator=each(choice("sequence", "wukong")))
+    """MLPs that become MoE: ``sequence`` (the SwiGLU of every sequence layer) and/or
+    ``wukong`` (the MLP of every Wukong factorization-machine block)."""
+
+    impl: str = attrs.field(default="grouped", validator=choice("reference", "grouped"))
+    """``reference``: experts run one after another over their tokens; ``grouped``: tokens
+    sorted by expert and all expert matmuls batched (torch._grouped_mm where it runs)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.enabled and self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be <= num_experts "
+                             f"({self.num_experts})")
+        if self.enabled and not self.where:
+            raise ValueError("where must name at least one of sequence, wukong")
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """Sizes and switches of the GEM model. Nothing in the model is hard-wired to one size."""
+
+    embedding_dim: int = attrs.field(default=32, validator=greater_than(0))
+    """Width of every token: embeddings, attention and interaction inputs."""
+
+    num_heads: int = attrs.field(default=2, validator=greater_than(0))
+    """Attention heads; ``embedding_dim`` must be divisible by it."""
+
+    num_layers: int = attrs.field(default=2, validator=at_least(0))
+    """Jagged self-attention layers of the sequence tower."""
+
+    normalization: str = attrs.field(default="softmax", validator=choice("softmax", "silu"))
+    """Attention normalisation of the sequence layers: softmax, or HSTU-style pointwise SiLU."""
+
+    window: int = attrs.field(default=0, validator=at_least(0))
+    """Local attention window of the sequence layers (earlier events a token sees); 0: unlimited."""
+
+    mlp_ratio: float = attrs.field(default=2.0, validator=greater_than(0))
+    """Hidden width of the sequence layers' SwiGLU MLP, as a multiple of ``embedding_dim``."""
+
+    time_buckets: int = attrs.field(default=24, validator=greater_than(1))
+    """Log-spaced buckets of the age of an event relative to the request."""
+
+    position_buckets: int = attrs.field(default=32, validator=at_least(0))
+    """Each event token carries an embedding of its position from the end of the history (0 for
+    the most recent event), one bucket per position up to ``position_buckets - 1``, later
+    positions sharing the last bucket; 0 leaves positions out (age buckets only). Ages alone
+    cannot single out "the last few events" when events are bursty."""
+
+    relative_bias: bool = False
+    """HSTU-style relative attention bias in every self-attention layer: a learned bias per head
+    by relative position and by time-difference bucket, added to the attention scores (the
+    attention backend must declare the ``relative_bias`` capability)."""
+
+    interaction_dims: tuple[int, ...] = attrs.field(
+        default=(128, 64), converter=tuple, validator=each(greater_than(0))
+    )
+    """Hidden widths of the feature-interaction MLP above the towers."""
+
+    dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
+    """Dropout on the interaction MLP during training."""
+
+    attention_gate: bool = False
+    """HSTU-style gating in every self-attention layer: the attention output is normalised
+    (LayerNorm) and multiplied by ``silu(u)``, ``u`` a fourth projection of the layer's input,
+    before the output projection (the gated norm runs on the ``norm`` backend)."""
+
+    history_mean: bool = True
+    """Feed the mean of the tower's history outputs to the interaction as one token."""
+
+    pma_queries: int = attrs.field(default=0, validator=at_least(0))
+    """K learned queries of pooled multi-head attention (PMA) over the tower's output: each
+    history is compressed into K candidate-independent user tokens (the user embedding), fed to
+    the interaction and to target-aware attention as keys. 0: no PMA."""
+
+    cross_attention: bool = False
+    """After every sequence layer, history tokens attend to the sample's non-sequence user and
+    context tokens (long query, short K/V). Candidate features stay out, so the tower's output
+    remains candidate-independent."""
+
+    target_attention: bool = True
+    """Target-aware attention: the candidate (see ``target_queries``) queries the user tokens
+    and the history. Off: no candidate-to-history path (the model sees only pooled history)."""
+
+    target_queries: str = attrs.field(default="candidate", validator=choice("candidate", "all"))
+    """``candidate``: only the candidate token queries; ``all``: the candidate and every
+    non-sequence token query, each non-candidate result added to its query token."""
+
+    target_history: int = attrs.field(default=0, validator=at_least(0))
+    """Most recent history tokens that target-aware attention sees besides the PMA user tokens;
+    0: the whole history."""
+
+    target_normalization: str = attrs.field(default="softmax",
+                                            validator=choice("softmax", "silu"))
+    """Weights of target-aware attention: ``softmax`` (summing to one per candidate) or
+    HSTU-style pointwise ``silu`` (the attention backend must support silu)."""
+
+    attribute_attention: bool = False
+    """A learned, unnormalised activation unit (DIN-style) scoring every recent event against
+    the candidate attribute by attribute (``gem_core.model.attribute_attention``); the weighted
+    sum of the events' tokens is one more interaction token."""
+
+    attribute_attention_history: int = attrs.field(default=64, validator=at_least(0))
+    """Most recent history events that attribute attention scores per candidate; 0: the whole
+    history (cost grows with candidates x events)."""
+
+    attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
+    """Hidden width of attribute attention's scoring MLP."""
+
+    attribute_attention_order: int = attrs.field(default=0, validator=at_least(0))
+    """Order context of attribute attention: this many learned gates per scored event, whose
+    sums over the more recent and the older scored events each event's score also reads, so
+    the order of two kinds of events can count ("engaged the category after the advertiser's
+    last view"); 0: off (a sum of per-event scores, blind to order)."""
+
+    attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
+    """Long histories (SIM-style hard search): besides its recent window, attribute attention
+    scores up to this many older events per candidate, the most recent of those that share an
+    attribute's raw id with it (any common id for multi-valued attributes), searched in the
+    whole history; 0: the recent window only."""
+
+    attribute_attention_retrieve_engaged: bool = False
+    """The search of ``attribute_attention_retrieve`` keeps engaged events only (those whose
+    ``action_feature`` id is not ``view_action``)."""
+
+    target_match: int = attrs.field(default=0, validator=at_least(0))
+    """Each candidate also gets a token from its exact attribute matches among the most recent
+    ``target_match`` events of its history (ad id, advertiser, category, genres: every
+    candidate and event feature sharing a table, single- or multi-valued): a learned projection
+    of the matching events summed (weighted by ``target_match_overlap``), so "clicked this
+    advertiser two events ago" is visible without learning to find it. 0: off."""
+
+    target_match_overlap: str = attrs.field(default="count", validator=choice("count", "any"))
+    """How much an event matches a candidate on a shared attribute where either side is
+    multi-valued (genres, topics): ``count``, the number of distinct candidate ids among the
+    event's ids; ``any``, 1 if they share one id at all. Single-valued pairs weigh 0 or 1
+    either way."""
+
+    action_feature: str = ""
+    """The event feature holding each event's action type (``action``, ``btag``): a
+    single-valued event feature of the schema, read by ``target_match_action_window`` and
+    ``attribute_attention_retrieve_engaged`` to tell engaged events from views. Empty: none."""
+
+    target_match_action_window: int = attrs.field(default=0, validator=at_least(0))
+    """A second, longer target-match window by count (256, ...) in which only engaged events
+    are matched: those whose ``action_feature`` id is not
+    ``view_action``, so a purchase 200 page views ago is still found. Its matches
+    have a value projection of their own and add to the target-match token, so the model tells
+    a recent match of any action from an older engaged one. 0: off; needs
+    ``action_feature``."""
+
+    view_action: int = 0
+    """The action id (raw, of ``action_feature``) of the most common, least engaged action,
+    "view": the engaged-only windows and searches skip these events."""
+
+    target_match_max_age_s: float = attrs.field(default=0.0, validator=at_least(0))
+    """Target match (both windows) sees only events younger than this many seconds (the
+    request's timestamp minus the event's). 0: no age limit."""
+
+    downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
+    """What target-aware attention and the history mean read besides the user tokens:
+    ``tower``, the sequence tower's outputs (one model, one stage); ``events``, the raw event
+    tokens (embeddings of item, action and time), so the upstream tower reaches the ranker only
+    through its user embedding (the PMA tokens) and that embedding can be exported and cached
+    (multi-stage training, see ``user_embeddings``)."""
+
+    user_embeddings: str = attrs.field(default="live", validator=choice("live", "cached"))
+    """``live``: the upstream tower runs inside the model. ``cached``: the model is the
+    downstream ranker alone (no tower, no PMA) and reads each sample's user embedding from the
+    data (a data set written by ``gem export-user-embeddings``)."""
+
+    interaction: str = attrs.field(default="dot", validator=choice("dot", "wukong"))
+    """Feature interaction over the non-sequence tokens: DLRM ``dot`` products + MLP, or a stack
+    of ``wukong`` layers (optimised factorization-machine block + linear compress block)."""
+
+    wukong_layers: int = attrs.field(default=2, validator=greater_than(0))
+    """Depth of the Wukong stack."""
+
+    wukong_fm_rank: int = attrs.field(default=8, validator=greater_than(0))
+    """Rank k of the optimised FM: ``X (X^T Y)`` with a learned ``(n, k)`` Y instead of the full
+    ``n x n`` Gram matrix."""
+
+    wukong_fmb_tokens: int = attrs.field(default=8, validator=greater_than(0))
+    """Tokens a factorization-machine block emits per layer (n_F)."""
+
+    wukong_lcb_tokens: int = attrs.field(default=8, validator=greater_than(0))
+    """Tokens a linear compress block emits per layer (n_L); a layer is n_F + n_L tokens wide."""
+
+    wukong_mlp_dim: int = attrs.field(default=256, validator=greater_than(0))
+    """Hidden width of the MLP inside each factorization-machine block."""
+
+    multitask: str = attrs.field(default="independent",
+                                 validator=choice("independent", "esmm", "auto"))
+    """``independent``: one logit head per task. ``esmm``: entire-space conversion,
+    p(conversion) = p(click) * p(conversion | click), for the tasks named by ``esmm_tasks``.
+    ``auto``: ``esmm`` when the data has both ``esmm_tasks``, ``independent`` otherwise (a
+    single-task log), logged at start-up."""
+
+    esmm_tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
+    """With ``multitask = "esmm"``: the data set's task names of the click-like parent and the
+    conversion-like child (``["click", "purchase"]``, ...); the child head is read as p(child |
+    parent) and the model returns p(parent) * p(child | parent)."""
+
+    moe: MoeConfig = attrs.field(factory=MoeConfig)
+    """Mixture of experts in place of the sequence and/or Wukong MLPs (off by default)."""
+
+    embedding_optimizer: EmbeddingOptimizerConfig = attrs.field(
+        factory=EmbeddingOptimizerConfig)
+    """The fused optimizer of embedding backends that train their tables themselves
+    (``fbgemm-tbe``); must stay at its defaults with the others."""
+
+    teacher_embedding_dim: int = attrs.field(default=0, validator=at_least(0))
+    """Width of a distillation teacher's user embedding (``JaggedBatch.teacher_embedding``)
+    that a learned projection turns into one extra interaction token; the model keeps its own
+    upstream, if it has one. 0: off. ``gem distill`` sets it from the teacher when
+    ``distill.embedding_feature``."""
+
+    teacher_match_dim: int = attrs.field(default=0, validator=at_least(0))
+    """Width of a learned projection of this model's user embedding (its PMA tokens) that an
+    embedding-matching loss compares with a teacher's user embedding. 0: off. ``gem distill``
+    sets it from the teacher when ``distill.embedding_match_weight > 0``."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.embedding_dim % self.num_heads:
+            raise ValueError(f"embedding_dim ({self.embedding_dim}) must be divisible by "
+                             f"num_heads ({self.num_heads})")
+        if self.moe.enabled and "wukong" in self.moe.where and self.interaction != "wukong":
+            raise ValueError("moe.where includes 'wukong' but model.interaction is "
+                             f"{self.interaction!r}; set interaction = 'wukong' or drop it")
+        if self.user_embeddings == "cached" and (self.downstream_history != "events"
+                                                  or not self.pma_queries):
+            raise ValueError("model.user_embeddings = 'cached' needs downstream_history = "
+                             "'events' and pma_queries > 0 (the cached embedding is the PMA "
+                             "user tokens, and the ranker must not need the tower's outputs)")
+        if len(self.esmm_tasks) != 2 or self.esmm_tasks[0] == self.esmm_tasks[1]:
+            raise ValueError(f"model.esmm_tasks must name two different tasks (parent, child), "
+                             f"got {list(self.esmm_tasks)}")
+        if self.attribute_attention_retrieve and not (self.attribute_attention
+                                                      and self.attribute_attention_history):
+            raise ValueError("model.attribute_attention_retrieve searches the events older than "
+                             "attribute attention's recent window: it needs attribute_attention "
+                             "= true and attribute_attention_history > 0")
+        if self.attribute_attention_order and not self.attribute_attention:
+            raise ValueError("model.attribute_attention_order is a part of attribute attention: "
+                             "it needs attribute_attention = true")
+        if self.attribute_attention_retrieve_engaged and not (
+                self.attribute_attention_retrieve and self.action_feature):
+            raise ValueError("model.attribute_attention_retrieve_engaged needs "
+                             "attribute_attention_retrieve > 0 and model.action_feature (the "
+                             "event feature holding the action)")
+        if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
+            raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
+        if self.teacher_match_dim and not (self.pma_queries and self.user_embeddings == "live"):
+            raise ValueError("model.teacher_match_dim matches this model's user embedding (its "
+                             "PMA tokens) with a teacher's: it needs pma_queries > 0 and "
+                             "user_embeddings = 'live'")

@@ -1,0 +1,135 @@
+"""A run's parts, built once from its configuration and plugins: every backend resolved here and
+injected (nothing is global), the data source (with a distiller's teacher signals), the time
+order, the model, its engine (parallelized, with the optimizer) and the step runner over the
+training stream. The trainer (:mod:`gem_core.train.trainer`) is such a run with its loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gem_core.compile import start_compiled_run
+from gem_core.config import GemConfig
+from gem_core.contracts import LearningRateFollower
+from gem_core.distill.distiller import build_distiller
+from gem_core.distributed import ParallelContext, all_reduce_max
+from gem_core.embedding import check_fused_optimizer
+from gem_core.ids import check_managed_ids
+from gem_core.model.building import build_run_model
+from gem_core.parallelize import parallelize
+from gem_core.plugins import GemPlugins
+from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
+from gem_core.train.costs import sample_costs
+from gem_core.train.data_fingerprint import data_fingerprint
+from gem_core.train.data_log import data_report
+from gem_core.train.loss import mean_loss
+from gem_core.train.optim import lr_schedule, make_adamw
+from gem_core.train.random_state import seed_everything
+from gem_core.train.time_order import TimeOrder, check_time_order
+
+
+class RunAssembly:
+    """The parts, built in this order: the random state is seeded before the data source and
+    the model draw from it, and a precision recipe calibrates before the model is
+    parallelized."""
+
+    def __init__(self, config: GemConfig, plugins: GemPlugins, run_dir: Path,
+                 ctx: ParallelContext) -> None:
+        self.config, self.ctx = config, ctx
+        self.tc = config.train
+        self.backends: RunBackends = resolve_backends(config, plugins, ctx)
+        self.compiled = start_compiled_run(config, self.backends.attention.spec,
+                                           plugins.registry("attention").specs(), run_dir)
+        seed_everything(self.tc.seed)
+        self.source = build_data_source(self.backends.data, config.data, seed=self.tc.seed)
+        # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
+        self.distiller = build_distiller(config, self.source, ctx)
+        if self.distiller is not None:
+            self.source = self.distiller.source
+        self.schema = self.source.schema
+        # data.order = "time": the windows once, each evaluated before it is trained on.
+        self.time_order: TimeOrder | None = None
+        if config.data.order == "time":
+            self.time_order = TimeOrder(
+                check_time_order(config, self.backends.data.spec, self.source), self.schema.tasks)
+        self.lr_schedule = lr_schedule(config)
+        check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
+                          embedding_sharding=self.backends.embedding_sharding.spec,
+                          world_size=ctx.world_size, plugins=plugins)
+        check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
+                              embedding_sharding=self.backends.embedding_sharding.spec,
+                              world_size=ctx.world_size)
+        self.model = build_run_model(self.backends, config.model, self.schema)
+        window = config.model.window or None
+        self.stream_args = dict(
+            batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,
+            balancer=self.backends.balancer.impl,
+            cost_fn=lambda b: sample_costs(b.seq_lengths(), window, b.candidate_counts()),
+        )
+        self._calibrate_precision()
+        self.engine = parallelize(
+            self.model, ctx=ctx, precision=self.backends.precision.impl,
+            embedding_sharding=self.backends.embedding_sharding.impl,
+            activation_checkpointing=self.backends.activation_checkpointing.impl,
+            dense_sharding=self.backends.dense_sharding.impl,
+            make_optimizer=make_adamw(self.tc), config=config,
+        )
+        self._lr_followers = [m for m in self.engine.unwrapped.modules()
+                              if isinstance(m, LearningRateFollower)]
+        self.stream = self.source.train_stream(**self.stream_args)
+        # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
+        self.steps = self.backends.embedding_sharding.impl.step_runner(
+            self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
+            options=config.parallel.embedding)
+
+    def _calibrate_precision(self) -> None:
+        """Recipes that choose by measuring (automatic FP8 selection) see a few training
+        batches from a separate stream, so the training stream starts untouched."""
+        recipe = self.backends.precision.impl
+        options = self.config.precision.options
+        count = recipe.calibration_batches_for(options)
+        if count == 0:
+            return
+        stream = self.source.train_stream(**self.stream_args)
+        batches = [next(stream).to(self.ctx.device) for _ in range(count)]
+        self.model.to(self.ctx.device)
+        tasks = self.schema.tasks
+        recipe.calibrate(self.model, batches,
+                         lambda logits, batch: mean_loss(logits, batch, tasks), options)
+
+    def _data_fingerprint(self) -> dict[str, Any]:
+        return data_fingerprint(self.config, self.source.fingerprint())
+
+    def _passes(self) -> int | None:
+        """Complete passes over the training data at the last trained batch, or None when the
+        stream has none (generated data). With ``train.epochs``, the most of any rank's (a
+        collective: every rank calls it), so all ranks stop at the same step."""
+        position = self.steps.data_position()
+        epoch = position.get("epoch") if isinstance(position, dict) else None
+        if not isinstance(epoch, int):
+            return None
+        if self.tc.epochs and self.ctx.world_size > 1:
+            epoch = int(all_reduce_max(torch.tensor([float(epoch)]), self.ctx).item())
+        return epoch
+
+    def _windows_trained(self) -> int:
+        index, begun = self.time_order.position(self.steps.data_position())
+        return index + int(begun)
+
+    def _part_reports(self) -> dict[str, Any]:
+        """What the parts report for ``summary.json``."""
+        backends = self.backends
+        return {
+            "precision": backends.precision.impl.summary(),
+            # e.g. the TorchRec plan: sharding type and ranks per table
+            "embedding_sharding": backends.embedding_sharding.impl.summary(),
+            # e.g. expert parallelism's all-to-all bytes per step (this rank's)
+            "dense_sharding": self.engine.summary(),
+            "backends": backends.describe(),
+            **({"compile": self.compiled.summary(self.engine.unwrapped)}
+               if self.compiled is not None else {}),
+            "data": data_report(self.source),
+            **({"distill": self.distiller.summary()} if self.distiller is not None else {}),
+        }
