@@ -20,7 +20,6 @@ from gem_core.plugins import build_plugins
 from gem_core.train.trainer import train
 from gem_core.trained_run import load_run
 from gem_data.distill_precompute import precompute
-from gem_data.sources import ParquetSource
 from gem_data.synth import synthesize
 from gem_data.synth_options import SynthOptions
 
@@ -72,8 +71,8 @@ def precomputed(teacher, dataset, tmp_path_factory):
 def test_precomputed_columns_are_the_teachers_outputs(teacher, precomputed):
     run = load_run(teacher, data=DataConfig(source="parquet", path=str(precomputed),
                                             max_seq_len=24))
-    source = ParquetSource(DataConfig(source="parquet", path=str(precomputed), max_seq_len=24),
-                           seed=0)
+    data = DataConfig(source="parquet", path=str(precomputed), max_seq_len=24)
+    source = build_plugins().data_source(data, seed=0)
     assert source.schema.teacher_tasks == ("click", "conversion")
     assert source.schema.teacher_embedding_dim == 2 * 16
     checked = 0

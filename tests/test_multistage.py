@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gem_core.config import load_config
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.errors import GemDataError
+from gem_core.plugins import build_plugins
 
 pytest.importorskip("pyarrow")
 
@@ -37,7 +37,6 @@ def trained(tmp_path_factory, gem):
 def test_cached_path_equals_live_path(trained, tmp_path):
     from gem_core.serving.programs import ranker_model
     from gem_data.export_user_embeddings import export, load_trained_model
-    from gem_data.sources import parquet_factory
 
     out = tmp_path / "exported"
     summary = export(trained, out, train_rows=64, staleness_s=0, batch_size=100)
@@ -46,7 +45,7 @@ def test_cached_path_equals_live_path(trained, tmp_path):
 
     config, source, model, attention, _ = load_trained_model(trained)
     cached_config = attrs.evolve(config.data, source="parquet", path=str(out), options={})
-    cached = parquet_factory(cached_config, seed=0)
+    cached = build_plugins().data_source(cached_config, seed=0)
     assert cached.schema.user_embedding_dim == 2 * config.model.embedding_dim
     ranker = ranker_model(model, attention)
     assert ranker.schema == cached.schema
@@ -89,7 +88,7 @@ def test_cached_ranker_needs_embeddings_in_the_data():
     from gem_core.model import build_model
 
     config = load_config(overrides=[*MODEL, "model.user_embeddings=cached", *SMALL])
-    source = SyntheticSource(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     with pytest.raises(ValueError, match="has 0"):
         build_model(config.model, source.schema, attention=BucketedAttention(),
                     embedding_backend=ReferenceEmbeddingBackend())
@@ -100,7 +99,7 @@ def test_cached_ranker_needs_embeddings_in_the_data():
 def test_events_before_keeps_each_rows_older_prefix():
     from gem_data.batch_ops import events_before
 
-    source = SyntheticSource(load_config(overrides=SMALL).data, seed=0)
+    source = build_plugins().data_source(load_config(overrides=SMALL).data, seed=0)
     batch = source.generate(32, split=1, index=0)
     rows = torch.repeat_interleave(torch.arange(32), batch.seq_lengths())
     ages = batch.request_timestamps[rows] - batch.seq_timestamps
@@ -123,7 +122,7 @@ def test_bad_user_embeddings_are_named_or_dropped(tmp_path):
     from gem_data.arrow_io import batch_to_table
     from gem_data.validation import Location, ValidationPolicy, ValidationReport, validate_table
 
-    source = SyntheticSource(load_config(overrides=SMALL).data, seed=0)
+    source = build_plugins().data_source(load_config(overrides=SMALL).data, seed=0)
     schema = attrs.evolve(source.schema, user_embedding_dim=4)
     batch = source.generate(8, split=1, index=0)
     embedding = torch.randn(8, 4)

@@ -88,9 +88,9 @@ def test_sharded_run_matches_one_process(gem, tmp_path, single_process, sharding
 
 
 def test_hsdp_mesh_shape_comes_from_options_and_must_cover_the_ranks():
-    from gem_core.config import structure
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
+    from gem_core.plugins import build_plugins
     from gem_parallel.fsdp import HsdpOptions, hsdp_mesh_shape
 
     two_nodes = ParallelContext(world_size=8, local_world_size=4)
@@ -101,22 +101,22 @@ def test_hsdp_mesh_shape_comes_from_options_and_must_cover_the_ranks():
     with pytest.raises(GemConfigError, match=r"dp_replicate \(1\) x dp_shard \(4\) must equal"):
         hsdp_mesh_shape(HsdpOptions(dp_shard=4), ParallelContext(world_size=2))
     with pytest.raises(GemConfigError, match="unknown key 'parallel.dense.shards'"):
-        structure(HsdpOptions, {"shards": 2}, "parallel.dense")
+        build_plugins().resolve("dense_sharding", "hsdp", None, {"shards": 2})
 
 
 def test_sharded_strategies_refuse_a_single_process_and_unknown_options():
     from gem_core.distributed import ParallelContext
-    from gem_parallel.deepspeed_zero import DeepSpeedZeroStrategy
-    from gem_parallel.fsdp import FullyShardedStrategy
+    from gem_core.plugins import build_plugins
+    from gem_parallel.fsdp import FsdpOptions, FullyShardedStrategy, HsdpOptions
 
     model = torch.nn.Linear(2, 2)
-    for strategy in (FullyShardedStrategy(hybrid=False), FullyShardedStrategy(hybrid=True)):
+    for strategy, options in ((FullyShardedStrategy(hybrid=False), FsdpOptions()),
+                              (FullyShardedStrategy(hybrid=True), HsdpOptions())):
         with pytest.raises(RuntimeError, match="has one process"):
             strategy.apply(model, ctx=ParallelContext(), make_optimizer=None, precision=None,
-                           options={})
-    with pytest.raises(ValueError, match="takes no options"):
-        DeepSpeedZeroStrategy(1).apply(model, ctx=ParallelContext(), make_optimizer=None,
-                                       precision=None, options={"stage": 2})
+                           options=options)
+    with pytest.raises(ValueError, match="dense_sharding 'deepspeed-zero1' takes no options"):
+        build_plugins().resolve("dense_sharding", "deepspeed-zero1", None, {"stage": 2})
 
 
 @pytest.mark.distributed

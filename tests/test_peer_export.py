@@ -12,18 +12,19 @@ import torch
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.jagged import Jagged
+from gem_core.plugins import build_plugins
 from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.peer_export import export_peer_dataset, read_atomic
 from gem_data.synth_options import SynthOptions
-from gem_data.synthetic_source import SyntheticAdsSource
 
 STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64
 
 
 def _source_batches(options, *, seed, max_seq_len=SEQ, steps=STEPS):
     """The trainer's batches: the synthetic-ads source's own training stream and eval split."""
-    source = SyntheticAdsSource(DataConfig(source="synthetic-ads", max_seq_len=max_seq_len,
-                                           eval_rows=EVAL_ROWS, options=options), seed=seed)
+    data = DataConfig(source="synthetic-ads", max_seq_len=max_seq_len, eval_rows=EVAL_ROWS,
+                      options=options)
+    source = build_plugins().data_source(data, seed=seed)
     stream = source.train_stream(batch_size=BATCH, rank=0, world_size=1,
                                  balancer=contiguous_balancer,
                                  cost_fn=lambda b: [1.0] * b.batch_size)

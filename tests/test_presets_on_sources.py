@@ -61,7 +61,7 @@ def test_every_preset_trains_on_every_source(preset, source, data_dirs):
     config = load_config(preset=preset, overrides=_overrides(preset, source, data_dirs))
     plugins = build_plugins()
     context = AutoContext(device="cpu")
-    data = plugins.registry("data").load(source)(config.data, seed=0)
+    data = plugins.data_source(config.data, seed=0)
     try:
         torch.manual_seed(0)
         model = build_model(

@@ -151,10 +151,10 @@ def test_the_time_stream_never_mixes_windows_and_resumes_anywhere(windowed):
     position after the last window stays valid when windows are added."""
     from gem_core.config import DataConfig
     from gem_core.data.api import contiguous_balancer
-    from gem_data.sources import ParquetSource
+    from gem_core.plugins import build_plugins
 
     config = DataConfig(source="parquet", path=str(windowed), order="time", max_seq_len=16)
-    source = ParquetSource(config, seed=3)
+    source = build_plugins().data_source(config, seed=3)
 
     def stream():
         return source.train_stream(batch_size=32, rank=0, world_size=1,

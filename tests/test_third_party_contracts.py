@@ -21,9 +21,13 @@ class PlainModel(nn.Module):
 
 
 def _refusals():
-    from gem_parallel.checkpointing import FullCheckpointing, SelectiveCheckpointing
-    from gem_parallel.expert_parallel import ExpertParallelStrategy
-    from gem_parallel.fsdp import FullyShardedStrategy
+    from gem_parallel.checkpointing import (
+        FullCheckpointing,
+        SelectiveCheckpointing,
+        SelectiveOptions,
+    )
+    from gem_parallel.expert_parallel import EpOptions, ExpertParallelStrategy
+    from gem_parallel.fsdp import FsdpOptions, FullyShardedStrategy
     from gem_precision.activation_stash import ActivationStash, install_stash
     from gem_precision.selection import fp8_candidates
 
@@ -31,12 +35,12 @@ def _refusals():
     ranks = ParallelContext(world_size=2)  # refused before any process group is needed
     return {
         "parallel_units": lambda m: FullyShardedStrategy(hybrid=False).apply(
-            m, ctx=ranks, make_optimizer=None, precision=None, options={}),
-        "checkpoint_parts": lambda m: FullCheckpointing().apply(m, ctx=ctx, options={}),
+            m, ctx=ranks, make_optimizer=None, precision=None, options=FsdpOptions()),
+        "checkpoint_parts": lambda m: FullCheckpointing().apply(m, ctx=ctx, options=None),
         "checkpoint_parts ": lambda m: SelectiveCheckpointing().apply(
-            m, ctx=ctx, options={"modules": ["mlp"]}),
+            m, ctx=ctx, options=SelectiveOptions(modules=("mlp",))),
         "moe_layers": lambda m: ExpertParallelStrategy().apply(
-            m, ctx=ctx, make_optimizer=None, precision=None, options={}),
+            m, ctx=ctx, make_optimizer=None, precision=None, options=EpOptions()),
         "stash_points": lambda m: install_stash(m, ActivationStash(), ["linear"]),
         "output_heads": lambda m: fp8_candidates(m, exclude=(), min_dim=16),
     }
@@ -232,8 +236,8 @@ def test_a_third_party_model_and_strategy_train_checkpoint_resume_and_plan(third
     import json
 
     from gem_core.attention.reference import ReferenceAttention
-    from gem_core.data.synthetic import SyntheticSource
     from gem_core.embedding import ReferenceEmbeddingBackend
+    from gem_core.plugins import build_plugins
     from gem_core.train.checkpointer import read_checkpoint
     from gem_core.train.trainer import train
     from gem_parallel.plan import Layout, plan
@@ -265,7 +269,7 @@ def test_a_third_party_model_and_strategy_train_checkpoint_resume_and_plan(third
     result = plan(config, Layout(gpus=1, gpu_memory_gib=1, dense="unit-count",
                                  embedding="replicated"), plugins)
     model = plugins.resolve("model", "mean-history", None).impl
-    built = model(config.model, SyntheticSource(config.data, seed=0).schema,
+    built = model(config.model, build_plugins().data_source(config.data, seed=0).schema,
                   attention=ReferenceAttention(), embedding_backend=ReferenceEmbeddingBackend(),
                   norm=None)
     dense = sum(p.numel() for name, p in built.named_parameters()

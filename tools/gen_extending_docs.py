@@ -67,10 +67,16 @@ def prose(doc: str | None) -> str:
 
 
 def _class_node(module_name: str, class_name: str) -> ast.ClassDef:
-    source = inspect.getsource(importlib.import_module(module_name))
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            return node
+    module = importlib.import_module(module_name)
+    files = [Path(inspect.getfile(module))]
+    if hasattr(module, "__path__"):
+        # A package that exports its submodules' classes under its own name (gem_core.contracts)
+        # defines them in those submodules: read them too.
+        files += sorted(p for p in files[0].parent.glob("*.py") if p != files[0])
+    for path in files:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                return node
     raise LookupError(f"{module_name} has no class {class_name}")
 
 

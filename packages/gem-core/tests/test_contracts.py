@@ -13,6 +13,7 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
+import gem_core
 from gem_core import contracts, hookimpl
 from gem_core.capabilities import SOFTMAX
 from gem_core.config import BackendsConfig, ModelConfig
@@ -21,7 +22,7 @@ from gem_core.kinds import KIND_TABLE, RUN_KINDS
 from gem_core.plugins import build_plugins
 from gem_core.registry import AutoContext, ImplementationSpec
 
-GEM_CORE = Path(contracts.__file__).parent
+GEM_CORE = Path(gem_core.__file__).parent
 
 
 def _plugin(**hooks) -> types.SimpleNamespace:

@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gem_core.config import DataConfig
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged, check_offsets, offsets_from_lengths
+from gem_core.plugins import build_plugins
 
 
 @settings(max_examples=40, deadline=None)
@@ -41,8 +41,8 @@ def test_bad_offsets_are_rejected(offsets, total, message):
 
 @pytest.fixture(scope="module")
 def source():
-    return SyntheticSource(DataConfig(max_seq_len=32, eval_rows=64,
-                                      options={"num_items": 300, "num_users": 50}), seed=3)
+    data = DataConfig(max_seq_len=32, eval_rows=64, options={"num_items": 300, "num_users": 50})
+    return build_plugins().data_source(data, seed=3)
 
 
 def test_synthetic_batches_are_valid_and_deterministic(source):
@@ -93,4 +93,4 @@ def test_synthetic_options_are_validated():
     from gem_core.errors import GemConfigError
 
     with pytest.raises(GemConfigError, match="unknown key 'data.options.num_itemz'"):
-        SyntheticSource(DataConfig(options={"num_itemz": 5}), seed=0)
+        build_plugins().data_source(DataConfig(options={"num_itemz": 5}), seed=0)

@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from gem_core.cli.bench_flops import bench_flops
 from gem_core.config import DataConfig, load_config
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.model.summary import model_summary
+from gem_core.plugins import build_plugins
 
 
 def test_bench_flops_json_puts_analytic_and_counted_side_by_side():
@@ -31,8 +31,8 @@ def test_every_preset_is_described_without_allocating(preset):
     # The synthetic schema needs only the id spaces; keep the generator's arrays small.
     options = {k: v for k, v in config.data.options.items() if k != "num_users"}
     options["num_items"] = min(options.get("num_items", 2000), 1000)
-    schema = SyntheticSource(DataConfig(max_seq_len=config.data.max_seq_len, options=options),
-                             seed=0).schema
+    data = DataConfig(max_seq_len=config.data.max_seq_len, options=options)
+    schema = build_plugins().data_source(data, seed=0).schema
     summary = model_summary(config.model, schema)
     params = summary["parameters"]
     assert params["total"] == params["embedding"] + params["dense"] > 0

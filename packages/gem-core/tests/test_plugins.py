@@ -163,3 +163,96 @@ def test_listing_commands_and_plugins_imports_no_heavy_library():
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _options_plugin(received: list):
+    """A dense strategy with an options class, recording the options each method gets."""
+    import attrs
+
+    from gem_core.config.validators import at_least
+    from gem_core.contracts import DenseSharding
+
+    @attrs.frozen(kw_only=True)
+    class MeshOptions:
+        size: int = attrs.field(default=1, validator=at_least(1))
+        """Ranks per mesh row."""
+
+    class Recording(DenseSharding):
+        def apply(self, model, *, ctx, make_optimizer, precision, options):
+            received.append(("apply", options))
+            return model
+
+        def plan_estimate(self, facts, options):
+            received.append(("plan_estimate", options))
+
+    def register(register):
+        register(ImplementationSpec(name="recording", load=Recording, options=MeshOptions))
+
+    return MeshOptions, _plugin(gem_register_dense_sharding=register)
+
+
+def test_plugin_options_are_structured_once_and_handed_typed_to_every_method():
+    import torch
+
+    from gem_core.config import load_config
+    from gem_core.distributed import ParallelContext
+    from gem_core.parallelize import parallelize
+    from gem_core.train.backends import resolve_backends
+
+    received: list = []
+    options_class, plugin = _options_plugin(received)
+    plugins = build_plugins(load_entry_points=False, extra_plugins=[("opts", plugin)])
+    config = load_config(overrides=["backends.dense_sharding=recording", "parallel.dense.size=4"])
+    ctx = ParallelContext()
+    backends = resolve_backends(config, plugins, ctx)
+    chosen = backends.dense_sharding.options
+    assert chosen == options_class(size=4)
+    parallelize(torch.nn.Linear(2, 2), ctx=ctx, precision=backends.precision.impl,
+                embedding_sharding=backends.embedding_sharding,
+                activation_checkpointing=backends.activation_checkpointing,
+                dense_sharding=backends.dense_sharding, make_optimizer=None, config=config)
+    backends.dense_sharding.impl.plan_estimate(None, chosen)
+    assert [name for name, _ in received] == ["apply", "plan_estimate"]
+    assert all(options is chosen for _, options in received)  # the one instance, typed
+    # The options of implementations that take none: None, and any key is refused.
+    assert backends.embedding_sharding.options is None
+
+
+def test_an_unknown_or_bad_plugin_option_is_refused_naming_its_full_key():
+    from gem_core.config import load_config
+    from gem_core.distributed import ParallelContext
+    from gem_core.train.backends import resolve_backends
+
+    _, plugin = _options_plugin([])
+    plugins = build_plugins(load_entry_points=False, extra_plugins=[("opts", plugin)])
+
+    def resolve(*overrides):
+        config = load_config(overrides=["backends.dense_sharding=recording", *overrides])
+        return resolve_backends(config, plugins, ParallelContext())
+
+    with pytest.raises(GemConfigError, match="unknown key 'parallel.dense.sise'; allowed keys "
+                                             "in parallel.dense: size"):
+        resolve("parallel.dense.sise=2")
+    with pytest.raises(GemConfigError, match="parallel.dense.size must be >= 1; got 0"):
+        resolve("parallel.dense.size=0")
+    with pytest.raises(GemConfigError, match="embedding_sharding 'replicated' takes no options; "
+                                             "got plan"):
+        resolve("parallel.embedding.plan={}")
+    with pytest.raises(GemConfigError, match="unknown key 'data.options.num_itemz'"):
+        resolve("data.options.num_itemz=3")
+
+
+def test_options_must_be_an_attrs_class_of_a_kind_that_takes_options():
+    def bad_class(register):
+        register(ImplementationSpec(name="x", load=lambda: None, options=dict))
+
+    def no_table(register):
+        register(ImplementationSpec(name="x", load=lambda: None, options=AutoContext))
+
+    with pytest.raises(GemPluginError, match="declare an attrs class"):
+        build_plugins(load_entry_points=False, extra_plugins=[(
+            "bad", _plugin(gem_register_dense_sharding=bad_class))])
+    with pytest.raises(GemPluginError,
+                       match="declares options, but attention implementations take none"):
+        build_plugins(load_entry_points=False, extra_plugins=[(
+            "bad", _plugin(gem_register_attention_backends=no_table))])

@@ -128,13 +128,13 @@ def test_grouplens_and_atomic_files_agree(grouplens, atomic):
 
 
 def test_movielens_source_trains_from_a_path(grouplens, tmp_path):
-    from gem_data.movielens_source import movielens_factory
+    from gem_core.plugins import build_plugins
 
     directory, rows = grouplens
     config = DataConfig(source="movielens-100k", path=str(directory), max_seq_len=16,
                         eval_rows=1000, options={"cache_dir": str(tmp_path / "cache"),
                                                  "eval_fraction": 0.2})
-    source = movielens_factory(config, seed=0)
+    source = build_plugins().data_source(config, seed=0)
     stream = source.train_stream(batch_size=32, rank=0, world_size=1,
                                  balancer=contiguous_balancer,
                                  cost_fn=lambda b: [1.0] * b.batch_size)
@@ -144,20 +144,20 @@ def test_movielens_source_trains_from_a_path(grouplens, tmp_path):
     held_out = sum(b.batch_size for b in source.eval_batches(batch_size=50))
     assert held_out == source.manifest.rows("eval") and held_out > 0
     # A second source reuses the conversion.
-    again = movielens_factory(config, seed=0)
+    again = build_plugins().data_source(config, seed=0)
     assert again.directory == source.directory
     assert source.report()["source"] == "movielens-100k"
 
 
 def test_missing_files_are_reported(tmp_path):
-    from gem_data.movielens_source import movielens_factory
+    from gem_core.plugins import build_plugins
 
     with pytest.raises(GemDataError, match="no MovieLens-100k files"):
         read_movielens(tmp_path)
     config = DataConfig(source="movielens-100k",
                         options={"cache_dir": str(tmp_path / "c"), "download": False})
     with pytest.raises(GemDataError, match="no MovieLens-100k files"):
-        movielens_factory(config, seed=0)
+        build_plugins().data_source(config, seed=0)
 
 
 def _pip_can_download() -> bool:

@@ -285,13 +285,13 @@ def test_fit_logistic_recovers_weights():
 
 
 def test_the_source_and_synth_record_the_indicator_ne(tmp_path):
+    from gem_core.plugins import build_plugins
     from gem_data.manifest import read_manifest
     from gem_data.synth import synthesize
-    from gem_data.synthetic_source import SyntheticAdsSource
 
     small = dict(num_items=400, num_users=100, planted="multi_valued")
     config = DataConfig(source="synthetic-ads", max_seq_len=32, eval_rows=300, options=small)
-    report = SyntheticAdsSource(config, seed=1).report()
+    report = build_plugins().data_source(config, seed=1).report()
     assert set(report["indicator_ne"]) == set(report["achievable_ne"]) == {"click",
                                                                           "conversion"}
     options = SynthOptions(max_length=32, **small)

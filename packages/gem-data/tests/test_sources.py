@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.errors import GemConfigError, GemDataError
+from gem_core.plugins import build_plugins
 from gem_data import plugin
 
 
@@ -63,8 +64,6 @@ def test_registration_imports_nothing_heavy():
 
 
 def test_plugin_manager_registers_gem_data():
-    from gem_core.plugins import build_plugins
-
     plugins = build_plugins(load_entry_points=False, disabled={"gem_core"},
                             extra_plugins=[("gem_data", plugin)])
     assert {"parquet", "movielens-100k"} <= set(plugins.registries["data"].names())
@@ -72,10 +71,9 @@ def test_plugin_manager_registers_gem_data():
 
 
 def make_source(directory, **options):
-    factory = registered(plugin.gem_register_data_sources)["parquet"].load()
     config = DataConfig(source="parquet", path=str(directory), max_seq_len=32, eval_rows=300,
                         options=options)
-    return factory(config, seed=5)
+    return build_plugins().data_source(config, seed=5)
 
 
 def test_parquet_source_contract(small_dataset):
@@ -125,8 +123,8 @@ def test_eval_held_out_from_train_when_manifest_has_no_eval(make_dataset):
     manifest = _json.loads((directory / "manifest.json").read_text())
     del manifest["splits"]["eval"]
     (directory / "manifest.json").write_text(_json.dumps(manifest))
-    factory = registered(plugin.gem_register_data_sources)["parquet"].load()
-    source = factory(DataConfig(path=str(directory), eval_rows=20), seed=0)
+    source = build_plugins().data_source(DataConfig(source="parquet", path=str(directory),
+                                                    eval_rows=20), seed=0)
     assert len(source.train_units) == 2 and len(source.eval_units) == 2
 
 
@@ -136,7 +134,7 @@ def test_bad_options_and_paths(small_dataset, tmp_path):
     with pytest.raises(GemConfigError, match="data.options.validation.ids must be one of"):
         make_source(small_dataset, validation={"ids": "ignore"})
     with pytest.raises(GemDataError, match="needs data.path"):
-        registered(plugin.gem_register_data_sources)["parquet"].load()(DataConfig(), seed=0)
+        build_plugins().data_source(DataConfig(source="parquet"), seed=0)
     with pytest.raises(GemDataError, match="does not exist"):
         make_source(tmp_path / "nope")
 
@@ -190,7 +188,7 @@ def test_cli_validate_reports_each_bad_row_group(make_dataset):
 
 
 def test_synthetic_ads_source():
-    factory = registered(plugin.gem_register_data_sources)["synthetic-ads"].load()
+    factory = build_plugins().data_source
     config = DataConfig(source="synthetic-ads", max_seq_len=48, eval_rows=700,
                         options={"num_items": 300, "num_users": 50})
     source = factory(config, seed=2)
@@ -220,4 +218,4 @@ def test_synthetic_ads_source():
     assert source.achievable_ne()["click"] == pytest.approx(
         normalized_entropy_of_probabilities(np.concatenate(probs), labels))
     with pytest.raises(GemConfigError, match="data.options.length_distribution"):
-        factory(DataConfig(options={"length_distribution": "x"}), seed=0)
+        factory(DataConfig(source="synthetic-ads", options={"length_distribution": "x"}), seed=0)

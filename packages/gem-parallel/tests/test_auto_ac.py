@@ -19,7 +19,7 @@ from gem_core.jagged import offsets_from_lengths
 from gem_core.model.sequence_tower import SequenceTower
 from gem_core.plugins import build_plugins
 from gem_core.train.trainer import train
-from gem_parallel.auto_ac import BudgetCheckpointing
+from gem_parallel.auto_ac import BudgetCheckpointing, BudgetOptions
 
 
 def _saved_bytes_and_grads(tower: SequenceTower, x, offsets, max_len):
@@ -46,7 +46,7 @@ def test_a_small_budget_saves_activations_and_computes_the_same_gradients():
     x, offsets = torch.randn(int(lengths.sum()), 16), offsets_from_lengths(lengths)
     eager_saved, expected = _saved_bytes_and_grads(tower, x, offsets, 12)
     compiled = copy.deepcopy(tower)
-    settings = compiler_settings(BudgetCheckpointing(), {"memory_budget": 0.2})
+    settings = compiler_settings(BudgetCheckpointing(), BudgetOptions(memory_budget=0.2))
     assert settings == {"activation_memory_budget": 0.2}
     compile_module(compiled.blocks[0], settings=settings)
     saved, grads = _saved_bytes_and_grads(compiled, x, offsets, 12)
@@ -58,13 +58,17 @@ def test_a_small_budget_saves_activations_and_computes_the_same_gradients():
 
 
 def test_memory_budget_option_is_checked():
-    policy = BudgetCheckpointing()
-    assert policy.compiler_settings({}) == {"activation_memory_budget": 0.5}
+    def resolve(options):
+        return build_plugins().resolve("activation_checkpointing", "budget", None, options)
+
+    budget = resolve({})
+    assert budget.impl.compiler_settings(budget.options) == {"activation_memory_budget": 0.5}
     for bad in (0, 1.5, -0.1):
         with pytest.raises(GemConfigError, match=r"memory_budget.*\(0, 1\]"):
-            policy.compiler_settings({"memory_budget": bad})
-    with pytest.raises(GemConfigError, match="unknown key"):
-        policy.compiler_settings({"budget": 0.5})
+            resolve({"memory_budget": bad})
+    with pytest.raises(GemConfigError,
+                       match="unknown key 'parallel.activation_checkpointing.budget'"):
+        resolve({"budget": 0.5})
 
 
 def test_budget_is_registered_and_refused_without_compile(tmp_path):

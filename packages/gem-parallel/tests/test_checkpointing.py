@@ -7,18 +7,22 @@ import torch
 
 from gem_core.attention.reference import ReferenceAttention
 from gem_core.config import DataConfig, ModelConfig
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.errors import GemConfigError
 from gem_core.model import build_model
+from gem_core.plugins import build_plugins
 from gem_core.train.loss import mean_loss
-from gem_parallel.checkpointing import FullCheckpointing, SelectiveCheckpointing
+from gem_parallel.checkpointing import (
+    FullCheckpointing,
+    SelectiveCheckpointing,
+    SelectiveOptions,
+)
 
 
 @pytest.fixture(scope="module")
 def setup():
-    source = SyntheticSource(DataConfig(max_seq_len=40), seed=1)
+    source = build_plugins().data_source(DataConfig(max_seq_len=40), seed=1)
     torch.manual_seed(0)
     model = build_model(ModelConfig(embedding_dim=16, num_layers=2), source.schema,
                         attention=ReferenceAttention(),
@@ -34,10 +38,10 @@ def _outputs_and_grads(model, batch, tasks):
 
 
 @pytest.mark.parametrize("policy, options", [
-    (FullCheckpointing(), {}),
-    (SelectiveCheckpointing(), {}),
-    (SelectiveCheckpointing(), {"modules": ["mlp"]}),
-    (SelectiveCheckpointing(), {"modules": ["attention", "mlp"]}),
+    (FullCheckpointing(), None),
+    (SelectiveCheckpointing(), SelectiveOptions()),
+    (SelectiveCheckpointing(), SelectiveOptions(modules=("mlp",))),
+    (SelectiveCheckpointing(), SelectiveOptions(modules=("attention", "mlp"))),
 ])
 def test_outputs_and_gradients_equal_no_checkpointing_exactly(setup, policy, options):
     model, batch, tasks = setup
@@ -62,21 +66,25 @@ def test_checkpointing_saves_activation_memory(setup):
 
     model, batch, tasks = setup
     plain = saved_activation_bytes(model, batch, tasks)
-    full = FullCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(), options={})
+    full = FullCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(), options=None)
     assert saved_activation_bytes(full, batch, tasks) < plain
 
 
-def test_options_are_validated(setup):
-    model, _, _ = setup
-    with pytest.raises(GemConfigError, match="unknown key"):
-        SelectiveCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(),
-                                       options={"module": ["mlp"]})
-    with pytest.raises(GemConfigError, match="modules"):
-        SelectiveCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(),
-                                       options={"modules": ["norm"]})
-    with pytest.raises(GemConfigError, match="takes no options"):
-        FullCheckpointing().apply(copy.deepcopy(model), ctx=ParallelContext(),
-                                  options={"modules": ["mlp"]})
+def test_options_are_validated_once_when_the_policy_is_resolved():
+    plugins = build_plugins()
+
+    def resolve(name, options):
+        return plugins.resolve("activation_checkpointing", name, None, options)
+
+    with pytest.raises(GemConfigError, match="unknown key "
+                                             "'parallel.activation_checkpointing.module'"):
+        resolve("selective", {"module": ["mlp"]})
+    with pytest.raises(GemConfigError, match="parallel.activation_checkpointing.modules"):
+        resolve("selective", {"modules": ["norm"]})
+    with pytest.raises(GemConfigError, match="activation_checkpointing 'full' takes no options"):
+        resolve("full", {"modules": ["mlp"]})
+    assert resolve("selective", {"modules": ["mlp"]}).options == SelectiveOptions(modules=("mlp",))
+    assert resolve("full", {}).options is None
 
 
 def test_full_checkpointing_covers_cross_attention_layers_and_keeps_gradients():
@@ -84,15 +92,15 @@ def test_full_checkpointing_covers_cross_attention_layers_and_keeps_gradients():
 
     from gem_core.attention.bucketed import BucketedAttention
     from gem_core.config import load_config
-    from gem_core.data.synthetic import SyntheticSource
     from gem_core.distributed import ParallelContext
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
+    from gem_core.plugins import build_plugins
     from gem_parallel.checkpointing import CheckpointedForward, FullCheckpointing
 
     config = load_config(overrides=["model.cross_attention=true", "data.max_seq_len=24",
                                     "data.options.num_items=200"])
-    source = SyntheticSource(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     batch = source.generate(16, split=1, index=0)
 
     def grads(checkpointed: bool):
@@ -100,7 +108,7 @@ def test_full_checkpointing_covers_cross_attention_layers_and_keeps_gradients():
         model = build_model(config.model, source.schema, attention=BucketedAttention(),
                             embedding_backend=ReferenceEmbeddingBackend())
         if checkpointed:
-            FullCheckpointing().apply(model, ctx=ParallelContext(), options={})
+            FullCheckpointing().apply(model, ctx=ParallelContext(), options=None)
             assert model.tower.cross and all(
                 isinstance(layer.__dict__.get("forward"), CheckpointedForward)
                 for layer in model.tower.cross)

@@ -176,7 +176,7 @@ def test_ep_refuses_models_without_moe_and_uneven_experts():
     from gem_core.errors import GemConfigError
     from gem_core.model.moe import MixtureOfExperts
     from gem_core.testing.models import LayersInterface
-    from gem_parallel.expert_parallel import ExpertParallelStrategy, shard_experts
+    from gem_parallel.expert_parallel import EpOptions, ExpertParallelStrategy, shard_experts
 
     class Dense(torch.nn.Sequential, LayersInterface):
         pass
@@ -184,14 +184,14 @@ def test_ep_refuses_models_without_moe_and_uneven_experts():
     strategy = ExpertParallelStrategy()
     with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
         strategy.apply(Dense(torch.nn.Linear(2, 2)), ctx=ParallelContext(), make_optimizer=None,
-                       precision=None, options={})
+                       precision=None, options=EpOptions())
     assert not dist.is_initialized()  # refused before starting a process group
     with pytest.raises(GemConfigError, match="needs a model with MoE layers"):
         shard_experts(Dense(torch.nn.Linear(2, 2)), group=None, ep_rank=0, ep_size=2)
     # A model without the strategy interface is refused by name.
     with pytest.raises(GemConfigError, match=r"Linear\.moe_layers\(\) of the model interface"):
         strategy.apply(torch.nn.Linear(2, 2), ctx=ParallelContext(), make_optimizer=None,
-                       precision=None, options={})
+                       precision=None, options=EpOptions())
     layer = MixtureOfExperts("swiglu", 4, 8, 4, num_experts=3, top_k=1, capacity_factor=0,
                              shared_expert=False, aux_loss_weight=0.0, impl="grouped")
     with pytest.raises(GemConfigError, match="3 experts, which 2 expert-parallel ranks cannot"):
@@ -280,7 +280,7 @@ def test_deepspeed_moe_in_one_process_refuses_cleanly_and_shutdown_ends_its_grou
     from gem_core.model.moe import MixtureOfExperts
     from gem_core.precision import Float32Recipe
     from gem_core.testing.models import LayersInterface
-    from gem_parallel.deepspeed_moe import DeepSpeedMoeStrategy
+    from gem_parallel.deepspeed_moe import DeepSpeedMoeOptions, DeepSpeedMoeStrategy
 
     class Layers(torch.nn.Sequential, LayersInterface):
         pass
@@ -292,7 +292,7 @@ def test_deepspeed_moe_in_one_process_refuses_cleanly_and_shutdown_ends_its_grou
     try:
         with pytest.raises(GemConfigError, match="needs model.moe.capacity_factor = 0"):
             DeepSpeedMoeStrategy().apply(model, ctx=ctx, make_optimizer=None,
-                                         precision=Float32Recipe(), options={})
+                                         precision=Float32Recipe(), options=DeepSpeedMoeOptions())
         assert dist.is_initialized() and dist.get_world_size() == 1
     finally:
         shutdown(ctx)
@@ -436,7 +436,7 @@ def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():
     from gem_core.model.moe import MixtureOfExperts
     from gem_core.precision import Float32Recipe
     from gem_core.testing.models import LayersInterface
-    from gem_parallel.expert_parallel import ExpertParallelStrategy
+    from gem_parallel.expert_parallel import EpOptions, ExpertParallelStrategy
 
     class Model(nn.Module, LayersInterface):
         def __init__(self) -> None:
@@ -457,7 +457,7 @@ def test_ep_strategy_in_one_process_starts_and_shutdown_ends_a_one_rank_group():
         ctx = ParallelContext()
         engine = ExpertParallelStrategy().apply(
             model, ctx=ctx, make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-            precision=Float32Recipe(), options={})
+            precision=Float32Recipe(), options=EpOptions())
         try:
             assert dist.is_initialized() and dist.get_world_size() == 1
             assert model.mlp.dispatcher is None and model.mlp.experts.gate.shape[0] == 4

@@ -99,7 +99,7 @@ def test_activation_fit_predicts_a_measured_batch(tiny, plugins):
     """The fit from two short batches predicts the bytes autograd keeps for a longer, real
     batch of tiny within 25 %."""
     fit = measure_activations(tiny, plugins, "none")
-    source = plugins.resolve("data", tiny.data.source, None).impl(tiny.data, seed=0)
+    source = plugins.data_source(tiny.data, seed=0)
     batch = next(iter(source.eval_batches(batch_size=16)))
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model.gem import build_model
@@ -118,9 +118,8 @@ def test_plan_follows_the_declared_tables(tiny, plugins):
     """One entry per table the data declares, sized ``num_embeddings x dim``, with the feature
     keys that index it (the item table is shared by the event and the candidate feature); the
     embedding totals are the tables' sums; lookups count ids per request."""
-    from gem_core.data.synthetic import SyntheticSource
 
-    schema = SyntheticSource(tiny.data, seed=0).schema
+    schema = build_plugins().data_source(tiny.data, seed=0).schema
     result = plan(tiny, Layout(gpus=2, gpu_memory_gib=1), plugins)
     tables = result["tables"]
     dim = tiny.model.embedding_dim

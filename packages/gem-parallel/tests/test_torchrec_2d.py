@@ -67,8 +67,8 @@ def test_plan_estimate_of_two_groups_is_one_group_plus_the_replicas_average():
 
     strategy = TorchRecSharding()
     two_d = {"layout": "2d", "sharding_group_size": 2}
-    one_group = strategy.plan_estimate(_facts(2), {})
-    layout = strategy.plan_estimate(_facts(8), two_d)
+    one_group = strategy.plan_estimate(_facts(2), parse_options({}))
+    layout = strategy.plan_estimate(_facts(8), parse_options(two_d))
     # Memory and lookups: those of one group of 2 ranks, not of 8.
     for row in ("embedding_params", "embedding_optimizer"):
         assert layout.memory[row].bytes == one_group.memory[row].bytes > 0
@@ -78,12 +78,13 @@ def test_plan_estimate_of_two_groups_is_one_group_plus_the_replicas_average():
     held = (1010 * 16 * 4 + 1010 * 4) / 2
     assert layout.details["sparse_layout"]["sync_bytes_per_rank"] == held
     assert layout.communication["embedding_sync"] == pytest.approx(2 * 3 / 4 * held)
-    rarely = strategy.plan_estimate(_facts(8), {**two_d, "sync_every": 4,
-                                               "sync_optimizer_state": False})
+    rarely = strategy.plan_estimate(_facts(8), parse_options({**two_d, "sync_every": 4,
+                                                             "sync_optimizer_state": False}))
     assert rarely.communication["embedding_sync"] == pytest.approx(
         2 * 3 / 4 * 1010 * 16 * 4 / 2 / 4)
     with pytest.raises(GemConfigError, match="does not divide this run's 6 rank"):
-        strategy.plan_estimate(_facts(6), {"layout": "2d", "sharding_group_size": 4})
+        strategy.plan_estimate(_facts(6), parse_options({"layout": "2d",
+                                                         "sharding_group_size": 4}))
 
 
 def test_gem_plan_prints_the_2d_layout():

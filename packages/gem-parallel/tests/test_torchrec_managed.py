@@ -208,6 +208,7 @@ def _worker(out_path: str) -> None:
 
     from gem_core.distributed import init_from_environment
     from gem_core.jagged import Jagged
+    from gem_parallel.torchrec.plan import TorchRecOptions
     from gem_parallel.torchrec.sharding import TorchRecSharding
 
     torch.set_num_threads(1)
@@ -220,8 +221,8 @@ def _worker(out_path: str) -> None:
             super().__init__()
             self.embeddings = copy.deepcopy(single)
 
-    model = TorchRecSharding().apply(Holder(), ctx=ctx, options={
-        "plan": {"ad": "row_wise"}, "optimizer": "sgd"})
+    model = TorchRecSharding().apply(Holder(), ctx=ctx, options=TorchRecOptions(
+        plan={"ad": "row_wise"}, optimizer="sgd"))
     sharded = model.embeddings
     report: dict = {"plan": sharded.plan["ad"]["sharding_type"], "rows": [], "vectors_equal": []}
     for step in range(2):

@@ -110,15 +110,15 @@ def jagged_candidates(batch):
 def case_data(kind: str):
     """``(config, schema, batch)`` of a case's data: 12 requests."""
     from gem_core.config import load_config
-    from gem_core.data.synthetic import SyntheticSource
+    from gem_core.plugins import build_plugins
 
     if kind == "plain":
         config = load_config(preset="tiny", overrides=OVERRIDES)
-        source = SyntheticSource(config.data, seed=0)
+        source = build_plugins().data_source(config.data, seed=0)
         return config, source.schema, source.generate(12, split=0, index=0)
     config = load_config(preset="tiny", overrides=[
         *OVERRIDES, "data.options.candidates_per_request=4"])
-    source = SyntheticSource(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     schema, batch = with_topics(source.schema, source.generate(12, split=0, index=0))
     batch = jagged_candidates(batch)
     batch.validate(schema)
@@ -142,7 +142,8 @@ def _worker(out_path: str) -> None:
     from gem_core.model import build_model
     from gem_core.precision import Float32Recipe
     from gem_parallel.ddp import DistributedDataParallelStrategy
-    from gem_parallel.fsdp import FullyShardedStrategy
+    from gem_parallel.fsdp import FsdpOptions, FullyShardedStrategy
+    from gem_parallel.torchrec.plan import TorchRecOptions
     from gem_parallel.torchrec.sharding import TorchRecSharding
 
     def task_loss_sums(logits, batch, tasks):  # as gem_core.train.loss computes it
@@ -178,13 +179,14 @@ def _worker(out_path: str) -> None:
                      if p.grad is not None}
 
         strategy = TorchRecSharding()
-        options = {"optimizer": "sgd", "lr": LR, "plan": forced}
+        options = TorchRecOptions(optimizer="sgd", lr=LR, plan=forced)
         model = strategy.apply(model, ctx=ctx, options=options)
-        dense_strategy = (DistributedDataParallelStrategy() if dense == "ddp"
-                          else FullyShardedStrategy(hybrid=False))
+        dense_strategy, dense_options = ((DistributedDataParallelStrategy(), None)
+                                         if dense == "ddp" else
+                                         (FullyShardedStrategy(hybrid=False), FsdpOptions()))
         engine = dense_strategy.apply(
             model, ctx=ctx, make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
-            precision=Float32Recipe(), options={})
+            precision=Float32Recipe(), options=dense_options)
         engine.train(True)
         logits = engine(local)
         loss = task_loss_sums(logits, local, tasks).sum() * (ctx.world_size / impressions)
@@ -352,12 +354,12 @@ def _tiny_model():
 
     from gem_core.attention.bucketed import BucketedAttention
     from gem_core.config import load_config
-    from gem_core.data.synthetic import SyntheticSource
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
+    from gem_core.plugins import build_plugins
 
     config = load_config(preset="tiny", overrides=OVERRIDES)
-    source = SyntheticSource(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     torch.manual_seed(0)
     model = build_model(config.model, source.schema, attention=BucketedAttention(),
                         embedding_backend=ReferenceEmbeddingBackend())
@@ -382,11 +384,12 @@ def _tiny_model():
 def test_bad_options_are_refused_with_the_reason(options, message):
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError
+    from gem_parallel.torchrec.plan import parse_options
     from gem_parallel.torchrec.sharding import TorchRecSharding
 
     model, _ = _tiny_model()
     with pytest.raises(GemConfigError) as error:
-        TorchRecSharding().apply(model, ctx=ParallelContext(), options=options)
+        TorchRecSharding().apply(model, ctx=ParallelContext(), options=parse_options(options))
     assert message in str(error.value)
 
 
@@ -397,6 +400,7 @@ def test_dense_lr_schedule_reaches_the_fused_update():
     import torch
 
     from gem_core.distributed import ParallelContext, shutdown
+    from gem_parallel.torchrec.plan import TorchRecOptions
     from gem_parallel.torchrec.sharding import TorchRecSharding
     from gem_parallel.torchrec.state import table_weights
 
@@ -409,8 +413,8 @@ def test_dense_lr_schedule_reaches_the_fused_update():
         for schedule, factor, moves in (("dense", 0.0, False), ("dense", 1.0, True),
                                         ("constant", 0.0, True)):
             model, batch = _tiny_model()
-            TorchRecSharding().apply(model, ctx=ctx, options={
-                "optimizer": "sgd", "lr": 0.5, "lr_schedule": schedule})
+            TorchRecSharding().apply(model, ctx=ctx, options=TorchRecOptions(
+                optimizer="sgd", lr=0.5, lr_schedule=schedule))
             assert model.embeddings.follow_learning_rate(factor) == (
                 0.5 * factor if schedule == "dense" else 0.5)
             before = tables(model)

@@ -5,9 +5,9 @@ import torch
 
 from gem_core.attention.bucketed import BucketedAttention
 from gem_core.config import load_config
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
+from gem_core.plugins import build_plugins
 from gem_core.train.loss import mean_loss
 
 TINY = ["data.max_seq_len=32", "data.options.num_items=200"]
@@ -15,7 +15,7 @@ TINY = ["data.max_seq_len=32", "data.options.num_items=200"]
 
 @pytest.fixture(scope="session")
 def source():
-    return SyntheticSource(load_config(overrides=TINY).data, seed=1)
+    return build_plugins().data_source(load_config(overrides=TINY).data, seed=1)
 
 
 @pytest.fixture

@@ -2,15 +2,15 @@ import torch
 
 from gem_core.attention.bucketed import BucketedAttention
 from gem_core.config import load_config
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
+from gem_core.plugins import build_plugins
 from gem_precision.bf16 import BFloat16Recipe
 
 
 def test_bf16_autocast_keeps_fp32_master_weights_and_stays_close_to_fp32():
     config = load_config(overrides=["data.max_seq_len=32", "data.options.num_items=200"])
-    source = SyntheticSource(config.data, seed=1)
+    source = build_plugins().data_source(config.data, seed=1)
     torch.manual_seed(0)
     model = build_model(config.model, source.schema, attention=BucketedAttention(),
                         embedding_backend=ReferenceEmbeddingBackend())

@@ -168,6 +168,17 @@ class JaggedBatch:
         """Raise GemDataError naming the feature, row (request) and value of the first
         violation. Ids are checked against their table only under the ``dense`` policy (other
         policies accept any 64-bit id)."""
+        # In this order: the layout first, since every later check indexes by the offsets.
+        self._validate_layout(where)
+        self._validate_ids(schema, where)
+        self._validate_labels(schema, where)
+        self._validate_content(schema, where)
+        self._validate_request_features(schema, where)
+        self._validate_teacher(schema, where)
+
+    def _validate_layout(self, where: str) -> None:
+        """The offsets of the histories and of the candidate lists, one list per request, none
+        of them empty."""
         try:
             check_offsets(self.seq_offsets, self.seq_timestamps.numel(), f"{where}: history")
             first = next(iter(self.candidate_ids.values()), None)
@@ -176,7 +187,7 @@ class JaggedBatch:
             check_offsets(self.candidate_offsets, total, f"{where}: candidates")
         except ValueError as error:
             raise GemDataError(str(error)) from None
-        r, e = self.batch_size, self.num_events
+        r = self.batch_size
         if self.candidate_offsets.numel() != r + 1:
             raise GemDataError(f"{where}: {self.candidate_offsets.numel() - 1} candidate lists "
                                f"for {r} requests")
@@ -185,10 +196,14 @@ class JaggedBatch:
             row = int(torch.nonzero(counts == 0)[0])
             raise GemDataError(f"{where}: row {row}: the request has no candidates "
                                f"({int((counts == 0).sum())} such requests in the batch)")
-        n = self.num_candidates
+
+    def _validate_ids(self, schema: FeatureSchema, where: str) -> None:
+        """Every event, candidate and sparse feature the schema declares is present, with ids
+        inside their table under the ``dense`` policy."""
         for kind, features, store, rows, offsets in (
-                ("event", schema.event_features, self.event_ids, e, self.seq_offsets),
-                ("candidate", schema.candidate_features, self.candidate_ids, n,
+                ("event", schema.event_features, self.event_ids, self.num_events,
+                 self.seq_offsets),
+                ("candidate", schema.candidate_features, self.candidate_ids, self.num_candidates,
                  self.candidate_offsets)):
             for feature in features:
                 ids = store.get(feature.name)
@@ -202,6 +217,10 @@ class JaggedBatch:
             table = schema.table(feature.table)
             if table.id_policy == "dense":
                 _check_ids(bag.values, table.num_embeddings, feature.name, where, bag.offsets)
+
+    def _validate_labels(self, schema: FeatureSchema, where: str) -> None:
+        """One label in {0, 1} per candidate for every task."""
+        n = self.num_candidates
         for task in schema.tasks:
             label = self.labels.get(task)
             if label is None or label.shape != (n,):
@@ -213,6 +232,11 @@ class JaggedBatch:
                 value = float(label[torch.nonzero(bad)[0]])
                 raise GemDataError(f"{where}: row {row}: label {task!r} = {value}, "
                                    "expected 0 or 1")
+
+    def _validate_content(self, schema: FeatureSchema, where: str) -> None:
+        """The content vectors of the history events and of the candidates: shapes, and finite
+        values."""
+        e, n = self.num_events, self.num_candidates
         if schema.seq_dense_dim:
             expected = (e, schema.seq_dense_dim)
             if self.seq_dense is None or tuple(self.seq_dense.shape) != expected:
@@ -231,6 +255,11 @@ class JaggedBatch:
             if bool(bad.any()):
                 row = _row_of(int(torch.nonzero(bad)[0]), self.candidate_offsets)
                 raise GemDataError(f"{where}: row {row}: candidate content vector is not finite")
+
+    def _validate_request_features(self, schema: FeatureSchema, where: str) -> None:
+        """What each request carries once: the upstream user embedding, the dense features and
+        the user id."""
+        r = self.batch_size
         if schema.user_embedding_dim:
             shape = (r, schema.user_embedding_dim)
             if self.user_embedding is None or tuple(self.user_embedding.shape) != shape:
@@ -249,7 +278,6 @@ class JaggedBatch:
                                    f"{float(self.dense[row, col])} is not finite")
         if self.user_ids is not None and self.user_ids.shape != (r,):
             raise GemDataError(f"{where}: user ids must be ({r},)")
-        self._validate_teacher(schema, where)
 
     def _validate_teacher(self, schema: FeatureSchema, where: str) -> None:
         """The teacher's signals the schema declares: shapes, and finite values."""

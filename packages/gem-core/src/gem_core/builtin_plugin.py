@@ -105,18 +105,12 @@ class _Replicated(EmbeddingSharding):
     """Tables stay ordinary parameters, replicated and synchronised by the dense strategy."""
 
     def apply(self, model, *, ctx, options):
-        from gem_core.precision import reject_options
-
-        reject_options("embedding_sharding 'replicated'", options)
         return model
 
     def plan_estimate(self, facts, options):
         """Every rank holds every table with its gradients and AdamW moments; the gradients
         are all-reduced as dense ones."""
         from gem_core.plan_estimate import Estimate, adam_memory
-        from gem_core.precision import reject_options
-
-        reject_options("embedding_sharding 'replicated'", options)
         n, embedding = facts.world_size, facts.embedding_parameters
         tables = {t.name: {"bytes_per_rank": t.parameters * 4 * 2 + t.parameters * 8,
                            "comm_bytes_per_rank_per_step":
@@ -152,17 +146,12 @@ class _NoCheckpointing(ActivationCheckpointing):
     """Every activation is stored for the backward."""
 
     def apply(self, model, *, ctx, options):
-        from gem_core.precision import reject_options
-
-        reject_options("activation_checkpointing 'none'", options)
         return model
 
     def plan_estimate(self, facts, options):
         """The activations gem plan measured (nothing recomputed)."""
         from gem_core.plan_estimate import measured_activations
-        from gem_core.precision import reject_options
 
-        reject_options("activation_checkpointing 'none'", options)
         return measured_activations(facts)
 
 
@@ -182,6 +171,7 @@ def _synthetic():
 def gem_register_data_sources(register) -> None:
     register(ImplementationSpec(
         name="synthetic", load=_synthetic,
+        options=lazy("gem_core.data.synthetic", "SyntheticOptions"),
         description="small generated ads log with a planted candidate-x-history label model",
     ))
 

@@ -127,8 +127,8 @@ def gem_register_dense_sharding(register: Register) -> None:
     :class:`gem_core.engine.Engine` whose ``backward``/``step``/``state_dict`` the trainer drives.
     Gradients must equal, within float tolerance, those of a single process on the union of the
     ranks' batches. ``precision`` is the run's recipe (its ``mixed_precision_policy()`` is for
-    strategies that cast parameters); ``options`` is ``[parallel.dense]`` of the config, which the
-    strategy validates.
+    strategies that cast parameters); ``options`` is ``[parallel.dense]`` of the config as an
+    instance of the spec's ``options`` class (None where it declares none), structured by gem-core.
     """
 
 
@@ -181,7 +181,8 @@ def gem_register_activation_checkpointing(register: Register) -> None:
 def gem_register_data_sources(register: Register) -> None:
     """Register data sources (kind ``data``).
 
-    ``load()`` returns a factory ``(config: DataConfig, *, seed: int) -> DataSource`` (see
+    ``load()`` returns a factory ``(config: DataConfig, *, seed: int, options) -> DataSource``
+    (``options``: ``[data.options]`` as an instance of the spec's ``options`` class; see
     :class:`gem_core.contracts.DataSource`; the trainer refuses a product that is not one): a
     feature schema, a deterministic stream of global training batches with a resumable
     position, and a fixed held-out evaluation split.

@@ -8,7 +8,7 @@ schema against it. Adding a kind is adding one row (and its hooks in :mod:`gem_c
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
@@ -48,6 +48,11 @@ class Kind:
     description: str
     """One line: what an implementation of this kind does."""
 
+    options_key: str | None = None
+    """Dotted key of the config table holding the options of the run's implementation
+    (``parallel.dense``); each implementation declares their class (``ImplementationSpec.options``)
+    and gets the table structured into it, keys under this path. None: the kind takes none."""
+
     @property
     def chosen_by_run(self) -> bool:
         """Whether every run resolves one implementation of this kind (it has a config key)."""
@@ -64,6 +69,11 @@ class Kind:
         if self.config_key is None:
             raise ValueError(f"a run does not choose a {self.name}: it has no config key")
         return operator.attrgetter(self.config_key)(config)
+
+    def options_in(self, config: Any) -> Mapping[str, Any]:
+        """The config's table of options for this kind's implementation (empty without
+        :attr:`options_key`)."""
+        return {} if self.options_key is None else operator.attrgetter(self.options_key)(config)
 
 
 KIND_TABLE: tuple[Kind, ...] = (
@@ -93,12 +103,14 @@ KIND_TABLE: tuple[Kind, ...] = (
          default_hook="gem_default_dense_sharding", config_key="backends.dense_sharding",
          cli_flag="--sharding", cli_help="Dense sharding strategy.",
          contract=contracts.DenseSharding, returns="a DenseSharding instance",
-         description="wraps or shards the dense parameters; returns the Engine the trainer drives"),
+         description="wraps or shards the dense parameters; returns the Engine the trainer drives",
+         options_key="parallel.dense"),
     Kind(name="embedding_sharding", register_hook="gem_register_embedding_sharding",
          default_hook="gem_default_embedding_sharding", config_key="backends.embedding_sharding",
          cli_flag="--embedding-sharding", cli_help="Embedding sharding strategy.",
          contract=contracts.EmbeddingSharding, returns="an EmbeddingSharding instance",
-         description="places the embedding tables across the ranks"),
+         description="places the embedding tables across the ranks",
+         options_key="parallel.embedding"),
     Kind(name="precision", register_hook="gem_register_precision_recipes",
          default_hook="gem_default_precision", config_key="backends.precision",
          cli_flag="--precision", cli_help="Precision recipe.",
@@ -109,7 +121,8 @@ KIND_TABLE: tuple[Kind, ...] = (
          config_key="backends.activation_checkpointing", cli_flag="--activation-checkpointing",
          cli_help="Activation-checkpointing policy.",
          contract=contracts.ActivationCheckpointing, returns="an ActivationCheckpointing instance",
-         description="recomputes chosen activations in the backward"),
+         description="recomputes chosen activations in the backward",
+         options_key="parallel.activation_checkpointing"),
     Kind(name="balancer", register_hook="gem_register_batch_balancers",
          default_hook="gem_default_balancer", config_key="backends.balancer",
          cli_flag="--balancer", cli_help="Batch balancer across ranks.",
@@ -117,8 +130,9 @@ KIND_TABLE: tuple[Kind, ...] = (
          description="assigns the requests of a global batch to ranks"),
     Kind(name="data", register_hook="gem_register_data_sources", default_hook=None,
          config_key="data.source", cli_flag="--data", cli_help="Data source.",
-         contract=None, returns="a factory (config: DataConfig, *, seed) -> DataSource",
-         description="the feature schema, training stream and evaluation split"),
+         contract=None, returns="a factory (config: DataConfig, *, seed, options) -> DataSource",
+         description="the feature schema, training stream and evaluation split",
+         options_key="data.options"),
     Kind(name="cli", register_hook="gem_register_cli_commands", default_hook=None,
          config_key=None, cli_flag=None,
          contract=None, returns="a click.Command",

@@ -8,10 +8,10 @@ from torch import nn
 
 from gem_core.compile import compile_model, compiler_settings
 from gem_core.config import GemConfig
-from gem_core.contracts import ActivationCheckpointing, DenseSharding, EmbeddingSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
+from gem_core.plugins import Resolved
 from gem_core.precision import PrecisionRecipe
 
 
@@ -20,30 +20,30 @@ def parallelize(
     *,
     ctx: ParallelContext,
     precision: PrecisionRecipe,
-    embedding_sharding: EmbeddingSharding,
-    activation_checkpointing: ActivationCheckpointing,
-    dense_sharding: DenseSharding,
+    embedding_sharding: Resolved,
+    activation_checkpointing: Resolved,
+    dense_sharding: Resolved,
     make_optimizer: Callable,
     config: GemConfig,
 ) -> Engine:
     """Apply precision, embedding sharding, activation checkpointing and dense sharding to
-    ``model``; return its Engine."""
+    ``model``; return its Engine. Each strategy is the run's resolved choice, applied with its
+    options as resolved (structured once, from the kind's ``[parallel.*]`` table)."""
     model = model.to(ctx.device)
     # 1. Precision conversion first: module swaps (FP8 linears) must see the plain modules, and
     #    sharding must then shard the converted parameters (FP8 all-gather needs that order).
     model = precision.convert(model, ctx, config.precision.options)
     # 2. Embedding sharding: the tables leave the replicated parameter set before the dense
     #    strategy wraps what remains.
-    model = embedding_sharding.apply(model, ctx=ctx, options=config.parallel.embedding)
+    model = embedding_sharding.impl.apply(model, ctx=ctx, options=embedding_sharding.options)
     # 3. Activation checkpointing wraps blocks before dense sharding, so that FSDP shards the
     #    checkpointed blocks (their parameters are gathered again for the recomputation).
-    model = activation_checkpointing.apply(model, ctx=ctx,
-                                           options=config.parallel.activation_checkpointing)
+    model = activation_checkpointing.impl.apply(model, ctx=ctx,
+                                                options=activation_checkpointing.options)
     # 4. Compile (train.compile) the checkpointed blocks before FSDP wraps them: FSDP2's
     #    gather/free hooks stay outside the compiled graphs. A policy that recomputes through
     #    the compiler (an activation memory budget) hands its settings to the compilation.
-    settings = compiler_settings(activation_checkpointing,
-                                 config.parallel.activation_checkpointing)
+    settings = compiler_settings(activation_checkpointing.impl, activation_checkpointing.options)
     if config.train.compile:
         compile_model(model, ctx=ctx, config=config, settings=settings)
     elif settings:
@@ -52,5 +52,5 @@ def parallelize(
             f"compiler choose what to recompute ({', '.join(sorted(settings))}); it needs "
             "train.compile = true")
     # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
-    return dense_sharding.apply(model, ctx=ctx, make_optimizer=make_optimizer,
-                                precision=precision, options=config.parallel.dense)
+    return dense_sharding.impl.apply(model, ctx=ctx, make_optimizer=make_optimizer,
+                                     precision=precision, options=dense_sharding.options)

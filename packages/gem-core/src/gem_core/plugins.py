@@ -7,12 +7,14 @@ import importlib.metadata
 import logging
 import os
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import attrs
 import pluggy
 
 from gem_core import hookspecs
+from gem_core.config import DataConfig
+from gem_core.contracts import DataSource, check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import kind_named
 from gem_core.registry import KINDS, AutoContext, ImplementationSpec, PluginFailure, Registry
@@ -32,11 +34,13 @@ def disabled_plugins_from_env() -> frozenset[str]:
 
 @attrs.frozen(kw_only=True)
 class Resolved:
-    """An implementation chosen for a run: its spec, the loaded object and why it was chosen."""
+    """An implementation chosen for a run: its spec, the loaded object, why it was chosen and
+    its options (an instance of the spec's options class, or None where it takes none)."""
 
     spec: ImplementationSpec
     impl: Any
     reason: str
+    options: Any = None
 
 
 class GemPlugins:
@@ -121,8 +125,11 @@ class GemPlugins:
         raise GemPluginError(f"no plugin answered {kind_named(kind).default_hook}; is "
                              "gem-core's plugin disabled?")
 
-    def resolve(self, kind: str, name: str, context: AutoContext | None = None) -> Resolved:
-        """Load the implementation named ``name`` (or chosen for ``auto``) of ``kind``.
+    def resolve(self, kind: str, name: str, context: AutoContext | None = None,
+                options: Mapping[str, Any] | None = None) -> Resolved:
+        """Load the implementation named ``name`` (or chosen for ``auto``) of ``kind``, with
+        ``options`` (its kind's options table; None: empty) structured into the spec's options
+        class, once, for everything the implementation is handed.
 
         An explicitly named implementation is loaded or the run fails: there is no fallback.
         With a ``context``, what the spec declares is enforced first: the run's device must be
@@ -142,7 +149,23 @@ class GemPlugins:
         spec = registry.get(chosen)
         if context is not None:
             check_declared(spec, context, chosen_by=reason)
-        return Resolved(spec=spec, impl=registry.load(chosen), reason=reason)
+        impl = registry.load(chosen)  # first: a missing requirement is named as such
+        return Resolved(spec=spec, impl=impl, reason=reason,
+                        options=spec.structure_options(options or {}))
+
+    def data_source(self, config: DataConfig, *, seed: int) -> DataSource:
+        """The data source ``config`` names, built with its ``[data.options]``."""
+        return build_data_source(self.resolve("data", config.source, None, config.options),
+                                 config, seed=seed)
+
+
+def build_data_source(data: Resolved, config: DataConfig, *, seed: int) -> DataSource:
+    """Call the resolved data factory with its options and check that it built a
+    :class:`~gem_core.contracts.DataSource` (naming the plugin when not)."""
+    source = data.impl(config, seed=seed, options=data.options)
+    check_contract(source, DataSource, kind="data source", name=data.spec.name,
+                   plugin=data.spec.plugin, distribution=data.spec.distribution)
+    return source
 
 
 def check_declared(spec: ImplementationSpec, context: AutoContext, *, chosen_by: str) -> None:

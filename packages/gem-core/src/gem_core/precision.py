@@ -8,16 +8,10 @@ from typing import Any, ContextManager, Mapping
 from torch import nn
 
 from gem_core import contracts
-from gem_core.errors import GemConfigError
+from gem_core.config.validators import reject_options
 
 PrecisionRecipe = contracts.PrecisionRecipe
 """The contract of kind ``precision`` (:class:`gem_core.contracts.PrecisionRecipe`)."""
-
-
-def reject_options(owner: str, options: Mapping[str, Any]) -> None:
-    """For implementations that take no options: any option is a mistake worth an error."""
-    if options:
-        raise GemConfigError(f"{owner} takes no options; got {', '.join(sorted(options))}")
 
 
 class Float32Recipe(PrecisionRecipe):

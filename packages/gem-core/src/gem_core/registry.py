@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 
+from gem_core.config.loading import structure
+from gem_core.config.validators import reject_options
 from gem_core.contracts import check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.kinds import KIND_TABLE, kind_named
@@ -70,6 +72,17 @@ class ImplementationSpec:
     requires: tuple[str, ...] = ()
     """Importable module names it needs; ``gem plugins`` checks them without importing them."""
 
+    options: type | Callable[[], type] | None = None
+    """The class of the options it takes, for kinds with an options table
+    (:attr:`gem_core.kinds.Kind.options_key`: ``[parallel.dense]``, ``[data.options]`` ...), or a
+    ``load``-like function returning it (:func:`lazy`, so that registering imports nothing
+    heavy): a frozen, keyword-only attrs class with a default and a docstring under each field,
+    its validators those of :mod:`gem_core.config.validators`. gem-core structures and validates
+    the table into it once per run (an unknown key or a bad value is an error naming its full
+    key, e.g. ``parallel.dense.foo``) and hands the instance to the implementation as
+    ``options`` (``apply``, ``plan_estimate``, a data factory ...); ``gem config explain``
+    describes its fields. None: it takes no options, refuses any, and is handed None."""
+
     kind: str = ""
     """Filled in by the registry from the hook that registered it."""
 
@@ -81,6 +94,31 @@ class ImplementationSpec:
 
     version: str = ""
     """Filled in by the registry: that distribution's version."""
+
+    def options_class(self) -> type | None:
+        """The class of :attr:`options` (loaded where it is a function); None: no options."""
+        cls = self.options
+        if cls is not None and not isinstance(cls, type):
+            try:
+                cls = cls()
+            except ImportError as error:
+                raise GemPluginError(
+                    f"{self.kind} {self.name!r} from {self.distribution or self.plugin}: its "
+                    f"options class failed to load: {error}") from error
+        if cls is not None and not (isinstance(cls, type) and attrs.has(cls)):
+            raise GemPluginError(f"{self.kind} {self.name!r} (plugin {self.plugin!r}) declares "
+                                 f"options {cls!r}; declare an attrs class")
+        return cls
+
+    def structure_options(self, table: Mapping[str, Any]) -> Any:
+        """``table`` (its kind's options table) as an instance of :attr:`options`, keys named
+        under the kind's :attr:`~gem_core.kinds.Kind.options_key`; None where it takes no
+        options (any key is then an error)."""
+        cls = self.options_class()
+        if cls is None:
+            reject_options(f"{self.kind} {self.name!r}", table)
+            return None
+        return structure(cls, dict(table), kind_named(self.kind).options_key or "")
 
     def missing_requirements(self) -> list[str]:
         """Required modules that cannot be found, checked without importing them."""
@@ -144,6 +182,7 @@ class Registry:
                 f"plugin {spec!r} registered a {type(spec).__name__} as a {self.kind}; "
                 "register an ImplementationSpec"
             )
+        self._check_options(spec)
         existing = self._specs.get(spec.name)
         if existing is not None:
             raise GemPluginError(
@@ -152,6 +191,19 @@ class Registry:
                 f"({spec.distribution}); rename one or disable a plugin with GEM_DISABLE_PLUGINS"
             )
         self._specs[spec.name] = spec
+
+    def _check_options(self, spec: ImplementationSpec) -> None:
+        if spec.options is None:
+            return
+        if kind_named(self.kind).options_key is None:
+            raise GemPluginError(f"{self.kind} {spec.name!r} (plugin {spec.plugin!r}) declares "
+                                 f"options, but {self.kind} implementations take none")
+        if isinstance(spec.options, type):
+            spec.options_class()  # an attrs class, or an error now
+        elif not callable(spec.options):
+            raise GemPluginError(f"{self.kind} {spec.name!r} (plugin {spec.plugin!r}) declares "
+                                 f"options {spec.options!r}; declare an attrs class or a "
+                                 "function returning one")
 
     def names(self) -> list[str]:
         return sorted(self._specs)

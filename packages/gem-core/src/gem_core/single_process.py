@@ -8,7 +8,6 @@ from torch import nn
 
 from gem_core.contracts import DenseSharding
 from gem_core.engine import Engine
-from gem_core.precision import reject_options
 
 
 class SingleProcess(DenseSharding):
@@ -16,7 +15,6 @@ class SingleProcess(DenseSharding):
 
     def apply(self, model: nn.Module, *, ctx, make_optimizer: Callable, precision,
               options) -> Engine:
-        reject_options("dense_sharding 'none'", options)
         if ctx.world_size > 1:
             raise RuntimeError(
                 f"dense_sharding 'none' runs one process but this run has {ctx.world_size} ranks; "
@@ -27,7 +25,6 @@ class SingleProcess(DenseSharding):
     def plan_estimate(self, facts, options):
         """Everything on the one rank; nothing sent."""
         from gem_core.plan_estimate import Estimate, adam_memory
-        reject_options("dense_sharding 'none'", options)
         if facts.world_size > 1:
             raise ValueError(f"dense_sharding 'none' runs one process; the layout has "
                              f"{facts.world_size} GPUs")

@@ -23,7 +23,7 @@ from gem_core.config import DataConfig, GemConfig, load_config, structure, unstr
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
-from gem_core.plugins import GemPlugins, build_plugins
+from gem_core.plugins import GemPlugins, build_data_source, build_plugins
 from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, without_teacher_signals
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.checkpointer import read_checkpoint
@@ -161,7 +161,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
         config = attrs.evolve(config, backends=attrs.evolve(config.backends, **backends))
     plugins = plugins if plugins is not None else build_plugins()
     resolved = resolve_backends(config, plugins, ParallelContext())
-    source = resolved.data.impl(config.data, seed=config.train.seed)
+    source = build_data_source(resolved.data, config.data, seed=config.train.seed)
     # Teacher columns (gem distill-precompute) are not features: a data set that has them is
     # the same data for this model.
     trained = state.get("schema")

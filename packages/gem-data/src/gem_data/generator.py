@@ -101,6 +101,7 @@ from gem_data.planted import (
     Events,
     Impressions,
     expand_candidates,
+    jagged_topics,
     planted_indicators,
     planted_world,
 )
@@ -393,8 +394,8 @@ class AdsLogGenerator:
                          "advertiser": t(cand_advertiser.astype(np.int64)),
                          "category": t(cand_category.astype(np.int64))}
         if topics is not None:
-            event_ids["topics"] = _jagged_topics(topics[items])
-            candidate_ids["topics"] = _jagged_topics(topics[candidate])
+            event_ids["topics"] = jagged_topics(topics[items])
+            candidate_ids["topics"] = jagged_topics(topics[candidate])
         batch = JaggedBatch(
             seq_offsets=t(offsets),
             seq_timestamps=t(timestamps.astype(np.int64)),
@@ -421,14 +422,6 @@ class AdsLogGenerator:
         """``(index, size)`` of the eval split's chunks for ``rows`` eval requests."""
         for index, start in enumerate(range(0, rows, EVAL_CHUNK_ROWS)):
             yield index, min(EVAL_CHUNK_ROWS, rows - start)
-
-
-def _jagged_topics(topics: np.ndarray) -> Jagged:
-    """Padded ``(rows, MAX_TOPICS)`` topics (-1: none) as ids jagged over the rows."""
-    valid = topics >= 0
-    offsets = np.zeros(topics.shape[0] + 1, dtype=np.int64)
-    np.cumsum(valid.sum(axis=1), out=offsets[1:])
-    return Jagged(torch.from_numpy(topics[valid].astype(np.int64)), torch.from_numpy(offsets))
 
 
 def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:

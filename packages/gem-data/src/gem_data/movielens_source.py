@@ -10,7 +10,7 @@ from pathlib import Path
 
 import attrs
 
-from gem_core.config import DataConfig, structure
+from gem_core.config import DataConfig
 from gem_core.config.validators import at_least, between
 from gem_data.fetch import default_cache, fetch_movielens, movielens_raw_dir
 from gem_data.manifest import MANIFEST_NAME
@@ -74,8 +74,8 @@ def prepare(config: DataConfig, options: MovieLensOptions) -> Path:
     return out
 
 
-def movielens_factory(config: DataConfig, *, seed: int) -> ParquetSource:
-    options = structure(MovieLensOptions, config.options, "data.options")
+def movielens_factory(config: DataConfig, *, seed: int, options: MovieLensOptions
+                      ) -> ParquetSource:
     source = ParquetSource(config, seed=seed, options=options, directory=prepare(config, options))
     source.name = "movielens-100k"
     return source

@@ -48,6 +48,7 @@ from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.jagged import Jagged
+from gem_core.plugins import build_plugins
 from gem_core.schema import FeatureSchema
 from gem_data.synthetic_source import SyntheticAdsSource
 
@@ -66,7 +67,7 @@ def peer_source(*, options: Mapping[str, Any], seed: int, eval_rows: int,
     ``data.eval_rows`` and ``data.max_seq_len``."""
     config = DataConfig(source="synthetic-ads", max_seq_len=max_seq_len, eval_rows=eval_rows,
                         options=dict(options))
-    return SyntheticAdsSource(config, seed=seed)
+    return build_plugins().data_source(config, seed=seed)
 
 
 def _costs(batch: JaggedBatch) -> list[float]:

@@ -17,7 +17,9 @@ from typing import Callable
 
 import attrs
 import numpy as np
+import torch
 
+from gem_core.jagged import Jagged
 from gem_data.synth_options import PLANTED_KINDS, SynthOptions
 
 ACTION_WEIGHT = np.array([1.0, 3.0, 6.0])
@@ -108,6 +110,15 @@ def planted_world(o: SynthOptions, seed: int, item_cluster: np.ndarray) -> Plant
         return PlantedWorld(category_parent=parent, family_members=members,
                             family_starts=starts, family_rank=rank)
     return PlantedWorld()
+
+
+def jagged_topics(topics: np.ndarray) -> Jagged:
+    """Padded ``(rows, MAX_TOPICS)`` topics (-1: none, as :attr:`PlantedWorld.item_topics`) as
+    ids jagged over the rows: the multi-valued ``topics`` feature of events and candidates."""
+    valid = topics >= 0
+    offsets = np.zeros(topics.shape[0] + 1, dtype=np.int64)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    return Jagged(torch.from_numpy(topics[valid].astype(np.int64)), torch.from_numpy(offsets))
 
 
 def sibling_categories(world: PlantedWorld, rng: np.random.Generator,

@@ -47,16 +47,19 @@ def _load_bench_loader() -> Any:
 def gem_register_data_sources(register: Any) -> None:
     register(ImplementationSpec(
         name="parquet", load=_load_parquet, requires=("pyarrow",),
+        options=lazy("gem_data.sources", "ParquetOptions"),
         # data.order = "time" on a data set with time windows (gem data import --append)
         capabilities=(TIME_WINDOWS,),
         description="Parquet data set directory (gem data synth / fetch): streamed, sharded, "
                     "resumable, validated; time windows in order (data.order = time)"))
     register(ImplementationSpec(
         name="movielens-100k", load=_load_movielens, requires=("pyarrow",),
+        options=lazy("gem_data.movielens_source", "MovieLensOptions"),
         description="MovieLens-100k ratings as impressions (history -> movie, like = rating >= 4), "
                     "split by time"))
     register(ImplementationSpec(
         name="synthetic-ads", load=_load_synthetic_ads,
+        options=lazy("gem_data.synthetic_source", "SyntheticAdsOptions"),
         description="The full synthetic ads-log generator, in memory (no files)"))
 
 

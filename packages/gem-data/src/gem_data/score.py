@@ -44,7 +44,7 @@ from gem_core.serving.integrity import MANIFEST, open_export, trained_schema
 from gem_core.serving.loading import load_program
 from gem_data.dataset import split_units
 from gem_data.loader import ParquetStream
-from gem_data.sources import ParquetSource
+from gem_data.sources import ParquetOptions, ParquetSource
 
 #: Schema fields that may differ between the export and the scored data: the history cap (the
 #: export's is applied when reading) and the cached embedding (checked per program).
@@ -136,7 +136,8 @@ def score(model_dir: Path, data_dir: Path, out: Path, *, splits: tuple[str, ...]
     manifest = open_export(model_dir)
     trained = trained_schema(manifest, model_dir / MANIFEST)
     source = ParquetSource(DataConfig(source="parquet", path=str(data_dir),
-                                      max_seq_len=trained.max_seq_len), seed=0)
+                                      max_seq_len=trained.max_seq_len), seed=0,
+                           options=ParquetOptions())
     batches = {split: _split_batches(source, split, batch_size, data_dir) for split in splits}
     name = program or choose_program(manifest, source.schema)
     model = load_exported(model_dir, name, aoti=aoti, manifest=manifest)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import attrs
 
 from gem_core.batch import JaggedBatch
-from gem_core.config import DataConfig, structure
+from gem_core.config import DataConfig
 from gem_core.config.validators import at_least, choice, greater_than
 from gem_core.contracts import DataWindow, WindowedSource
 from gem_core.data.api import Balancer, local_share
@@ -75,10 +75,10 @@ class ParquetSource(WindowedSource):
 
     name = "parquet"
 
-    def __init__(self, config: DataConfig, *, seed: int, options: ParquetOptions | None = None,
+    def __init__(self, config: DataConfig, *, seed: int, options: ParquetOptions,
                  directory: str | Path | None = None) -> None:
         self.config, self.seed = config, seed
-        self.options = options or structure(ParquetOptions, config.options, "data.options")
+        self.options = options
         location = directory if directory is not None else config.path
         if not location:
             raise GemDataError(f"data source {self.name!r} needs data.path: a data set directory "
@@ -223,5 +223,5 @@ def _window_digests(manifest: Manifest) -> str:
     return ";".join(f"{w.name}={_digest(files(w))}" for w in manifest.windows)
 
 
-def parquet_factory(config: DataConfig, *, seed: int) -> ParquetSource:
-    return ParquetSource(config, seed=seed)
+def parquet_factory(config: DataConfig, *, seed: int, options: ParquetOptions) -> ParquetSource:
+    return ParquetSource(config, seed=seed, options=options)

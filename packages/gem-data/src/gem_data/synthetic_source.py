@@ -14,24 +14,35 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
+import attrs
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.config import DataConfig, structure
+from gem_core.config import DataConfig
+from gem_core.config.validators import at_least
 from gem_core.data.api import Balancer, DataSource, IndexedStream
 from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.synth_options import SynthOptions
 
 
-class SyntheticAdsSource(DataSource):
-    """Generated ads requests; ``[data.options]`` are :class:`SynthOptions` fields
-    (``max_length`` defaults to ``data.max_seq_len``)."""
+@attrs.frozen(kw_only=True)
+class SyntheticAdsOptions(SynthOptions):
+    """``[data.options]`` of ``synthetic-ads``: the generator's options (those of ``gem data
+    synth``), with the longest history following ``data.max_seq_len``."""
 
-    def __init__(self, config: DataConfig, *, seed: int) -> None:
+    max_length: int = attrs.field(default=0, validator=at_least(0))
+    """Longest history generated; longer draws keep their most recent events. 0:
+    ``data.max_seq_len``."""
+
+
+class SyntheticAdsSource(DataSource):
+    """Generated ads requests; ``[data.options]`` are :class:`SyntheticAdsOptions`."""
+
+    def __init__(self, config: DataConfig, *, seed: int, options: SyntheticAdsOptions) -> None:
         self.config, self.seed = config, seed
-        self.options = structure(SynthOptions, {"max_length": config.max_seq_len,
-                                                **config.options}, "data.options")
+        self.options = SynthOptions(**{**attrs.asdict(options, recurse=False),
+                                       "max_length": options.max_length or config.max_seq_len})
         if self.options.data_seed >= 0:
             self.seed = self.options.data_seed
         self.generator = AdsLogGenerator(self.options, seed=self.seed)
@@ -86,5 +97,6 @@ class SyntheticAdsSource(DataSource):
                 "indicator_ne": self.indicator_ne()}
 
 
-def synthetic_ads_factory(config: DataConfig, *, seed: int) -> SyntheticAdsSource:
-    return SyntheticAdsSource(config, seed=seed)
+def synthetic_ads_factory(config: DataConfig, *, seed: int, options: SyntheticAdsOptions
+                          ) -> SyntheticAdsSource:
+    return SyntheticAdsSource(config, seed=seed, options=options)

@@ -19,29 +19,31 @@ from typing import Any, Mapping
 import attrs
 from torch import nn
 
-from gem_core.config import structure
+from gem_core.config.validators import Rule
 from gem_core.contracts import ActivationCheckpointing
 from gem_core.distributed import ParallelContext
 
 
-def _budget_range(instance: Any, attribute: attrs.Attribute, value: float) -> None:
-    if not 0 < value <= 1:
-        raise ValueError(f"{attribute.name} must be in (0, 1] (the fraction of the default "
-                         f"partition's saved activations to keep); got {value!r}")
+@attrs.frozen
+class _BudgetRange(Rule):
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: float) -> None:
+        if not 0 < value <= 1:
+            raise ValueError(f"{attribute.name} must be in (0, 1] (the fraction of the default "
+                             f"partition's saved activations to keep); got {value!r}")
+
+    @property
+    def rule(self) -> str:
+        return "in (0, 1]"
 
 
 @attrs.frozen(kw_only=True)
 class BudgetOptions:
     """``[parallel.activation_checkpointing]`` of ``budget``."""
 
-    memory_budget: float = attrs.field(default=0.5, converter=float, validator=_budget_range)
+    memory_budget: float = attrs.field(default=0.5, converter=float, validator=_BudgetRange())
     """Fraction, in (0, 1], of the activations the compiled forward saves by default that it
     may keep; the compiler recomputes the cheapest rest in the backward. 1: no recomputation
     beyond the default partition's."""
-
-
-def budget_options(options: Mapping[str, Any]) -> BudgetOptions:
-    return structure(BudgetOptions, dict(options), "parallel.activation_checkpointing")
 
 
 class BudgetCheckpointing(ActivationCheckpointing):
@@ -49,9 +51,8 @@ class BudgetCheckpointing(ActivationCheckpointing):
     ``memory_budget``)."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext,
-              options: Mapping[str, Any]) -> nn.Module:
-        budget_options(options)  # validated at start-up; the compiler does the rest
-        return model
+              options: BudgetOptions) -> nn.Module:
+        return model  # the compiler does the rest
 
-    def compiler_settings(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
-        return {"activation_memory_budget": budget_options(options).memory_budget}
+    def compiler_settings(self, options: BudgetOptions) -> Mapping[str, Any]:
+        return {"activation_memory_budget": options.memory_budget}

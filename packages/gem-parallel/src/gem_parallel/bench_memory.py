@@ -79,13 +79,19 @@ def step_times_s(models: dict[str, nn.Module], batch, tasks: Sequence[str], repe
 
 
 def apply_policy(model: nn.Module, policy: str) -> nn.Module:
-    from gem_parallel.checkpointing import FullCheckpointing, SelectiveCheckpointing
+    from gem_parallel.checkpointing import (
+        FullCheckpointing,
+        SelectiveCheckpointing,
+        SelectiveOptions,
+    )
 
     model = copy.deepcopy(model)
     if policy == "none":
         return model
-    impl = FullCheckpointing() if policy == "full" else SelectiveCheckpointing()
-    return impl.apply(model, ctx=ParallelContext(), options=POLICIES[policy])
+    if policy == "full":
+        return FullCheckpointing().apply(model, ctx=ParallelContext(), options=None)
+    return SelectiveCheckpointing().apply(model, ctx=ParallelContext(),
+                                          options=SelectiveOptions(**POLICIES[policy]))
 
 
 def compiled_budget(base: nn.Module, budget: float, batch, tasks: Sequence[str]
@@ -115,11 +121,11 @@ def measure(*, batch_size: int, max_seq_len: int, layers: int, dim: int,
             repeats: int, budgets: Sequence[float] = ()) -> dict[str, Any]:
     from gem_core.attention.padded import PaddedAttention
     from gem_core.config import DataConfig, ModelConfig
-    from gem_core.data.synthetic import SyntheticSource
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.model import build_model
+    from gem_core.plugins import build_plugins
 
-    source = SyntheticSource(DataConfig(max_seq_len=max_seq_len), seed=0)
+    source = build_plugins().data_source(DataConfig(max_seq_len=max_seq_len), seed=0)
     torch.manual_seed(0)
     base = build_model(ModelConfig(embedding_dim=dim, num_layers=layers), source.schema,
                        attention=PaddedAttention(),

@@ -14,13 +14,11 @@ import attrs
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gem_core.config import structure
 from gem_core.config.validators import choice, each
 from gem_core.contracts import ActivationCheckpointing, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.plan_estimate import Estimate, PlanFacts, measured_activations
-from gem_core.precision import reject_options
 
 KINDS = ("attention", "mlp")
 
@@ -102,7 +100,6 @@ class FullCheckpointing(ActivationCheckpointing):
     block and each cross-attention layer between them) is recomputed whole."""
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, options) -> nn.Module:
-        reject_options("activation_checkpointing 'full'", options)
         for owner, attribute in checkpoint_parts(model, "block", "full"):
             checkpoint_part(owner, attribute)
         return model
@@ -110,24 +107,22 @@ class FullCheckpointing(ActivationCheckpointing):
     def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
         """The activations gem plan measured with this policy applied (blocks keep only their
         inputs)."""
-        reject_options("activation_checkpointing 'full'", options)
         return measured_activations(facts)
 
 
 class SelectiveCheckpointing(ActivationCheckpointing):
     """``selective``: only the chosen parts (attention and/or MLP) of every block."""
 
-    def apply(self, model: nn.Module, *, ctx: ParallelContext, options) -> nn.Module:
-        opts = structure(SelectiveOptions, dict(options), "parallel.activation_checkpointing")
-        if not opts.modules:
+    def apply(self, model: nn.Module, *, ctx: ParallelContext,
+              options: SelectiveOptions) -> nn.Module:
+        if not options.modules:
             raise GemConfigError("parallel.activation_checkpointing.modules is empty; name "
                                  f"some of {', '.join(KINDS)} or use the 'none' policy")
-        for kind in opts.modules:
+        for kind in options.modules:
             for owner, attribute in checkpoint_parts(model, kind, "selective"):
                 checkpoint_part(owner, attribute)
         return model
 
-    def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
+    def plan_estimate(self, facts: PlanFacts, options: SelectiveOptions) -> Estimate:
         """The activations gem plan measured with this policy applied."""
-        structure(SelectiveOptions, dict(options), "parallel.activation_checkpointing")
         return measured_activations(facts)

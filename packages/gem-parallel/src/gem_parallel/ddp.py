@@ -11,13 +11,11 @@ from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
-from gem_core.precision import reject_options
 
 
 class DistributedDataParallelStrategy(DenseSharding):
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
-        reject_options("dense_sharding 'ddp'", options)
         if not ctx.is_distributed:
             # One rank: DDP would only add a no-op all-reduce; keep the exact single-process math.
             return Engine(model, make_optimizer(model))
@@ -30,7 +28,6 @@ class DistributedDataParallelStrategy(DenseSharding):
     def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
         """Every rank holds every dense parameter, gradient and moment; the gradients are
         all-reduced."""
-        reject_options("dense_sharding 'ddp'", options)
         n, size = facts.world_size, facts.dense_parameters * 4
         return Estimate(memory=adam_memory("dense", facts.dense_parameters),
                         communication={"dense": 2 * ring_fraction(n) * size if n > 1 else 0})

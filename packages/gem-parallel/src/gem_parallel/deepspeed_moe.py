@@ -38,7 +38,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gem_core.config import structure
 from gem_core.config.validators import at_least, choice
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
@@ -259,8 +258,8 @@ class DeepSpeedMoeStrategy(DenseSharding):
     name = "deepspeed-moe"
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
-              precision, options) -> "DeepSpeedMoeEngine":
-        opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
+              precision, options: DeepSpeedMoeOptions) -> "DeepSpeedMoeEngine":
+        opts = options
         layers = require_strategy_model(model, f"dense_sharding {self.name!r}",
                                         "moe_layers").moe_layers()
         if not layers:
@@ -320,14 +319,14 @@ class DeepSpeedMoeStrategy(DenseSharding):
         return DeepSpeedMoeEngine(ds_engine, ds_optimizer, unwrapped=model, replica=replica,
                                   adapters=adapters, ep_group=ep_group)
 
-    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+    def plan_estimate(self, facts: PlanFacts, options: DeepSpeedMoeOptions) -> Estimate:
         """Non-expert parameters under ZeRO ``zero_stage`` over every rank; each rank keeps
         ``1 / ep_size`` of every layer's experts, whose moments (stage >= 1) and gradients
         (stage 2) ZeRO partitions over the ``ranks / ep_size`` copies, which all-reduce the
         expert gradients. DeepSpeed's all-to-all sends every capacity slot, filled or not: the
         rows are ``max(capacity_factor, 1)`` x the routed ones (no-drop mode: the busiest
         expert's load, the mean under uniform routing)."""
-        opts = structure(DeepSpeedMoeOptions, dict(options), "parallel.dense")
+        opts = options
         n = facts.world_size
         ep = opts.ep_size or n
         if n % ep:

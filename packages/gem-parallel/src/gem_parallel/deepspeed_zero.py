@@ -20,7 +20,6 @@ from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.engine import Engine, local_cpu_copy
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
-from gem_core.precision import reject_options
 from gem_parallel.eval_replica import EvalReplica
 
 
@@ -71,7 +70,6 @@ class DeepSpeedZeroStrategy(DenseSharding):
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options) -> Engine:
-        reject_options(f"dense_sharding {self.name!r}", options)
         bf16 = precision.compute_dtype == "bfloat16"
         if precision.compute_dtype not in ("float32", "bfloat16"):
             raise RuntimeError(
@@ -96,7 +94,6 @@ class DeepSpeedZeroStrategy(DenseSharding):
                                partitions_parameters=self.stage == 3)
 
     def plan_estimate(self, facts: PlanFacts, options) -> Estimate:
-        reject_options(f"dense_sharding 'deepspeed-zero{self.stage}'", options)
         return zero_estimate(self.stage, facts.dense_parameters, facts.world_size)
 
 

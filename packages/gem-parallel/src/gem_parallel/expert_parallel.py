@@ -40,7 +40,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from gem_core.config import structure
 from gem_core.config.validators import at_least
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
@@ -276,8 +275,8 @@ class ExpertParallelStrategy(DenseSharding):
         return experts_mesh, dp_mesh
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
-              precision, options) -> Engine:
-        opts = structure(EpOptions, dict(options), "parallel.dense")
+              precision, options: EpOptions) -> Engine:
+        opts = options
         if not moe_layers(model):
             raise GemConfigError("dense_sharding 'ep' needs a model with MoE layers; set "
                                  "model.moe.num_experts (e.g. --preset tiny-moe)")
@@ -310,12 +309,12 @@ class ExpertParallelStrategy(DenseSharding):
                                     experts_mesh=experts_mesh, world_size=ctx.world_size,
                                     traffic=traffic, expert_fsdp=opts.expert_fsdp)
 
-    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+    def plan_estimate(self, facts: PlanFacts, options: EpOptions) -> Estimate:
         """Non-expert parameters FSDP2-sharded over every rank; each rank of an expert group
         keeps ``1 / ep_size`` of every layer's experts (``expert_fsdp``: a ``1 / ranks``
         shard), their gradients reduced over the ``ranks / ep_size`` copies; every MoE layer
         exchanges its routed rows with all-to-all (:func:`moe_all_to_all_bytes`)."""
-        opts = structure(EpOptions, dict(options), "parallel.dense")
+        opts = options
         n = facts.world_size
         ep = opts.ep_size or n
         if n % ep:

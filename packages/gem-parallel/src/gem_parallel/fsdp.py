@@ -26,7 +26,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from gem_core.config import structure
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine, scale_to_max_norm
@@ -97,22 +96,21 @@ class FullyShardedStrategy(DenseSharding):
         self.hybrid = hybrid
         self.name = "hsdp" if hybrid else "fsdp2"
 
-    def mesh(self, ctx: ParallelContext, options: Any) -> tuple[DeviceMesh, bool]:
+    def mesh(self, ctx: ParallelContext, options: FsdpOptions | HsdpOptions
+             ) -> tuple[DeviceMesh, bool]:
         if self.hybrid:
-            opts = structure(HsdpOptions, dict(options), "parallel.dense")
-            shape = hsdp_mesh_shape(opts, ctx)
+            shape = hsdp_mesh_shape(options, ctx)
             names = ("dp_replicate", "dp_shard")
             if ctx.is_main:
                 log.info("hsdp mesh: %d replica(s) (dp_replicate) x %d shard(s) (dp_shard) over "
                          "%d node(s) of %d rank(s)", *shape, ctx.num_nodes, ctx.local_world_size)
         else:
-            opts = structure(FsdpOptions, dict(options), "parallel.dense")
             shape, names = (ctx.world_size,), ("dp_shard",)
         return init_device_mesh(ctx.device.type, shape, mesh_dim_names=names), \
-            opts.reshard_after_forward
+            options.reshard_after_forward
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
-              precision, options) -> Engine:
+              precision, options: FsdpOptions | HsdpOptions) -> Engine:
         _require_process_group(self.name, ctx)
         units = require_strategy_model(model, f"dense_sharding {self.name!r}",
                                        "parallel_units").parallel_units()
@@ -126,18 +124,17 @@ class FullyShardedStrategy(DenseSharding):
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         return FsdpEngine(model, make_optimizer(model), replica=replica)
 
-    def plan_estimate(self, facts: PlanFacts, options: Any) -> Estimate:
+    def plan_estimate(self, facts: PlanFacts, options: FsdpOptions | HsdpOptions) -> Estimate:
         """Parameters, gradients and moments divided over a shard group (every rank for
         ``fsdp2``); parameters all-gathered in the forward and again in the backward, gradients
         reduce-scattered within the group, and under HSDP all-reduced across the groups."""
         n, dense = facts.world_size, facts.dense_parameters
         size = dense * 4
         if not self.hybrid:
-            structure(FsdpOptions, dict(options), "parallel.dense")
             return Estimate(memory=adam_memory("dense", dense, params_over=n, grads_over=n,
                                                optimizer_over=n),
                             communication={"dense": 3 * ring_fraction(n) * size if n > 1 else 0})
-        opts = structure(HsdpOptions, dict(options), "parallel.dense")
+        opts = options
         shard = opts.dp_shard or (n // opts.dp_replicate if opts.dp_replicate else n)
         if not shard or n % shard or (opts.dp_replicate and opts.dp_replicate * shard != n):
             raise ValueError(f"hsdp: dp_shard {shard} x dp_replicate {opts.dp_replicate or '?'} "

@@ -169,13 +169,13 @@ def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
     points = []
     for length in lengths:
         data = attrs.evolve(config.data, max_seq_len=length)
-        source = plugins.resolve("data", data.source, None).impl(data, seed=0)
+        source = plugins.data_source(data, seed=0)
         schema = _measuring_schema(source.schema)
         batch = next(iter(source.eval_batches(batch_size=samples)))
         torch.manual_seed(0)
         model = configured_model(config, schema, plugins)
-        impl = plugins.resolve("activation_checkpointing", policy, None).impl
-        model = impl.apply(model, ctx=ctx, options={})
+        resolved = plugins.resolve("activation_checkpointing", policy, None)
+        model = resolved.impl.apply(model, ctx=ctx, options=resolved.options)
         counter = _MoeRows(model)
         points.append((batch.num_events, batch.batch_size,
                        saved_activation_bytes(model, batch, schema.tasks), counter.rows))
@@ -204,7 +204,7 @@ def _linear_fit(first: tuple[float, float, float], second: tuple[float, float, f
 def data_profile(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> dict[str, Any]:
     """Per request of a batch of the configured data: mean history length, mean candidates, and
     the ids each feature key sends to its table (what the embedding lookups exchange)."""
-    source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
+    source = plugins.data_source(config.data, seed=0)
     batch = next(iter(source.eval_batches(batch_size=samples)))
     requests = max(batch.batch_size, 1)
     inputs = FeatureLookup(source.schema).inputs(batch)
@@ -219,7 +219,7 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     a batch of the data (history length, candidates, ids per table) and the activations
     measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
-    source = plugins.resolve("data", config.data.source, None).impl(config.data, seed=0)
+    source = plugins.data_source(config.data, seed=0)
     with torch.device("meta"):  # shapes only: a billion-row table costs nothing
         model = configured_model(config, source.schema, plugins)
     counts = parameter_counts(model)
@@ -270,8 +270,8 @@ def estimates(facts: PlanFacts, layout: Layout, plugins: GemPlugins
     out: dict[str, tuple[str, Estimate | None]] = {}
     for kind in KINDS:
         name, options = chosen[kind]
-        impl = plugins.resolve(kind, name, None).impl
-        out[kind] = (name, impl.plan_estimate(facts, options))
+        resolved = plugins.resolve(kind, name, None, options)
+        out[kind] = (name, resolved.impl.plan_estimate(facts, resolved.options))
     return out
 
 

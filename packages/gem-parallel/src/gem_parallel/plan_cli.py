@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gem_core.cli.options import config_options
 from gem_parallel.plan import GIB, Layout, plan
+
+if TYPE_CHECKING:
+    from gem_core.config import GemConfig
 
 
 @click.command(name="plan")
@@ -45,28 +49,45 @@ def plan_command(click_ctx: click.Context, preset: str | None, config_file: str 
     from gem_core.plugins import build_plugins
 
     config = load_config(preset=preset, path=config_file, overrides=overrides)
+    layout = _layout(config, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding,
+                     embedding_sharding=embedding_sharding, hsdp_shard=hsdp_shard,
+                     ep_size=ep_size, expert_fsdp=expert_fsdp,
+                     sharding_group_size=sharding_group_size,
+                     activation_checkpointing=activation_checkpointing, bf16=bf16)
+    result = plan(config, layout, build_plugins())
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    _print_plan(result, config.name, layout)
+
+
+def _layout(config: GemConfig, *, gpus: int, gpu_memory: float, sharding: str,
+            embedding_sharding: str, hsdp_shard: int | None, ep_size: int | None,
+            expert_fsdp: bool, sharding_group_size: int | None, activation_checkpointing: str,
+            bf16: bool) -> Layout:
+    """The layout the options describe."""
     # The config's own strategy options apply when the layout uses its strategy.
     embedding_options = dict(config.parallel.embedding
                              if embedding_sharding == config.backends.embedding_sharding else {})
     if sharding_group_size is not None:
         embedding_options.update(layout="2d", sharding_group_size=sharding_group_size)
-    layout = Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
-                    embedding=embedding_sharding, hsdp_shard=hsdp_shard, ep_size=ep_size,
-                    expert_fsdp=expert_fsdp,
-                    dense_options=(config.parallel.dense
-                                   if sharding == config.backends.dense_sharding else {}),
-                    embedding_options=embedding_options,
-                    activation_checkpointing=activation_checkpointing,
-                    activation_bytes=2 if bf16 else 4)
-    result = plan(config, layout, build_plugins())
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
+    return Layout(gpus=gpus, gpu_memory_gib=gpu_memory, dense=sharding,
+                  embedding=embedding_sharding, hsdp_shard=hsdp_shard, ep_size=ep_size,
+                  expert_fsdp=expert_fsdp,
+                  dense_options=(config.parallel.dense
+                                 if sharding == config.backends.dense_sharding else {}),
+                  embedding_options=embedding_options,
+                  activation_checkpointing=activation_checkpointing,
+                  activation_bytes=2 if bf16 else 4)
+
+
+def _print_plan(result: dict[str, Any], config_name: str, layout: Layout) -> None:
+    """The plan as text: parameters, per-rank memory, tables, the verdict, communication."""
     p = result["parameters"]
-    click.echo(f"{config.name}: {p['embedding'] / 1e6:,.1f} M embedding + "
-               f"{p['dense'] / 1e6:,.1f} M dense parameters on {gpus} x {gpu_memory:g} GiB "
-               f"({sharding}, embeddings {embedding_sharding}, checkpointing "
-               f"{activation_checkpointing})")
+    click.echo(f"{config_name}: {p['embedding'] / 1e6:,.1f} M embedding + "
+               f"{p['dense'] / 1e6:,.1f} M dense parameters on {layout.gpus} x "
+               f"{layout.gpu_memory_gib:g} GiB ({layout.dense}, embeddings {layout.embedding}, "
+               f"checkpointing {layout.activation_checkpointing})")
     per_rank = result["per_rank"]
     click.echo(f"per rank: {per_rank['samples']:,.0f} requests with {per_rank['candidates']:,.0f} "
                f"candidates, {per_rank['tokens']:,.0f} history tokens (mean length "

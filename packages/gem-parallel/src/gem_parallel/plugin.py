@@ -84,11 +84,11 @@ def gem_register_dense_sharding(register) -> None:
         description="torch DistributedDataParallel: replicated dense parameters, all-reduced grads",
     ))
     register(ImplementationSpec(
-        name="fsdp2", load=_fsdp2,
+        name="fsdp2", load=_fsdp2, options=lazy("gem_parallel.fsdp", "FsdpOptions"),
         description="FSDP2 fully_shard per sequence block + root over a 1-D mesh (ZeRO-3 like)",
     ))
     register(ImplementationSpec(
-        name="hsdp", load=_hsdp,
+        name="hsdp", load=_hsdp, options=lazy("gem_parallel.fsdp", "HsdpOptions"),
         description="FSDP2 hybrid: 2-D mesh (dp_replicate, dp_shard) from [parallel.dense]",
     ))
     for stage, what in ((1, "optimizer state"), (2, "optimizer state and gradients"),
@@ -100,11 +100,13 @@ def gem_register_dense_sharding(register) -> None:
         ))
     register(ImplementationSpec(
         name="ep", load=_expert_parallel,
+        options=lazy("gem_parallel.expert_parallel", "EpOptions"),
         description="expert parallelism: MoE experts spread over an ep mesh dimension with "
                     "all-to-all dispatch; other parameters FSDP2-sharded",
     ))
     register(ImplementationSpec(
         name="deepspeed-moe", load=_deepspeed_moe, requires=("deepspeed",),
+        options=lazy("gem_parallel.deepspeed_moe", "DeepSpeedMoeOptions"),
         dtypes=("float32", "bfloat16"),
         description="DeepSpeed's MoE layer and expert groups under ZeRO 0-2 (options: ep_size, "
                     "zero_stage)",
@@ -119,10 +121,12 @@ def gem_register_activation_checkpointing(register) -> None:
     ))
     register(ImplementationSpec(
         name="selective", load=_selective_checkpointing,
+        options=lazy("gem_parallel.checkpointing", "SelectiveOptions"),
         description="recompute only attention and/or MLP of each block (options: modules)",
     ))
     register(ImplementationSpec(
         name="budget", load=_budget_checkpointing,
+        options=lazy("gem_parallel.auto_ac", "BudgetOptions"),
         description="the compiler chooses what to recompute under an activation memory budget "
                     "(options: memory_budget; needs train.compile)",
     ))
@@ -139,6 +143,7 @@ def gem_register_embedding_sharding(register) -> None:
     register(ImplementationSpec(
         # Tables stay float32 under every recipe; lookups come out in the dense parameters' dtype.
         name="torchrec", load=_torchrec, requires=("torchrec", "fbgemm_gpu"),
+        options=lazy("gem_parallel.torchrec.plan", "TorchRecOptions"),
         capabilities=(MANAGED_IDS,),
         description="TorchRec planner + sharded EmbeddingBagCollection/EmbeddingCollection, fused "
                     "sparse optimizer (options: plan, optimizer, lr); managed ids remapped "

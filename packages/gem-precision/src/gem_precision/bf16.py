@@ -7,8 +7,8 @@ from typing import Any, ContextManager, Mapping
 import torch
 from torch import nn
 
+from gem_core.config.validators import reject_options
 from gem_core.contracts import PrecisionRecipe
-from gem_core.precision import reject_options
 
 
 class BFloat16Recipe(PrecisionRecipe):

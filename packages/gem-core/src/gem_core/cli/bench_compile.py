@@ -97,7 +97,7 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
     if config.train.compile_cache:
         use_inductor_cache(Path(config.train.compile_cache))
     plugins = build_plugins()
-    source = plugins.registry("data").load(config.data.source)(config.data, seed=config.train.seed)
+    source = plugins.data_source(config.data, seed=config.train.seed)
     batches = iter(source.eval_batches(batch_size=batch_size))
     batches = [next(batches) for _ in range(repeats + 1)]
     tasks = source.schema.tasks

@@ -50,8 +50,7 @@ def _grouped(analytic: dict[str, int]) -> dict[str, int]:
 
 def flops_report(config, batch_size: int, seed: int) -> dict:
     """Analytic and counted FLOPs of one batch of ``batch_size`` samples of the configured data."""
-    source_cls = build_plugins().registry("data").load(config.data.source)
-    source = source_cls(config.data, seed=seed)
+    source = build_plugins().data_source(config.data, seed=seed)
     batch = next(iter(source.eval_batches(batch_size=batch_size)))
     torch.manual_seed(seed)
     model = build_model(config.model, source.schema, attention=ReferenceAttention(),

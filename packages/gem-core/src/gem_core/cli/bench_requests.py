@@ -56,7 +56,7 @@ def requests_report(preset: str, candidates: int, impressions: int, repeats: int
     embedding = plugins.resolve("embedding", config.backends.embedding, context)
     data = attrs.evolve(config.data, options={**config.data.options,
                                               "candidates_per_request": candidates})
-    source = plugins.registry("data").load(config.data.source)(data, seed=seed)
+    source = plugins.data_source(data, seed=seed)
     grouped = source.generate(impressions // candidates, split=1, index=0)
     single = one_candidate_per_request(grouped)
     torch.manual_seed(seed)

@@ -69,7 +69,7 @@ def serve_report(preset: str, candidate_counts: tuple[int, ...], requests: int,
     lengths = {} if mean_history is None else {"mean_length": mean_history}
     data = attrs.evolve(config.data, options={**config.data.options, **lengths,
                                               "candidates_per_request": max(candidate_counts)})
-    source = plugins.registry("data").load(config.data.source)(data, seed=seed)
+    source = plugins.data_source(data, seed=seed)
     model = build_model(model_config, source.schema, attention=attention.impl,
                         embedding_backend=embedding.impl, norm=norm.impl).eval()
     programs = programs_of(model, attention.impl)

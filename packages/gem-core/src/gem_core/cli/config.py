@@ -37,8 +37,7 @@ def _model_summary(resolved) -> dict:
     from gem_core.model.summary import model_summary
     from gem_core.plugins import build_plugins
 
-    factory = build_plugins().registry("data").load(resolved.data.source)
-    schema = factory(resolved.data, seed=resolved.train.seed).schema
+    schema = build_plugins().data_source(resolved.data, seed=resolved.train.seed).schema
     return model_summary(resolved.model, schema)
 
 
@@ -95,20 +94,28 @@ def _parameter_count(resolved) -> int | None:
 
 @config.command("explain")
 @click.argument("keys", nargs=-1, metavar="[KEY]...")
+@config_options()
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON list of sections and keys instead of text.")
-def explain(keys: tuple[str, ...], as_json: bool) -> None:
+def explain(keys: tuple[str, ...], preset: str | None, config_file: str | None,
+            overrides: tuple[str, ...], as_json: bool) -> None:
     """What each configuration key means: type, default, allowed values and description.
 
     KEY is a section (train, model.moe) or a dotted key (train.steps); none: every key.
     The [backends] keys and data.source list what they accept: the names the installed
-    plugins register (and auto, where the kind has an automatic choice).
+    plugins register (and auto, where the kind has an automatic choice). The options of the
+    plugins the configuration chooses (--preset, --config, --set) are explained under their
+    tables: data.options.KEY, parallel.dense.KEY, parallel.embedding.KEY,
+    parallel.activation_checkpointing.KEY.
     """
-    from gem_core.config.docs import KeyDoc
+    from gem_core.config.docs import KeyDoc, config_docs
     from gem_core.config.docs import explain as explain_keys
+    from gem_core.plugins import build_plugins
 
-    entries = explain_keys(keys)
-    choices = _registered_choices()
+    plugins = build_plugins()
+    resolved = load_config(preset=preset, path=config_file, overrides=overrides)
+    entries = explain_keys(keys, _with_plugin_options(config_docs(), resolved, plugins))
+    choices = _registered_choices(plugins)
     if as_json:
         rows = []
         for entry in entries:
@@ -134,19 +141,51 @@ def explain(keys: tuple[str, ...], as_json: bool) -> None:
             click.echo(textwrap.indent(entry.doc, "    "))
 
 
-def _registered_choices() -> dict[str, list[str]]:
+def _with_plugin_options(entries, resolved, plugins) -> list:
+    """``entries`` with, after each kind's options table (``parallel.dense``), the options of
+    the implementation ``resolved`` chooses, from its spec's options class (``auto``: what it
+    means on one CPU process)."""
+    import attrs
+
+    from gem_core.config.docs import describe_class
+    from gem_core.kinds import KIND_TABLE
+    from gem_core.registry import AutoContext
+
+    tables = {kind.options_key: kind for kind in KIND_TABLE if kind.options_key}
+    out = []
+    for entry in entries:
+        kind = tables.get(entry.key)
+        if kind is None:
+            out.append(entry)
+            continue
+        name = kind.chosen_in(resolved)
+        if name == "auto":
+            name, _ = plugins.default_for(kind.name, AutoContext(device="cpu"))
+        spec = plugins.registry(kind.name).get(name)
+        missing = spec.missing_requirements()
+        options = None if missing else spec.options_class()
+        takes = (f"The options of {kind.name} {name!r} (this configuration's), below."
+                 if options is not None else
+                 f"{kind.name} {name!r} (this configuration's) needs {', '.join(missing)}, "
+                 "which is not installed." if missing else
+                 f"{kind.name} {name!r} (this configuration's) takes no options.")
+        out.append(attrs.evolve(entry, doc=f"{entry.doc}\n{takes}"))
+        if options is not None:
+            out += describe_class(options, entry.key)
+    return out
+
+
+def _registered_choices(plugins) -> dict[str, list[str]]:
     """What each key that names an implementation (``backends.attention``, ``data.source``)
     accepts: ``auto`` where its kind has a default hook, then the names the installed plugins
     register."""
     import attrs
 
     from gem_core.config import BackendsConfig
-    from gem_core.plugins import build_plugins
     from gem_core.registry import KINDS
 
     # Each [backends] key is named after the kind it chooses; the data source is data.source.
     keys = {f"backends.{field.name}": field.name for field in attrs.fields(BackendsConfig)}
     keys["data.source"] = "data"
-    plugins = build_plugins()
     return {key: (["auto"] if KINDS[kind][1] is not None else [])
             + plugins.registry(kind).names() for key, kind in keys.items()}

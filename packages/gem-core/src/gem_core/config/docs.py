@@ -30,6 +30,7 @@ from gem_core.config.validators import Rule
 from gem_core.errors import GemConfigError
 
 _IN_VALIDATOR = type(attrs.validators.in_(()))
+_INSTANCE_OF_VALIDATOR = type(attrs.validators.instance_of(int))
 
 
 @attrs.frozen(kw_only=True)
@@ -58,8 +59,9 @@ class KeyDoc:
 
     @property
     def default_toml(self) -> str:
-        """The default as a TOML literal."""
-        return toml_literal(self.default)
+        """The default as a TOML literal (``(not set)`` for None, which TOML cannot write: the
+        key is left out)."""
+        return "(not set)" if self.default is None else toml_literal(self.default)
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self)
@@ -122,16 +124,27 @@ def config_docs() -> tuple[SectionDoc | KeyDoc, ...]:
     return tuple(describe_class(GemConfig))
 
 
-def explain(selectors: typing.Iterable[str] = ()) -> list[SectionDoc | KeyDoc]:
+def explain(selectors: typing.Iterable[str] = (),
+            entries: typing.Sequence[SectionDoc | KeyDoc] | None = None
+            ) -> list[SectionDoc | KeyDoc]:
     """The sections and keys that ``selectors`` name, in schema order: a section (``train``,
-    ``model.moe``) brings itself and everything under it, a key itself; none: everything.
-    An unknown name is an error that lists the closest known names."""
-    entries = config_docs()
+    ``model.moe``) or a table (``parallel.dense``) brings itself and everything under it, a key
+    itself; none: everything. ``entries``: what to choose from (default :func:`config_docs`;
+    ``gem config explain`` adds the options of the configured plugins). An unknown name is an
+    error that lists the keys of its table, or else the closest known names."""
+    entries = config_docs() if entries is None else entries
     selectors = [s.strip() for s in selectors]
     if not selectors:
         return list(entries)
     known = [entry.key for entry in entries]
     for selector in selectors:
+        # Under a plugin's options table (``parallel.dense``, a key of type table): its keys.
+        table = selector.rpartition(".")[0]
+        if selector not in known and any(isinstance(e, KeyDoc) and e.key == table
+                                         for e in entries):
+            options = [k for k in known if k.rpartition(".")[0] == table]
+            raise GemConfigError(f"unknown configuration key {selector!r}; the keys of {table}: "
+                                 f"{', '.join(options) or '(none)'}")
         if selector not in known:
             close = difflib.get_close_matches(selector, known, n=5, cutoff=0.6)
             # A bare field name (``steps``) is close to its dotted key (``train.steps``).
@@ -149,6 +162,8 @@ def _rule_of(validator: Any) -> tuple[str, tuple[Any, ...] | None]:
         return "", None
     if isinstance(validator, Rule):
         return validator.rule, validator.allowed
+    if isinstance(validator, _INSTANCE_OF_VALIDATOR):  # the type says it
+        return "", None
     if isinstance(validator, _IN_VALIDATOR):
         allowed = tuple(validator.options)
         return "one of " + ", ".join(map(str, allowed)), allowed

@@ -180,12 +180,6 @@ class ModelConfig:
     attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
     """Hidden width of attribute attention's scoring MLP."""
 
-    attribute_attention_order: int = attrs.field(default=0, validator=at_least(0))
-    """Order context of attribute attention: this many learned gates per scored event, whose
-    sums over the more recent and the older scored events each event's score also reads, so
-    the order of two kinds of events can count ("engaged the category after the advertiser's
-    last view"); 0: off (a sum of per-event scores, blind to order)."""
-
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -313,9 +307,6 @@ class ModelConfig:
             raise ValueError("model.attribute_attention_retrieve searches the events older than "
                              "attribute attention's recent window: it needs attribute_attention "
                              "= true and attribute_attention_history > 0")
-        if self.attribute_attention_order and not self.attribute_attention:
-            raise ValueError("model.attribute_attention_order is a part of attribute attention: "
-                             "it needs attribute_attention = true")
         if self.attribute_attention_retrieve_engaged and not (
                 self.attribute_attention_retrieve and self.action_feature):
             raise ValueError("model.attribute_attention_retrieve_engaged needs "

@@ -43,7 +43,8 @@ class DataConfig:
     ``gem data synth --windows``). See docs/streaming.md."""
 
     options: dict[str, Any] = attrs.field(factory=dict)
-    """Source-specific options; each source validates its own (see its documentation)."""
+    """Source-specific options, structured into the source's options class (``gem config
+    explain data.options`` lists those of the configured source)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -216,7 +217,9 @@ class BackendsConfig:
 
 @attrs.frozen(kw_only=True)
 class ParallelConfig:
-    """Options of the chosen parallelism implementations; each validates its own."""
+    """Options of the chosen parallelism implementations, each table structured into the
+    options class its implementation declares (``gem config explain parallel.dense`` lists
+    those of the configured one)."""
 
     dense: dict[str, Any] = attrs.field(factory=dict)
     """Options of the dense sharding strategy (e.g. HSDP mesh sizes)."""

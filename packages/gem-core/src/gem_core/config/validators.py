@@ -9,9 +9,11 @@ rule the validator enforces (one definition of each rule).
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import attrs
+
+from gem_core.errors import GemConfigError
 
 
 def _name(attribute: attrs.Attribute) -> str:
@@ -130,3 +132,28 @@ def between(low: float, high: float) -> Between:
 
 def each(validator: Rule) -> Each:
     return Each(validator)
+
+
+@attrs.frozen
+class OrNone(Rule):
+    """``item``'s rule, or no value (None)."""
+
+    item: Rule
+
+    def __call__(self, instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None:
+            self.item(instance, attribute, value)
+
+    @property
+    def rule(self) -> str:
+        return f"{self.item.rule}, or none"
+
+
+def optional(validator: Rule) -> OrNone:
+    return OrNone(validator)
+
+
+def reject_options(owner: str, options: Mapping[str, Any]) -> None:
+    """For implementations that take no options: any option is a mistake worth an error."""
+    if options:
+        raise GemConfigError(f"{owner} takes no options; got {', '.join(sorted(options))}")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.config import DataConfig, structure
+from gem_core.config import DataConfig
 from gem_core.config.validators import at_least, between, greater_than
 from gem_core.data.api import Balancer, DataSource, IndexedStream
 from gem_core.jagged import Jagged
@@ -90,11 +90,12 @@ class SyntheticOptions:
 
 
 class SyntheticSource(DataSource):
-    """The ``synthetic`` data source. Build with ``SyntheticSource(config, seed=...)``."""
+    """The ``synthetic`` data source. Build with ``plugins.data_source(config, seed=...)``
+    (:meth:`gem_core.plugins.GemPlugins.data_source`), which structures ``[data.options]``."""
 
-    def __init__(self, config: DataConfig, *, seed: int) -> None:
+    def __init__(self, config: DataConfig, *, seed: int, options: SyntheticOptions) -> None:
         self.config = config
-        self.options = structure(SyntheticOptions, config.options, "data.options")
+        self.options = options
         self.seed = seed
         o = self.options
         world = np.random.default_rng([seed, 0])

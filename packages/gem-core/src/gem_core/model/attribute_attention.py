@@ -39,23 +39,6 @@ every hidden unit can read "same advertiser" from the first step.
 
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
-
-**Order context** (``order_channels`` ``G > 0``). A sum of per-event weights cannot say in which
-order two kinds of events came ("clicked the category *after* the advertiser's last view"): the
-same events in another order give the same sum. With order context, each scored event also
-sees how much of a few learned kinds of event came after it and before it, among the
-candidate's scored events::
-
-    gate(n, e) = sigmoid(O hidden(n, e) + o)                       (G channels in [0, 1])
-    newer(n, e) = sum over scored events e' more recent than e of gate(n, e')
-    older(n, e) = sum over scored events e' older than e of gate(n, e')
-    hidden'(n, e) = act( pre(n, e) + R [log(1 + newer(n, e)), log(1 + older(n, e))] )
-
-where ``pre`` is the pre-activation of ``hidden`` above, and the weights are read from
-``hidden'``. A gate can learn "a view of the candidate's advertiser", and the event's own
-weight "an engaged event of its category with no such view after it". The sums are prefix
-sums over the scored slots, which run from the most recent event to the oldest (retrieved
-events are older than the recent window, so the order holds across both).
 """
 
 from __future__ import annotations
@@ -80,7 +63,7 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, order_channels: int = 0) -> None:
+                 tower_keys: bool) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
@@ -98,10 +81,6 @@ class AttributeAttention(nn.Module):
         self.token_terms = nn.Linear(dim, hidden, bias=False)
         self.tower_terms = nn.Linear(dim, hidden, bias=False) if tower_keys else None
         self.act = nn.SiLU()
-        # Order context: G gates per scored event, their counts after and before each event.
-        self.order_gates = nn.Linear(hidden, order_channels) if order_channels else None
-        self.order_terms = (nn.Linear(2 * order_channels, hidden, bias=False)
-                            if order_channels else None)
         self.weights = nn.Linear(hidden, num)
         self.values = nn.Linear(dim, dim * num, bias=False)
         self.proj = nn.Linear(dim, dim)
@@ -134,21 +113,10 @@ class AttributeAttention(nn.Module):
         products = q.unsqueeze(1) * k[index]
         pair_terms = torch.einsum("nwpd,pdh->nwh", products, self.products)
         pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
-        pre = per_candidate.unsqueeze(1) + per_event[index] + pair_terms
-        hidden = self.act(pre)
-        if self.order_gates is not None:
-            hidden = self.act(pre + self.order_terms(self._order_context(hidden, valid)))
+        hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
         return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
-
-    def _order_context(self, hidden: Tensor, valid: Tensor) -> Tensor:
-        """``(N, W, 2G)``: ``log(1 + newer)`` and ``log(1 + older)`` of each scored slot (slots
-        run from the most recent event to the oldest; empty ones gate nothing)."""
-        gates = torch.sigmoid(self.order_gates(hidden)) * valid.unsqueeze(-1).to(hidden.dtype)
-        newer = torch.cumsum(gates, dim=1) - gates
-        older = gates.sum(dim=1, keepdim=True) - newer - gates
-        return torch.log1p(torch.cat([newer, older], dim=-1))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
@@ -171,9 +139,6 @@ class AttributeAttention(nn.Module):
             per_event += linear_layer_flops(self.tower_terms, events)
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
-        if self.order_gates is not None:
-            per_pair += (linear_layer_flops(self.order_gates, slots)
-                         + linear_layer_flops(self.order_terms, slots))
         weighted_sum = 2 * slots * num * dim
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair
                 + weighted_sum + linear_layer_flops(self.proj, impressions))

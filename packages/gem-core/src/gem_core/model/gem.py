@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import attrs
 import torch
@@ -79,6 +79,26 @@ def resolve_multitask(config: ModelConfig, schema: FeatureSchema) -> str:
     return chosen
 
 
+class _Requests(NamedTuple):
+    """What one forward computes once per request, before the candidates enter."""
+
+    offsets: Tensor  # (R + 1,) offsets of the history events
+    lengths: Tensor  # (R,) history lengths
+    max_len: int
+    rows: Tensor  # (E,) the request of each event
+    ages: Tensor  # (E,) seconds from each event to its request
+    events: Tensor  # (E, d) event tokens
+    context: list[Tensor]  # non-sequence user and context tokens (sparse, then dense), (R, d)
+
+
+class _Candidates(NamedTuple):
+    """How the candidates of one forward map onto its requests."""
+
+    candidate_offsets: Tensor  # (R + 1,) offsets of each request's candidates
+    max_candidates: int
+    owner: Tensor  # (N,) the request of each candidate
+
+
 class GEMModel(nn.Module, StrategyModel, RankingModel):
     """Embeddings -> sequence tower (+ cross-attention to the user's non-sequence tokens) ->
     PMA user tokens -> target-aware attention -> interaction (dot or Wukong) -> task heads.
@@ -110,6 +130,19 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         moe = config.moe if config.moe.enabled else None
         # A ranker on cached user embeddings has no upstream: neither tower nor PMA.
         live = config.user_embeddings == "live"
+        # The parts are built in forward order, as they always were: that order is the order
+        # of the parameters (state dict, optimizer state) and of their seeded initialisation.
+        self._build_upstream(attention, norm, moe, live)
+        self._build_history_readers(attention, live)
+        self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
+        self._build_distillation()
+        self._build_interaction(moe)
+
+    def _build_upstream(self, attention: AttentionBackend, norm: NormBackend, moe: Any,
+                        live: bool) -> None:
+        """The sequence tower and PMA (the upstream user model), or neither on cached user
+        embeddings, which must then be as wide as PMA's output."""
+        config, dim = self.config, self.config.embedding_dim
         self.tower = (SequenceTower(dim, config.num_heads, config.num_layers,
                                     int(config.mlp_ratio * dim), self.attention_params, attention,
                                     cross_attention=config.cross_attention,
@@ -119,12 +152,17 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                       if live else None)
         self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
                     if config.pma_queries and live else None)
-        if not live and schema.user_embedding_dim != config.pma_queries * dim:
+        if not live and self.schema.user_embedding_dim != config.pma_queries * dim:
             raise ValueError(
                 f"model.user_embeddings = 'cached' needs data with user embeddings of "
                 f"pma_queries x embedding_dim = {config.pma_queries * dim} floats per sample; "
-                f"the data has {schema.user_embedding_dim} (export them with gem "
+                f"the data has {self.schema.user_embedding_dim} (export them with gem "
                 "export-user-embeddings from a run of the same model)")
+
+    def _build_history_readers(self, attention: AttentionBackend, live: bool) -> None:
+        """What reads the history for each candidate: target-aware attention, attribute
+        attention and target match (each only where the config turns it on)."""
+        config, schema, dim = self.config, self.schema, self.config.embedding_dim
         self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
                                                       recent=config.target_history,
                                                       normalization=config.target_normalization)
@@ -133,26 +171,31 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             AttributeAttention(dim, shared_attributes(schema),
                                history=config.attribute_attention_history,
                                hidden=config.attribute_attention_hidden,
-                               tower_keys=live and config.downstream_history == "tower",
-                               order_channels=config.attribute_attention_order)
+                               tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
         self.target_match = target_match_from_config(dim, config, schema)
-        self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
+
+    def _build_distillation(self) -> None:
+        """Distillation (gem distill): a teacher's user embedding as one more token, and a
+        projection of this model's user embedding for matching the teacher's."""
+        config, dim = self.config, self.config.embedding_dim
+        self.teacher_token = (nn.Linear(config.teacher_embedding_dim, dim)
+                              if config.teacher_embedding_dim else None)
+        self.teacher_match = (nn.Linear(config.pma_queries * dim, config.teacher_match_dim)
+                              if config.teacher_match_dim else None)
+        self._matched_user_embedding: Tensor | None = None
+
+    def _build_interaction(self, moe: Any) -> None:
+        """The interaction over each candidate's tokens (dot or Wukong) and the task heads."""
+        config, schema, dim = self.config, self.schema, self.config.embedding_dim
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
         self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
                            + int(config.attribute_attention)
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
-        # Distillation (gem distill): a teacher's user embedding as one more token, and a
-        # projection of this model's user embedding for matching the teacher's.
-        self.teacher_token = (nn.Linear(config.teacher_embedding_dim, dim)
-                              if config.teacher_embedding_dim else None)
-        self.teacher_match = (nn.Linear(config.pma_queries * dim, config.teacher_match_dim)
-                              if config.teacher_match_dim else None)
-        self._matched_user_embedding: Tensor | None = None
         if config.interaction == "wukong":
             self.interaction = WukongInteraction(
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
@@ -187,6 +230,27 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
 
     def _forward(self, batch: JaggedBatch, upstream_only: bool) -> Any:
         looked_up = self.lookup(self.embeddings, batch)
+        requests = self._requests(batch, looked_up)
+        history, user_tokens = self._upstream(batch, requests)
+        if upstream_only:
+            return user_tokens.flatten(1)
+        if self.teacher_match is not None:
+            self._matched_user_embedding = self.teacher_match(user_tokens.flatten(1))
+        # The downstream reads the tower's outputs (one stage) or the raw event tokens (multi
+        # stage: the upstream reaches it only through the user tokens, which can be cached).
+        history = requests.events if self.config.downstream_history == "events" else history
+        # Everything above ran once per request; from here on, once per candidate.
+        tokens = self._candidate_tokens(batch, looked_up, requests, history, user_tokens)
+        shared = self.interaction(torch.stack(tokens, dim=1))
+        # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
+        # a forward (N floats per task, nothing to save by avoiding it).
+        logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
+        if self.multitask == "esmm":
+            return esmm_logits(logits, *self.config.esmm_tasks)
+        return logits
+
+    def _requests(self, batch: JaggedBatch, looked_up: Any) -> _Requests:
+        """The event tokens and the other per-request inputs of the forward."""
         offsets = batch.seq_offsets
         lengths = batch.seq_lengths()
         max_len = max_length(lengths)
@@ -198,70 +262,60 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         context = list(looked_up.context)
         if self.dense_proj is not None:
             context.append(self.dense_proj(batch.dense))
-        if self.tower is not None:
-            history = self.tower(events, offsets, max_len,
-                                 torch.stack(context, dim=1) if len(self.tower.cross) else None,
-                                 timestamps=batch.seq_timestamps)
-            user_tokens = self.pma(history, offsets, max_len) if self.pma is not None else None
-        else:
-            if batch.user_embedding is None:
-                raise ValueError("model.user_embeddings = 'cached' but the batch carries no user "
-                                 "embeddings; train on a data set from gem export-user-embeddings")
-            history, user_tokens = None, batch.user_embedding.view(
-                batch.batch_size, self.config.pma_queries, -1)
-        if upstream_only:
-            return user_tokens.flatten(1)
-        if self.teacher_match is not None:
-            self._matched_user_embedding = self.teacher_match(user_tokens.flatten(1))
-        # The downstream reads the tower's outputs (one stage) or the raw event tokens (multi
-        # stage: the upstream reaches it only through the user tokens, which can be cached).
-        history = events if self.config.downstream_history == "events" else history
+        return _Requests(offsets, lengths, max_len, rows, ages, events, context)
 
-        # Everything above ran once per request; from here on, once per candidate.
+    def _upstream(self, batch: JaggedBatch, requests: _Requests
+                  ) -> tuple[Tensor | None, Tensor | None]:
+        """The tower's output over the history and the PMA user tokens ``(R, pma_queries, d)``
+        (None without PMA); on cached user embeddings, no tower output and the batch's."""
+        if self.tower is not None:
+            history = self.tower(requests.events, requests.offsets, requests.max_len,
+                                 torch.stack(requests.context, dim=1) if len(self.tower.cross)
+                                 else None,
+                                 timestamps=batch.seq_timestamps)
+            user_tokens = (self.pma(history, requests.offsets, requests.max_len)
+                           if self.pma is not None else None)
+            return history, user_tokens
+        if batch.user_embedding is None:
+            raise ValueError("model.user_embeddings = 'cached' but the batch carries no user "
+                             "embeddings; train on a data set from gem export-user-embeddings")
+        return None, batch.user_embedding.view(batch.batch_size, self.config.pma_queries, -1)
+
+    def _candidate_tokens(self, batch: JaggedBatch, looked_up: Any, requests: _Requests,
+                          history: Tensor, user_tokens: Tensor | None) -> list[Tensor]:
+        """Each candidate's tokens for the interaction, ``(N, d)`` each, in the order
+        :attr:`num_tokens` counts them."""
         candidate_offsets = batch.candidate_offsets
         counts = candidate_offsets[1:] - candidate_offsets[:-1]
         max_candidates = max_length(counts)
-        owner = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
+        owner = torch.repeat_interleave(torch.arange(batch.batch_size,
+                                                     device=requests.offsets.device),
                                         counts, output_size=looked_up.candidates.shape[0])
+        candidates = _Candidates(candidate_offsets, max_candidates, owner)
         candidate = looked_up.candidates
         candidate_content = self.events.content_vector(batch.candidate_dense)
         if candidate_content is not None:
             candidate = candidate + candidate_content
-        context = [token[owner] for token in context]
+        context = [token[owner] for token in requests.context]
 
         tokens = [candidate]
         if self.target_attention is not None:
-            if self.config.target_queries == "all":
-                queries = torch.stack([candidate, *context], dim=1)
-                attended = self.target_attention(queries, history, offsets, max_len, user_tokens,
-                                                 candidate_offsets, max_candidates)
-                tokens.append(attended[:, 0])
-                context = [token + attended[:, 1 + i] for i, token in enumerate(context)]
-            else:
-                tokens.append(self.target_attention(candidate, history, offsets, max_len,
-                                                    user_tokens, candidate_offsets,
-                                                    max_candidates))
+            summary, context = self._target_attention(candidate, context, history, requests,
+                                                      user_tokens, candidates)
+            tokens.append(summary)
         if self.target_match is not None:
-            tokens.append(self.target_match(history, offsets, owner, batch.candidate_ids,
-                                            batch.event_ids, candidate_offsets=candidate_offsets,
-                                            max_candidates=max_candidates, ages=ages))
+            tokens.append(self.target_match(history, requests.offsets, owner,
+                                            batch.candidate_ids, batch.event_ids,
+                                            candidate_offsets=candidate_offsets,
+                                            max_candidates=max_candidates,
+                                            ages=requests.ages))
         if self.attribute_attention is not None:
-            tower_output = None if history is events else history
-            retrieved = None
-            if self.config.attribute_attention_retrieve:
-                retrieved = retrieve_matching_events(
-                    offsets, owner, batch.candidate_ids, batch.event_ids,
-                    self.attribute_attention.pairs,
-                    budget=self.config.attribute_attention_retrieve,
-                    skip_recent=self.config.attribute_attention_history,
-                    engaged=self._engaged(batch))
-            tokens.append(self.attribute_attention(
-                looked_up.candidate_vectors, looked_up.event_vectors, events, tower_output,
-                offsets, owner, max_len, retrieved))
+            tokens.append(self._attribute_attention(batch, looked_up, requests, history, owner))
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
-                0, rows, history)
-            history_mean = history_mean / lengths.clamp(min=1).unsqueeze(1).to(history.dtype)
+                0, requests.rows, history)
+            history_mean = history_mean / requests.lengths.clamp(min=1).unsqueeze(1).to(
+                history.dtype)
             tokens.append(history_mean[owner])
         if user_tokens is not None:
             tokens += list(user_tokens[owner].unbind(1))
@@ -272,13 +326,39 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                  "teacher embedding: train it with gem distill "
                                  "(distill.embedding_feature)")
             tokens.append(self.teacher_token(batch.teacher_embedding)[owner])
-        shared = self.interaction(torch.stack(tokens, dim=1))
-        # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
-        # a forward (N floats per task, nothing to save by avoiding it).
-        logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
-        if self.multitask == "esmm":
-            return esmm_logits(logits, *self.config.esmm_tasks)
-        return logits
+        return tokens
+
+    def _target_attention(self, candidate: Tensor, context: list[Tensor], history: Tensor,
+                          requests: _Requests, user_tokens: Tensor | None,
+                          candidates: _Candidates) -> tuple[Tensor, list[Tensor]]:
+        """The target-aware summary of the history for each candidate, and the context tokens:
+        with ``target_queries = "all"`` they query the history too and get their answers
+        added; otherwise they are returned as they are."""
+        queries = (torch.stack([candidate, *context], dim=1)
+                   if self.config.target_queries == "all" else candidate)
+        attended = self.target_attention(queries, history, requests.offsets, requests.max_len,
+                                         user_tokens, candidates.candidate_offsets,
+                                         candidates.max_candidates)
+        if self.config.target_queries != "all":
+            return attended, context
+        return attended[:, 0], [token + attended[:, 1 + i] for i, token in enumerate(context)]
+
+    def _attribute_attention(self, batch: JaggedBatch, looked_up: Any, requests: _Requests,
+                             history: Tensor, owner: Tensor) -> Tensor:
+        """Attribute attention's token for each candidate, over its recent events and (with
+        ``attribute_attention_retrieve``) the older events retrieved for matching it."""
+        tower_output = None if history is requests.events else history
+        retrieved = None
+        if self.config.attribute_attention_retrieve:
+            retrieved = retrieve_matching_events(
+                requests.offsets, owner, batch.candidate_ids, batch.event_ids,
+                self.attribute_attention.pairs,
+                budget=self.config.attribute_attention_retrieve,
+                skip_recent=self.config.attribute_attention_history,
+                engaged=self._engaged(batch))
+        return self.attribute_attention(
+            looked_up.candidate_vectors, looked_up.event_vectors, requests.events, tower_output,
+            requests.offsets, owner, requests.max_len, retrieved)
 
     def _engaged(self, batch: JaggedBatch) -> Tensor | None:
         """``(E,)`` whether each event is engaged (its action is not the view action), for

@@ -96,7 +96,7 @@ def _dense_parameters(config: Any) -> int:
     from gem_core.model.summary import meta_model, parameter_counts
     from gem_core.plugins import build_plugins
 
-    source = build_plugins().resolve("data", config.data.source, None).impl(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     return parameter_counts(meta_model(config.model, source.schema))["dense"]
 
 

@@ -1,7 +1,7 @@
 """The attention conformance suite's independent references and comparison: tolerances per
 dtype, the float64 padded oracle of the relative bias, and the elementwise check that names the
-failing case. Kept apart from :mod:`gem_core.testing.attention_conformance`, which draws the
-cases and runs the backends."""
+failing case. Kept apart from :mod:`gem_core.testing.attention_drawing`, which draws the
+cases, and :mod:`gem_core.testing.attention_checks`, which runs the backends on them."""
 
 from __future__ import annotations
 

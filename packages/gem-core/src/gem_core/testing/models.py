@@ -10,11 +10,11 @@ from gem_core.attention.reference import ReferenceAttention
 from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig, ModelConfig
 from gem_core.contracts import StrategyModel, check_checkpoint_kind
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.model.gem import GEMModel
 from gem_core.model.moe import moe_layers
+from gem_core.plugins import build_plugins
 from gem_core.schema import FeatureSchema
 
 
@@ -32,9 +32,8 @@ def synthetic_batch(rows: int, *, max_seq_len: int, seed: int = 0, candidates: i
                     ) -> tuple[FeatureSchema, JaggedBatch]:
     """The schema and one eval-split batch of gem-core's synthetic source: ``rows`` requests
     of ``candidates`` candidates each."""
-    source = SyntheticSource(DataConfig(max_seq_len=max_seq_len,
-                                        options={"candidates_per_request": candidates}),
-                             seed=seed)
+    data = DataConfig(max_seq_len=max_seq_len, options={"candidates_per_request": candidates})
+    source = build_plugins().data_source(data, seed=seed)
     return source.schema, source.generate(rows, split=1, index=0)
 
 

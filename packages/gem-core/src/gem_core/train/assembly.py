@@ -19,8 +19,8 @@ from gem_core.embedding import check_fused_optimizer
 from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model
 from gem_core.parallelize import parallelize
-from gem_core.plugins import GemPlugins
-from gem_core.train.backends import RunBackends, build_data_source, resolve_backends
+from gem_core.plugins import GemPlugins, build_data_source
+from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.costs import sample_costs
 from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
@@ -71,9 +71,9 @@ class RunAssembly:
         self._calibrate_precision()
         self.engine = parallelize(
             self.model, ctx=ctx, precision=self.backends.precision.impl,
-            embedding_sharding=self.backends.embedding_sharding.impl,
-            activation_checkpointing=self.backends.activation_checkpointing.impl,
-            dense_sharding=self.backends.dense_sharding.impl,
+            embedding_sharding=self.backends.embedding_sharding,
+            activation_checkpointing=self.backends.activation_checkpointing,
+            dense_sharding=self.backends.dense_sharding,
             make_optimizer=make_adamw(self.tc), config=config,
         )
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
@@ -82,7 +82,7 @@ class RunAssembly:
         # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
         self.steps = self.backends.embedding_sharding.impl.step_runner(
             self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
-            options=config.parallel.embedding)
+            options=self.backends.embedding_sharding.options)
 
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training

@@ -11,8 +11,7 @@ from typing import Any
 import attrs
 
 from gem_core.attention.choice import check_attention_backend
-from gem_core.config import DataConfig, GemConfig
-from gem_core.contracts import DataSource, check_contract
+from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
 from gem_core.kinds import RUN_KINDS
 from gem_core.plugins import GemPlugins, Resolved
@@ -56,18 +55,10 @@ def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContex
     precision = plugins.resolve("precision", config.backends.precision, base)
     context = attrs.evolve(base, dtype=precision.spec.activation_dtype)
     resolved = {kind.name: (precision if kind.name == "precision" else
-                            plugins.resolve(kind.name, kind.chosen_in(config), context))
+                            plugins.resolve(kind.name, kind.chosen_in(config), context,
+                                            kind.options_in(config)))
                 for kind in RUN_KINDS}
     backends = RunBackends(**resolved)
     check_attention_backend(config.model, backends.attention.spec,
                             plugins.registry("attention").specs())
     return backends
-
-
-def build_data_source(data: Resolved, config: DataConfig, *, seed: int) -> DataSource:
-    """Call the run's data factory and check that it built a
-    :class:`~gem_core.contracts.DataSource` (naming the plugin when not)."""
-    source = data.impl(config, seed=seed)
-    check_contract(source, DataSource, kind="data source", name=data.spec.name,
-                   plugin=data.spec.plugin, distribution=data.spec.distribution)
-    return source

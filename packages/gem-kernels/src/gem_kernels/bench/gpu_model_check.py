@@ -21,10 +21,10 @@ import torch
 
 from gem_core.attention.reference import ReferenceAttention
 from gem_core.config import load_config
-from gem_core.data.synthetic import SyntheticSource
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.model.moe import MixtureOfExperts
+from gem_core.plugins import build_plugins
 from gem_core.train.loss import task_loss_sums
 from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
@@ -112,7 +112,7 @@ def _model_step(model: torch.nn.Module, batch, tasks, device: str, autocast: boo
 def check_model(device: str, size: str) -> list[dict[str, Any]]:
     spec = MODEL_SIZES[size]
     config = load_config(preset=spec["preset"], overrides=spec["overrides"])
-    source = SyntheticSource(config.data, seed=0)
+    source = build_plugins().data_source(config.data, seed=0)
     batch = source.generate(spec["rows"], split=0, index=0).to(device)
     tasks = list(batch.labels)
 

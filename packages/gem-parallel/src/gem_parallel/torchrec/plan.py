@@ -10,8 +10,10 @@ import attrs
 import torch
 
 from gem_core.config import structure
+from gem_core.config.validators import Rule, at_least, choice, greater_than, optional
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.errors import GemConfigError
+from gem_core.kinds import kind_named
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 """Sharding types this strategy offers (TorchRec's names), where TorchRec's sharders offer them
@@ -53,14 +55,22 @@ PIPELINES = ("none", "sparse-dist", "semi-sync")
 """``[parallel.embedding] pipeline``: the train pipelines offered (see ``TorchRecOptions``)."""
 
 
-def _plan_validator(instance: Any, attribute: Any, value: Mapping[str, str]) -> None:
-    for table, kind in value.items():
-        if kind in NOT_OFFERED:
-            raise ValueError(f"table {table!r}: sharding type {kind!r} is not offered: "
-                             f"{NOT_OFFERED[kind]}")
-        if kind not in SHARDING_TYPES + MULTI_NODE_TYPES:
-            raise ValueError(f"table {table!r}: unknown sharding type {kind!r}; choose one of "
-                             f"{', '.join(SHARDING_TYPES + MULTI_NODE_TYPES)}")
+@attrs.frozen
+class _PlanRule(Rule):
+    """Each table's sharding type is one offered."""
+
+    def __call__(self, instance: Any, attribute: Any, value: Mapping[str, str]) -> None:
+        for table, kind in value.items():
+            if kind in NOT_OFFERED:
+                raise ValueError(f"table {table!r}: sharding type {kind!r} is not offered: "
+                                 f"{NOT_OFFERED[kind]}")
+            if kind not in SHARDING_TYPES + MULTI_NODE_TYPES:
+                raise ValueError(f"table {table!r}: unknown sharding type {kind!r}; choose one "
+                                 f"of {', '.join(SHARDING_TYPES + MULTI_NODE_TYPES)}")
+
+    @property
+    def rule(self) -> str:
+        return "each table's value one of " + ", ".join(SHARDING_TYPES + MULTI_NODE_TYPES)
 
 
 LR_SCHEDULES = ("constant", "dense")
@@ -73,28 +83,28 @@ SPARSE_LAYOUTS = ("model_parallel", "2d")
 class TorchRecOptions:
     """``[parallel.embedding]`` of ``torchrec``."""
 
-    plan: dict[str, str] = attrs.field(factory=dict, validator=_plan_validator)
+    plan: dict[str, str] = attrs.field(factory=dict, validator=_PlanRule())
     """Sharding type forced per table (``table_wise``, ``row_wise`` or ``column_wise``; with
     more than one node also ``table_row_wise`` and, on CUDA, ``grid_shard`` for pooled tables);
     the planner chooses among the first three for the others, and the ranks for all."""
 
     optimizer: str = attrs.field(default="rowwise_adagrad",
-                                 validator=attrs.validators.in_(SPARSE_OPTIMIZERS))
+                                 validator=choice(*SPARSE_OPTIMIZERS))
     """Fused sparse optimizer: ``rowwise_adagrad`` or ``sgd`` (FBGEMM TBE on CPU has no Adam)."""
 
-    lr: float = attrs.field(default=0.02, validator=attrs.validators.gt(0))
+    lr: float = attrs.field(default=0.02, validator=greater_than(0))
     """Learning rate of the fused sparse optimizer (its peak, with ``lr_schedule = "dense"``)."""
 
     lr_schedule: str = attrs.field(default="constant",
-                                   validator=attrs.validators.in_(LR_SCHEDULES))
+                                   validator=choice(*LR_SCHEDULES))
     """``constant``: ``lr`` at every step (the usual choice with row-wise Adagrad, whose per-row
     sums already shrink the steps of frequent rows); ``dense``: ``lr`` times the run's warmup
     and decay factor, the dense learning rate at the step divided by ``train.lr``."""
 
-    eps: float = attrs.field(default=1e-8, validator=attrs.validators.gt(0))
+    eps: float = attrs.field(default=1e-8, validator=greater_than(0))
     """Row-wise Adagrad's epsilon."""
 
-    pipeline: str = attrs.field(default="none", validator=attrs.validators.in_(PIPELINES))
+    pipeline: str = attrs.field(default="none", validator=choice(*PIPELINES))
     """How steps overlap the lookups' communication (:mod:`gem_parallel.torchrec.pipeline`):
     ``none``, each step distributes its own ids; ``sparse-dist``, TorchRec's
     ``TrainPipelineSparseDist`` sends the ids of the next batch to the tables' owners while
@@ -103,18 +113,18 @@ class TorchRecOptions:
     update (the lookups are one step stale: close to ``none``, not equal)."""
 
     layout: str = attrs.field(default="model_parallel",
-                              validator=attrs.validators.in_(SPARSE_LAYOUTS))
+                              validator=choice(*SPARSE_LAYOUTS))
     """``model_parallel``: every table sharded over all ranks; ``2d``: sharded over a group of
     ``sharding_group_size`` ranks and replicated over the ``world / sharding_group_size`` groups,
     the replicas averaged every ``sync_every`` steps (TorchRec's ``DMPCollection`` layout, see
     :mod:`gem_parallel.torchrec.two_d`)."""
 
     sharding_group_size: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+        default=None, validator=optional(at_least(1)))
     """``layout = "2d"``: ranks per sharding group (it must divide the number of ranks);
     required there, refused with ``model_parallel``."""
 
-    sync_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    sync_every: int = attrs.field(default=1, validator=at_least(1))
     """``layout = "2d"``: average the replicas every this many steps (TorchRec's train
     pipeline default: 1); checkpoints and evaluations average them first whatever the count."""
 
@@ -124,7 +134,9 @@ class TorchRecOptions:
 
 
 def parse_options(options: Mapping[str, Any]) -> TorchRecOptions:
-    return structure(TorchRecOptions, dict(options), "parallel.embedding")
+    """``options`` as a run structures its ``[parallel.embedding]`` (for tests and tools that
+    start from a table)."""
+    return structure(TorchRecOptions, dict(options), kind_named("embedding_sharding").options_key)
 
 
 def fused_optimizer(options: TorchRecOptions) -> tuple[type, dict[str, Any]]:

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -97,7 +97,7 @@ from gem_core.schema import FeatureSchema
 from gem_parallel.torchrec import two_d
 from gem_parallel.torchrec.collection import ShardedEmbeddingCollection
 from gem_parallel.torchrec.managed import ManagedEmbeddingCollection
-from gem_parallel.torchrec.plan import TorchRecOptions, parse_options, planner_constraints
+from gem_parallel.torchrec.plan import TorchRecOptions, planner_constraints
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class TorchRecSharding(EmbeddingSharding):
         self.pipeline: Any = None
         """The ``PipelinedSteps`` of ``[parallel.embedding] pipeline`` (None: ``none``)."""
 
-    def apply(self, model: nn.Module, *, ctx: ParallelContext, options: Mapping[str, Any]):
-        opts = parse_options(options)
+    def apply(self, model: nn.Module, *, ctx: ParallelContext, options: TorchRecOptions):
+        opts = options
         reference = getattr(model, "embeddings", None)
         if reference is None or not hasattr(reference, "table_configs") \
                 or not hasattr(reference, "tables"):
@@ -169,14 +169,14 @@ class TorchRecSharding(EmbeddingSharding):
                          [tuple(s["sizes"]) for s in info["shards"]])
         return model
 
-    def plan_estimate(self, facts: PlanFacts, options: Mapping[str, Any]) -> Estimate:
+    def plan_estimate(self, facts: PlanFacts, options: TorchRecOptions) -> Estimate:
         """Rows spread evenly over the ranks (row- or column-wise; a table-wise table sits whole
         on one rank: ``bytes_on_one_rank_if_table_wise``) with the fused optimizer's state (one
         float32 accumulator per row for row-wise Adagrad, none for SGD) and no gradient
         buffers (the optimizer runs in the backward). Lookups of this rank's requests go out to
         the table owners and their gradients come back: a forward and a backward all-to-all of
         one vector per id of every sequence feature and one per bag of a pooled feature."""
-        opts = parse_options(options)
+        opts = options
         layout = two_d.resolve(opts, facts.world_size)  # "2d": one group's ranks
         n = facts.world_size if layout is None else layout.group_size
         state_per_row = 4 if opts.optimizer == "rowwise_adagrad" else 0
@@ -200,10 +200,10 @@ class TorchRecSharding(EmbeddingSharding):
         return estimate if layout is None else two_d.with_replica_sync(estimate, layout)
 
     def step_runner(self, stream: TrainStream, *, model: nn.Module, schema: FeatureSchema,
-                    ctx: ParallelContext, options: Mapping[str, Any]) -> StepRunner:
+                    ctx: ParallelContext, options: TorchRecOptions) -> StepRunner:
         """``pipeline = "none"``: one step at a time; otherwise the steps run through TorchRec's
         train pipeline of that name (:mod:`gem_parallel.torchrec.pipeline`)."""
-        opts = parse_options(options)
+        opts = options
         if opts.pipeline == "none":
             return super().step_runner(stream, model=model, schema=schema, ctx=ctx,
                                        options=options)
