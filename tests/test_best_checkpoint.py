@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gem_core.checkpoint import complete_checkpoints
+from gem_core.checkpoint.layout import complete_checkpoints
 
 TASKS = ("click", "conversion")
 # 128 train requests in batches of 32: a pass is 4 steps, so 16 steps are 4 passes (with

@@ -41,7 +41,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "gem_core.errors", "gem_core.capabilities", "gem_core.jagged", "gem_core.flops",
         "gem_core.metrics", "gem_core.logs", "gem_core.process_life", "gem_core.rank_exit",
         "gem_core.config", "gem_core.schema", "gem_core.batch", "gem_core.embedding_tables",
-        "gem_core.checkpoint", "gem_core.checkpoint_digests", "gem_core.checkpoint_io",
+        # The checkpoint package: its layout, retention, digests and safe reading (the
+        # checkpointer, the resume checks and the sharded modules' storage are run parts).
+        "gem_core.checkpoint",
         "gem_core.distributed", "gem_core.engine", "gem_core.plan_estimate",
         "gem_core.attention.__init__", "gem_core.attention.api", "gem_core.attention.masks",
         "gem_core.attention.relative_bias",
@@ -65,7 +67,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # strategies and the compiler, checkpoints and their reading back.
     ("run parts", (
         "gem_core.compile", "gem_core.parallelize", "gem_core.train.backends",
-        "gem_core.train.checkpointer", "gem_core.train.resume", "gem_core.train.sharded_modules",
+        "gem_core.checkpoint.checkpointer", "gem_core.checkpoint.resume",
+        "gem_core.checkpoint.sharded_modules",
         "gem_core.trained_run",
         # The package's own __init__ imports nothing, so importing these parts of it does not
         # import the training loop.

@@ -31,7 +31,7 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    from gem_core.train.checkpointer import read_checkpoint
+    from gem_core.checkpoint.checkpointer import read_checkpoint
 
     return read_checkpoint(run_dir / "checkpoints" / "step-00000006")["engine"]["model"]
 

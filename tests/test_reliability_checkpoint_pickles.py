@@ -16,13 +16,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 
-from gem_core.checkpoint_digests import write_digests
-from gem_core.checkpoint_io import read_dcp
+from gem_core.checkpoint.checkpointer import read_checkpoint
+from gem_core.checkpoint.digests import write_digests
+from gem_core.checkpoint.io import read_dcp
 from gem_core.cli.main import cli
 from gem_core.config import load_config
 from gem_core.errors import GemCheckpointError
 from gem_core.plugins import build_plugins
-from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.trainer import train
 from gem_core.trained_run import load_run
 

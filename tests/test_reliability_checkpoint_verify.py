@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gem_core.checkpoint import complete_checkpoints
-from gem_core.checkpoint_digests import verify_files
+from gem_core.checkpoint.checkpointer import read_checkpoint
+from gem_core.checkpoint.digests import verify_files
+from gem_core.checkpoint.layout import complete_checkpoints
 from gem_core.cli.main import cli
 from gem_core.config import load_config
 from gem_core.errors import GemCheckpointError
 from gem_core.plugins import build_plugins
-from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.trainer import train
 
 SMALL = ["train.steps=6", "train.batch_size=16", "data.eval_rows=128",

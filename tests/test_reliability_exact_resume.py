@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gem_core.train.checkpointer import read_checkpoint
+from gem_core.checkpoint.checkpointer import read_checkpoint
 
 TINY = ["--set", "train.steps=40", "--set", "train.batch_size=16", "--set", "data.eval_rows=256",
         "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("pyarrow")
 
-from gem_core.checkpoint_digests import digest_file  # noqa: E402
+from gem_core.checkpoint.digests import digest_file  # noqa: E402
 from gem_core.cli.main import cli  # noqa: E402
 from gem_core.errors import GemError  # noqa: E402
 

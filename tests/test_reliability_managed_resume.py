@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gem_core.train.checkpointer import read_checkpoint
+from gem_core.checkpoint.checkpointer import read_checkpoint
 
 RUN = ["--data", "synthetic-ads", "--embedding-sharding", "torchrec",
        "--set", "backends.embedding=torchrec-managed",

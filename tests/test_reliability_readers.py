@@ -136,7 +136,7 @@ def test_checkpoints_verify_names_a_digest_file_nested_too_deeply(small_run, tmp
 
 
 def test_checkpoints_verify_names_a_file_that_cannot_be_read(small_run, tmp_path, monkeypatch):
-    import gem_core.checkpoint_digests as digests
+    import gem_core.checkpoint.digests as digests
 
     run = _copy(small_run, tmp_path)
     original = digests.digest_file

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gem_core.checkpoint.resume import MODEL_FORMAT, check_compatible
 from gem_core.config import load_config, unstructure
 from gem_core.errors import GemConfigError
-from gem_core.train.resume import MODEL_FORMAT, check_compatible
 
 SMALL = ["--set", "train.steps=8", "--set", "train.batch_size=32", "--set", "data.eval_rows=256",
          "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",

@@ -7,15 +7,14 @@ import json
 import statistics
 from pathlib import Path
 
-from gem_core.checkpoint import (
+from gem_core.checkpoint.layout import (
     COMPLETE,
-    best_checkpoint,
     complete_checkpoints,
     prepare_staging,
     publish,
-    retain,
     write_info,
 )
+from gem_core.checkpoint.retention import best_checkpoint, retain
 
 RUN = ["--set", "train.steps=10", "--set", "train.batch_size=16", "--set", "data.eval_rows=256",
        "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=1",

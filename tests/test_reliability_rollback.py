@@ -10,12 +10,12 @@ import types
 import torch
 
 from gem_core import hookimpl
-from gem_core.checkpoint import latest_checkpoint
+from gem_core.checkpoint.checkpointer import read_checkpoint
+from gem_core.checkpoint.layout import latest_checkpoint
 from gem_core.config import load_config
 from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.plugins import build_plugins
 from gem_core.registry import ImplementationSpec
-from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.trainer import train
 
 SMALL = ["train.batch_size=32", "data.eval_rows=128", "train.eval_batch_size=128",

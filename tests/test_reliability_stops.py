@@ -26,8 +26,8 @@ from typing import Iterator
 
 import pytest
 
-from gem_core.checkpoint import complete_checkpoints
-from gem_core.checkpoint_digests import verify_files
+from gem_core.checkpoint.digests import verify_files
+from gem_core.checkpoint.layout import complete_checkpoints
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get(
@@ -155,7 +155,7 @@ def _check_resumes_exactly(gem, tmp_path: Path, stopped: Path, step: int,
     expected = helpers._losses(reference)
     assert [s for s, _, _ in expected] == list(range(1, step + 3))
     assert helpers._losses(stopped) == expected  # bit for bit
-    from gem_core.train.checkpointer import read_checkpoint
+    from gem_core.checkpoint.checkpointer import read_checkpoint
 
     name = f"step-{step + 2:08d}"
     final = read_checkpoint(stopped / "checkpoints" / name)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gem_core.checkpoint import latest_checkpoint
-from gem_core.train.checkpointer import read_checkpoint
+from gem_core.checkpoint.checkpointer import read_checkpoint
+from gem_core.checkpoint.layout import latest_checkpoint
 
 RUN = ["--set", "train.steps=6", "--set", "train.batch_size=16", "--set", "data.eval_rows=256",
        "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=1",

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gem_core.checkpoint import complete_checkpoints
+from gem_core.checkpoint.checkpointer import read_trainer_state
+from gem_core.checkpoint.layout import complete_checkpoints
 from gem_core.config import load_config
 from gem_core.errors import GemConfigError
 from gem_core.plugins import build_plugins
-from gem_core.train.checkpointer import read_trainer_state
 from gem_core.train.trainer import train
 from gem_data.testing import write_generated_windows
 
@@ -152,9 +152,9 @@ def test_the_checkpoints_adapter_is_the_one_used_after_resume(tmp_path, windowed
                                                               plugins):
     """A resumed run must use the checkpoint's adapter, not refit one: an adapter written into
     the checkpoint (here zeroed: the identity) changes the resumed steps' distillation loss."""
-    from gem_core import checkpoint_io
-    from gem_core.checkpoint import TRAINER_FILE, TRAINER_TENSORS_FILE
-    from gem_core.checkpoint_digests import write_digests
+    from gem_core.checkpoint import io as checkpoint_io
+    from gem_core.checkpoint.digests import write_digests
+    from gem_core.checkpoint.layout import TRAINER_FILE, TRAINER_TENSORS_FILE
 
     config = _student(windowed, teacher, *ADAPTER, "distill.adapter.refit=each_window")
     out = tmp_path / "run"

@@ -236,9 +236,9 @@ def test_a_third_party_model_and_strategy_train_checkpoint_resume_and_plan(third
     import json
 
     from gem_core.attention.reference import ReferenceAttention
+    from gem_core.checkpoint.checkpointer import read_checkpoint
     from gem_core.embedding import ReferenceEmbeddingBackend
     from gem_core.plugins import build_plugins
-    from gem_core.train.checkpointer import read_checkpoint
     from gem_core.train.trainer import train
     from gem_parallel.plan import Layout, plan
 

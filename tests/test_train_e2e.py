@@ -155,8 +155,8 @@ def test_two_ranks_with_ddp_match_one_process(gem, tmp_path, whole_run):
 def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path, stopped_run):
     """A checkpoint written before request-level samples (no model format in its side file) is
     refused with a message that says why and what to do, before anything is loaded."""
-    from gem_core.checkpoint_digests import write_digests
-    from gem_core.checkpoint_io import read_trainer_state, write_trainer_state
+    from gem_core.checkpoint.digests import write_digests
+    from gem_core.checkpoint.io import read_trainer_state, write_trainer_state
 
     tmp_path = _copy(stopped_run, tmp_path / "run")
     checkpoint = next((tmp_path / "checkpoints").glob("step-*"))

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from gem_core import checkpoint
-from gem_core.checkpoint import (
+from gem_core.checkpoint import layout
+from gem_core.checkpoint.digests import share_of, verify_files, write_digests
+from gem_core.checkpoint.io import read_trainer_state, write_trainer_state
+from gem_core.checkpoint.layout import (
     COMPLETE,
     complete_checkpoints,
     prepare_staging,
     publish,
     remove_torn,
-    retain,
     write_info,
 )
-from gem_core.checkpoint_digests import share_of, verify_files, write_digests
-from gem_core.checkpoint_io import read_trainer_state, write_trainer_state
+from gem_core.checkpoint.retention import retain
 from gem_core.errors import GemCheckpointError
 
 
@@ -89,8 +89,8 @@ def test_resaving_a_step_keeps_a_complete_copy_at_every_moment(tmp_path, monkeyp
             return operation(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(checkpoint.os, "replace", checked(os.replace))
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", checked(shutil.rmtree))
+    monkeypatch.setattr(layout.os, "replace", checked(os.replace))
+    monkeypatch.setattr(layout.shutil, "rmtree", checked(shutil.rmtree))
     publish(tmp_path, 4)
     monkeypatch.undo()
     assert seen == [["old"], ["old"], ["new", "old"]]  # aside, new in, old deleted
@@ -115,7 +115,7 @@ def test_a_resave_killed_between_marker_and_rename_is_published_on_the_next_star
             raise KeyboardInterrupt("killed")
         return os.replace(*args)
 
-    monkeypatch.setattr(checkpoint.os, "replace", killed)
+    monkeypatch.setattr(layout.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         publish(tmp_path, 4)
     monkeypatch.undo()

@@ -139,6 +139,14 @@ def test_explain_describes_the_options_of_the_configured_plugins():
     assert unknown.exit_code != 0
     assert ("unknown configuration key 'data.options.num_itemz'; the keys of data.options: "
             "data.options.num_items, data.options.num_users") in unknown.output
+    # The precision recipe's [precision.options] too: fp32 declares none, so it has no keys.
+    fp32 = ["--set", "backends.precision=fp32"]
+    none = _gem("config", "explain", *fp32, "precision.options")
+    assert "precision 'fp32' (this configuration's) takes no options." in none.output
+    unknown = _gem("config", "explain", *fp32, "precision.options.min_dim")
+    assert unknown.exit_code != 0
+    assert ("unknown configuration key 'precision.options.min_dim'; the keys of "
+            "precision.options: (none)") in unknown.output
 
 
 def test_every_installed_plugin_option_is_explained_with_a_docstring():
@@ -150,6 +158,7 @@ def test_every_installed_plugin_option_is_explained_with_a_docstring():
 
     plugins = build_plugins()
     described = 0
+    kinds = set()
     for kind in KIND_TABLE:
         for spec in plugins.registry(kind.name).specs():
             options = spec.options_class() if not spec.missing_requirements() else None
@@ -158,4 +167,12 @@ def test_every_installed_plugin_option_is_explained_with_a_docstring():
             keys = [e for e in describe_class(options, kind.options_key) if isinstance(e, KeyDoc)]
             assert keys and [k.key for k in keys if not k.doc] == [], (kind.name, spec.name)
             described += 1
+            kinds.add(kind.name)
     assert described >= 1  # at least gem-core's synthetic source
+    # Every kind whose installed implementations declare options is among them: the
+    # strategies' and data sources', and the precision recipes' (gem-precision's FP8 ones).
+    declaring = {kind.name for kind in KIND_TABLE for spec in plugins.registry(kind.name).specs()
+                 if spec.options is not None and not spec.missing_requirements()}
+    assert kinds == declaring and "data" in kinds
+    assert {k.name for k in KIND_TABLE if k.options_key} >= {"precision", "dense_sharding",
+                                                            "embedding_sharding", "data"}

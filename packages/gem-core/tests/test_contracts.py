@@ -82,11 +82,11 @@ def test_function_like_kinds_must_load_a_callable():
 
 def test_the_contract_supplies_the_optional_parts():
     recipe = _Recipe()
-    assert recipe.calibration_batches_for({}) == 0 and recipe.summary() == {}
-    assert recipe.calibrate(None, [], None, {}) is None
+    assert recipe.calibration_batches_for(None) == 0 and recipe.summary() == {}
+    assert recipe.calibrate(None, [], None, None) is None
     recipe.after_optimizer_step(None)
     with pytest.raises(NotImplementedError, match="asks for 2 calibration batches"):
-        recipe.calibrate(None, [1, 2], None, {})
+        recipe.calibrate(None, [1, 2], None, None)
 
 
 @pytest.mark.parametrize("declared, context, refusal", [

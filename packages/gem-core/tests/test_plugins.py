@@ -207,7 +207,7 @@ def test_plugin_options_are_structured_once_and_handed_typed_to_every_method():
     backends = resolve_backends(config, plugins, ctx)
     chosen = backends.dense_sharding.options
     assert chosen == options_class(size=4)
-    parallelize(torch.nn.Linear(2, 2), ctx=ctx, precision=backends.precision.impl,
+    parallelize(torch.nn.Linear(2, 2), ctx=ctx, precision=backends.precision,
                 embedding_sharding=backends.embedding_sharding,
                 activation_checkpointing=backends.activation_checkpointing,
                 dense_sharding=backends.dense_sharding, make_optimizer=None, config=config)
@@ -240,6 +240,8 @@ def test_an_unknown_or_bad_plugin_option_is_refused_naming_its_full_key():
         resolve("parallel.embedding.plan={}")
     with pytest.raises(GemConfigError, match="unknown key 'data.options.num_itemz'"):
         resolve("data.options.num_itemz=3")
+    with pytest.raises(GemConfigError, match="precision 'fp32' takes no options; got min_dim"):
+        resolve("backends.precision=fp32", "precision.options.min_dim=16")
 
 
 def test_options_must_be_an_attrs_class_of_a_kind_that_takes_options():

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from gem_core import hookimpl
+from gem_core.checkpoint.checkpointer import read_checkpoint
 from gem_core.config import load_config
 from gem_core.embedding import ReferenceEmbeddingBackend, ReferenceEmbeddingCollection
 from gem_core.plugins import build_plugins
 from gem_core.registry import ImplementationSpec
-from gem_core.train.checkpointer import read_checkpoint
 from gem_core.train.trainer import train
 
 SMALL = ["train.steps=4", "train.checkpoint_every=2", "train.batch_size=16",

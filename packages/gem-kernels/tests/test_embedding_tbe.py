@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("fbgemm_gpu")
 
+from gem_core.checkpoint.checkpointer import read_checkpoint  # noqa: E402
 from gem_core.config import EmbeddingOptimizerConfig, ModelConfig, TrainConfig, load_config  # noqa: E402
 from gem_core.embedding import (  # noqa: E402
     EmbeddingTableConfig,
@@ -22,7 +23,6 @@ from gem_core.errors import GemConfigError  # noqa: E402
 from gem_core.jagged import Jagged  # noqa: E402
 from gem_core.plugins import build_plugins  # noqa: E402
 from gem_core.registry import ImplementationSpec  # noqa: E402
-from gem_core.train.checkpointer import read_checkpoint  # noqa: E402
 from gem_core.train.optim import make_adamw  # noqa: E402
 from gem_core.train.trainer import train  # noqa: E402
 from gem_core.trained_run import load_run  # noqa: E402

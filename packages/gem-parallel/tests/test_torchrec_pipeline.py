@@ -82,7 +82,7 @@ COUNTERS = ("step", "loss", "loss_click", "loss_conversion", "samples", "tokens"
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_sparse_dist_pipeline_trains_exactly_as_without_it(runs):
-    from gem_core.train.checkpointer import read_trainer_state
+    from gem_core.checkpoint.checkpointer import read_trainer_state
 
     plain, piped = runs / "none", runs / "sparse-dist"
     pipeline = _summary(piped)["embedding_sharding"]["pipeline"]

@@ -34,6 +34,15 @@ def batches(source):
 
 
 @pytest.fixture(scope="session")
+def recipe_options():
+    """``recipe_options(name, **table)``: ``table`` as ``[precision.options]`` of recipe
+    ``name``, structured as a run does (by gem-core, into the options class its spec
+    declares)."""
+    registry = build_plugins().registry("precision")
+    return lambda name, **table: registry.get(name).structure_options(table)
+
+
+@pytest.fixture(scope="session")
 def loss_fn(source):
     tasks = source.schema.tasks
     return lambda logits, batch: mean_loss(logits, batch, tasks)

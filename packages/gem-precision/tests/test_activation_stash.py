@@ -40,16 +40,17 @@ def test_stash_cuts_saved_bytes_and_keeps_gradients_close(make_model, batches, l
     assert max(scorer.values()) < 0.3
 
 
-def test_stash_is_a_recipe_option_and_only_hooks_chosen_kinds(make_model, batches, loss_fn):
+def test_stash_is_a_recipe_option_and_only_hooks_chosen_kinds(make_model, batches, loss_fn,
+                                                              recipe_options):
     recipe = Float8Recipe("rowwise")
-    model = recipe.convert(make_model(), None, {"activation_fp8": True,
-                                                "activation_modules": ["norm"]})
+    model = recipe.convert(make_model(), None, recipe_options(
+        "fp8-rowwise", activation_fp8=True, activation_modules=["norm"]))
     loss_fn(model(batches[0]), batches[0]).backward()
     norm_only = recipe.stash.stats.quantized_tensors
     assert norm_only > 0
     recipe_all = Float8Recipe("rowwise")
-    model = recipe_all.convert(make_model(), None, {"activation_fp8": True,
-                                                    "activation_modules": ALL_KINDS})
+    model = recipe_all.convert(make_model(), None, recipe_options(
+        "fp8-rowwise", activation_fp8=True, activation_modules=ALL_KINDS))
     loss_fn(model(batches[0]), batches[0]).backward()
     assert recipe_all.stash.stats.quantized_tensors > norm_only
     with torch.no_grad():  # nothing is saved without grad: the stash stays idle
@@ -58,14 +59,14 @@ def test_stash_is_a_recipe_option_and_only_hooks_chosen_kinds(make_model, batche
         assert recipe_all.stash.stats.quantized_tensors == before
 
 
-def test_stash_composes_with_activation_checkpointing(make_model, batches, loss_fn):
+def test_stash_composes_with_activation_checkpointing(make_model, batches, loss_fn, recipe_options):
     checkpointing = pytest.importorskip("gem_parallel.checkpointing")  # another package
     batch = batches[0]
     reference = make_model()
     loss_fn(reference(batch), batch).backward()
     recipe = Float8Recipe("rowwise")
-    model = recipe.convert(make_model(), None, {"exclude": ["*"], "activation_fp8": True,
-                                                "activation_modules": ["sequence_block"]})
+    model = recipe.convert(make_model(), None, recipe_options(
+        "fp8-rowwise", exclude=["*"], activation_fp8=True, activation_modules=["sequence_block"]))
     for block in model.tower.blocks:
         checkpointing.checkpoint_module(block)  # as `full` does, after convert
     loss_fn(model(batch), batch).backward()

@@ -16,7 +16,7 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_stays_close_to_fp32():
                         embedding_backend=ReferenceEmbeddingBackend())
     batch = source.generate(32, split=1, index=0)
     recipe = BFloat16Recipe()
-    assert recipe.convert(model, None, {}) is model
+    assert recipe.convert(model, None, None) is model
     with torch.no_grad():
         reference = model(batch)
         with recipe.autocast("cpu"):
@@ -28,3 +28,14 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_stays_close_to_fp32():
         torch.testing.assert_close(low[task].float(), reference[task], atol=5e-2, rtol=5e-2)
     policy = recipe.mixed_precision_policy()
     assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+
+
+def test_bf16_declares_no_options_and_core_refuses_any():
+    import pytest
+
+    from gem_core.errors import GemConfigError
+
+    spec = build_plugins().registry("precision").get("bf16")
+    assert spec.options is None and spec.structure_options({}) is None
+    with pytest.raises(GemConfigError, match="precision 'bf16' takes no options; got min_dim"):
+        spec.structure_options({"min_dim": 16})

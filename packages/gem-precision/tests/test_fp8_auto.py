@@ -9,7 +9,7 @@ from gem_precision.options import Fp8AutoOptions
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory, source, batches, loss_fn):
+def calibrated(tmp_path_factory, source, batches, loss_fn, recipe_options):
     import torch
 
     from gem_core.attention.bucketed import BucketedAttention
@@ -24,7 +24,7 @@ def calibrated(tmp_path_factory, source, batches, loss_fn):
                         embedding_backend=ReferenceEmbeddingBackend())
     path = tmp_path_factory.mktemp("auto") / "layers.json"
     recipe = Float8AutoRecipe()
-    options = {"report_path": str(path)}
+    options = recipe_options("fp8-auto", report_path=str(path))
     table = recipe.calibrate(model, batches[:1], loss_fn, options)  # one batch: 2 CPU cores
     return recipe, model, table, path, options
 
@@ -54,7 +54,7 @@ def test_convert_swaps_exactly_the_chosen_layers(calibrated):
     assert swapped == set(table.chosen) == set(recipe.converted)
 
 
-def test_choice_changes_with_the_threshold(calibrated, batches, loss_fn):
+def test_choice_changes_with_the_threshold(calibrated, batches, loss_fn, recipe_options):
     recipe, model, table, path, options = calibrated
 
     def chosen(**thresholds):
@@ -72,11 +72,11 @@ def test_choice_changes_with_the_threshold(calibrated, batches, loss_fn):
         r.name for r in table.rows if r.loss_change == 0.0]
     # the same through the options a user passes, end to end
     strict = Float8AutoRecipe().calibrate(model, batches[:1], loss_fn,
-                                          {"max_output_error": 0.0})
+                                          recipe_options("fp8-auto", max_output_error=0.0))
     assert strict.chosen == []
     assert all("output error" in r.reason for r in strict.rows if r.benefit_rank)
 
 
 def test_convert_without_calibration_is_an_error(make_model):
     with pytest.raises(GemConfigError, match="calibrat"):
-        Float8AutoRecipe().convert(make_model(), None, {})
+        Float8AutoRecipe().convert(make_model(), None, Fp8AutoOptions())

@@ -35,8 +35,10 @@ def test_candidates_follow_shape_head_and_exclude_rules(make_model):
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_only_filtered_linears_are_swapped_and_the_rest_keep_fp32(make_model, recipe):
-    model = Float8Recipe(recipe).convert(make_model(), None, {"exclude": ["tower.blocks.0"]})
+def test_only_filtered_linears_are_swapped_and_the_rest_keep_fp32(make_model, recipe,
+                                                                  recipe_options):
+    options = recipe_options(f"fp8-{recipe}", exclude=["tower.blocks.0"])
+    model = Float8Recipe(recipe).convert(make_model(), None, options)
     float8_linear = float8_linear_class()
     types = linear_types(model)
     swapped = {n for n, t in types.items() if t is float8_linear}
@@ -49,9 +51,10 @@ def test_only_filtered_linears_are_swapped_and_the_rest_keep_fp32(make_model, re
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_fp8_forward_and_backward_stay_close_to_fp32(make_model, batches, loss_fn, recipe):
+def test_fp8_forward_and_backward_stay_close_to_fp32(make_model, batches, loss_fn, recipe,
+                                                     recipe_options):
     reference, low = make_model(), make_model()
-    low = Float8Recipe(recipe).convert(low, None, {})
+    low = Float8Recipe(recipe).convert(low, None, recipe_options(f"fp8-{recipe}"))
     batch = batches[0]
     ref_logits, low_logits = reference(batch), low(batch)
     loss_fn(ref_logits, batch).backward()
@@ -70,12 +73,17 @@ def test_fp8_forward_and_backward_stay_close_to_fp32(make_model, batches, loss_f
         assert ((g - r).norm() / r.norm()) < 0.2, name
 
 
-def test_unknown_and_contradictory_options_are_errors(make_model):
-    with pytest.raises(GemConfigError, match="precision.options.exlude"):
-        Float8Recipe("rowwise").convert(make_model(), None, {"exlude": ["heads"]})
-    with pytest.raises(GemConfigError, match="tensorwise"):
-        Float8Recipe("rowwise").convert(make_model(), None, {"fsdp_float8_all_gather": True})
+def test_unknown_and_contradictory_options_are_errors(recipe_options):
+    # gem-core structures [precision.options] into the class the spec declares
+    with pytest.raises(GemConfigError, match="unknown key 'precision.options.exlude'"):
+        recipe_options("fp8-rowwise", exlude=["heads"])
+    with pytest.raises(GemConfigError, match="fsdp_float8_all_gather needs tensorwise"):
+        recipe_options("fp8-rowwise", fsdp_float8_all_gather=True)
+    with pytest.raises(GemConfigError, match="fsdp_float8_all_gather needs tensorwise"):
+        recipe_options("fp8-auto", fsdp_float8_all_gather=True)  # its recipe: rowwise
+    assert recipe_options("fp8-tensorwise", fsdp_float8_all_gather=True).fsdp_float8_all_gather
+    assert recipe_options("fp8-auto", recipe="tensorwise", fsdp_float8_all_gather=True)
     # gem-core's validators, keyed by the dotted name: the bad entry and the allowed ones
     with pytest.raises(GemConfigError, match=r"precision.options.activation_modules must be one "
                                              r"of linear, .*; got 'mlp'"):
-        Float8Recipe("rowwise").convert(make_model(), None, {"activation_modules": ["mlp"]})
+        recipe_options("fp8-rowwise", activation_modules=["mlp"])

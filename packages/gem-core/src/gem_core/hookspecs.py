@@ -160,7 +160,8 @@ def gem_register_precision_recipes(register: Register) -> None:
     ``after_optimizer_step(model)`` after every step taken; ``summary() -> dict``, written to
     ``summary.json`` under ``precision``. The spec declares ``activation_dtype``: the dtype the
     rest of the model computes in under the recipe, which every other choice of the run must
-    list in its ``dtypes``.
+    list in its ``dtypes``. ``options`` is ``[precision.options]`` as an instance of the spec's
+    ``options`` class (None where it declares none), structured by gem-core.
     """
 
 

@@ -12,14 +12,13 @@ from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
 from gem_core.plugins import Resolved
-from gem_core.precision import PrecisionRecipe
 
 
 def parallelize(
     model: nn.Module,
     *,
     ctx: ParallelContext,
-    precision: PrecisionRecipe,
+    precision: Resolved,
     embedding_sharding: Resolved,
     activation_checkpointing: Resolved,
     dense_sharding: Resolved,
@@ -27,12 +26,13 @@ def parallelize(
     config: GemConfig,
 ) -> Engine:
     """Apply precision, embedding sharding, activation checkpointing and dense sharding to
-    ``model``; return its Engine. Each strategy is the run's resolved choice, applied with its
-    options as resolved (structured once, from the kind's ``[parallel.*]`` table)."""
+    ``model``; return its Engine. Each strategy (the precision recipe included) is the run's
+    resolved choice, applied with its options as resolved (structured once, from the kind's
+    table: ``[precision.options]``, ``[parallel.*]``)."""
     model = model.to(ctx.device)
     # 1. Precision conversion first: module swaps (FP8 linears) must see the plain modules, and
     #    sharding must then shard the converted parameters (FP8 all-gather needs that order).
-    model = precision.convert(model, ctx, config.precision.options)
+    model = precision.impl.convert(model, ctx, precision.options)
     # 2. Embedding sharding: the tables leave the replicated parameter set before the dense
     #    strategy wraps what remains.
     model = embedding_sharding.impl.apply(model, ctx=ctx, options=embedding_sharding.options)
@@ -53,4 +53,4 @@ def parallelize(
             "train.compile = true")
     # 5. Dense sharding last: it wraps or shards the final module tree and builds the optimizer.
     return dense_sharding.impl.apply(model, ctx=ctx, make_optimizer=make_optimizer,
-                                     precision=precision, options=dense_sharding.options)
+                                     precision=precision.impl, options=dense_sharding.options)

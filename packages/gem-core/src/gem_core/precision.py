@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager
 
 from torch import nn
 
 from gem_core import contracts
-from gem_core.config.validators import reject_options
 
 PrecisionRecipe = contracts.PrecisionRecipe
 """The contract of kind ``precision`` (:class:`gem_core.contracts.PrecisionRecipe`)."""
@@ -20,9 +19,8 @@ class Float32Recipe(PrecisionRecipe):
     name = "fp32"
     compute_dtype = "float32"
 
-    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
-        reject_options(self.name, options)
-        return model
+    def convert(self, model: nn.Module, ctx: Any, options: None) -> nn.Module:
+        return model  # it declares no options: core refused any
 
     def autocast(self, device_type: str) -> ContextManager[None]:
         return contextlib.nullcontext()

@@ -6,7 +6,7 @@ Every consumer of a finished run (``gem export-user-embeddings``, ``gem export-m
 :func:`choose_checkpoint` picks (the best unless a step is asked for), so a run is rebuilt one
 way: with every backend the run resolved (attention, norm and embedding), its model-format check,
 and the TorchRec tables a full-state engine (DeepSpeed) keeps beside its ``engine.pt``. Resuming a
-run is the trainer's business (:class:`gem_core.train.checkpointer.Checkpointer`), which loads
+run is the trainer's business (:class:`gem_core.checkpoint.checkpointer.Checkpointer`), which loads
 shards in place on every rank.
 """
 
@@ -18,7 +18,10 @@ from typing import Any, Callable
 import attrs
 from torch import nn
 
-from gem_core.checkpoint import BEST_BY, best_checkpoint, complete_checkpoints, read_info
+from gem_core.checkpoint.checkpointer import read_checkpoint
+from gem_core.checkpoint.layout import complete_checkpoints, read_info
+from gem_core.checkpoint.resume import MODEL_FORMAT
+from gem_core.checkpoint.retention import BEST_BY, best_checkpoint
 from gem_core.config import DataConfig, GemConfig, load_config, structure, unstructure
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
@@ -26,8 +29,6 @@ from gem_core.model.building import build_run_model
 from gem_core.plugins import GemPlugins, build_data_source, build_plugins
 from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, without_teacher_signals
 from gem_core.train.backends import RunBackends, resolve_backends
-from gem_core.train.checkpointer import read_checkpoint
-from gem_core.train.resume import MODEL_FORMAT
 
 
 @attrs.frozen(kw_only=True)
@@ -42,7 +43,7 @@ class CheckpointChoice:
     """Why this one, for the user: e.g. ``best eval NE 0.9000 at step 200; the last, step 600,
     had 0.9900``."""
     best: bool
-    """Whether it is the best checkpoint (by :data:`gem_core.checkpoint.BEST_BY`)."""
+    """Whether it is the best checkpoint (by :data:`gem_core.checkpoint.retention.BEST_BY`)."""
 
 
 def choose_checkpoint(run_dir: Path, step: int | None = None) -> CheckpointChoice:

@@ -14,7 +14,7 @@ trained by TBE's fused optimizer inside the backward.
   view of TBE's weights, so the model's state dict has the reference backend's names
   (``gem_core.trained_run.load_run`` reads a run into either backend, and DCP loads checkpoints into
   TBE in place). The optimizer state (row-wise Adagrad's ``momentum1``, one value per row) is
-  checkpointed through the sharded-module protocol (:mod:`gem_core.train.sharded_modules`) as
+  checkpointed through the sharded-module protocol (:mod:`gem_core.checkpoint.sharded_modules`) as
   ``optimizer.state.embeddings.tables.<name>.weight.momentum1``, TorchRec's names.
 - Consequences (as with TorchRec's fused tables): ``train.grad_clip`` and ``grad_norm`` cover
   the dense parameters only; a step the guard skips has already updated the rows it looked up;

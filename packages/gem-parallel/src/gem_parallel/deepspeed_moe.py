@@ -52,6 +52,7 @@ from gem_core.plan_estimate import (
     ring_fraction,
 )
 from gem_parallel.deepspeed_zero import (
+    DEEPSPEED_CHECKPOINT_CLASSES,
     DeepSpeedEngine,
     deepspeed_config,
     destroy_with_deepspeed,
@@ -256,6 +257,7 @@ class DeepSpeedMoeAdapter(nn.Module):
 
 class DeepSpeedMoeStrategy(DenseSharding):
     name = "deepspeed-moe"
+    checkpoint_classes = DEEPSPEED_CHECKPOINT_CLASSES
 
     def apply(self, model: nn.Module, *, ctx: ParallelContext, make_optimizer: Callable,
               precision, options: DeepSpeedMoeOptions) -> "DeepSpeedMoeEngine":

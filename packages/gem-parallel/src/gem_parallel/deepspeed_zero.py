@@ -63,7 +63,20 @@ def local_rank_for_deepspeed(ctx: ParallelContext) -> None:
         os.environ["LOCAL_RANK"] = str(ctx.local_rank)
 
 
+#: What DeepSpeed's ZeRO optimizer puts into its state dict besides tensors and plain data
+#: (checked on ZeRO-1 of deepspeed 0.19.8: loss scaler, stage enum, parameter fragments): the
+#: classes a DeepSpeed engine's ``engine.pt`` may hold.
+DEEPSPEED_CHECKPOINT_CLASSES = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
 class DeepSpeedZeroStrategy(DenseSharding):
+    checkpoint_classes = DEEPSPEED_CHECKPOINT_CLASSES
+
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.name = f"deepspeed-zero{stage}"

@@ -15,7 +15,7 @@ from gem_precision.calibration import LayerMeasure, LossFn, measure_layers
 from gem_precision.float8 import emulate_on, float8_config
 from gem_precision.fp8 import finish_conversion
 from gem_precision.layer_table import LayerRow, LayerTable, sort_rows
-from gem_precision.options import Fp8AutoOptions, parse_options
+from gem_precision.options import Fp8AutoOptions
 from gem_precision.selection import fp8_candidates
 
 log = logging.getLogger(__name__)
@@ -78,35 +78,35 @@ class Float8AutoRecipe(PrecisionRecipe):
         self.measures: dict[str, LayerMeasure | None] = {}
         """Per-layer measurements of the last calibration (``build_table`` re-decides on them)."""
         self.skipped: dict[str, str] = {}
-        self._options: dict[str, Any] | None = None
+        self._options: Fp8AutoOptions | None = None
         self.converted: tuple[str, ...] = ()
         self.stash: ActivationStash | None = None
 
     def calibrate(self, model: nn.Module, batches: Sequence[Any], loss_fn: LossFn,
-                  options: Mapping[str, Any]) -> LayerTable:
-        opts = parse_options(Fp8AutoOptions, options, "rowwise")
-        candidates, skipped = fp8_candidates(model, exclude=opts.exclude, min_dim=opts.min_dim)
-        emulate = emulate_on(next(model.parameters()).device, opts.float8_matmul)
+                  options: Fp8AutoOptions) -> LayerTable:
+        """``options``: ``[precision.options]`` as ``Fp8AutoOptions`` (structured by gem-core)."""
+        candidates, skipped = fp8_candidates(model, exclude=options.exclude,
+                                             min_dim=options.min_dim)
+        emulate = emulate_on(next(model.parameters()).device, options.float8_matmul)
         measures = measure_layers(model, candidates, batches, loss_fn,
-                                  float8_config(opts.recipe, emulate=emulate))
+                                  float8_config(options.recipe, emulate=emulate))
         self.measures, self.skipped = measures, skipped
-        self.table = build_table(model, opts, measures, skipped)
-        self._options = dict(options)
+        self.table = build_table(model, options, measures, skipped)
+        self._options = options
         text = self.table.format()
         log.info("%s", text)
         print(text, flush=True)  # the decision is part of the run's output, not only its log
-        if opts.report_path:
-            self.table.write(opts.report_path)
+        if options.report_path:
+            self.table.write(options.report_path)
         return self.table
 
-    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
-        opts = parse_options(Fp8AutoOptions, options, "rowwise")
+    def convert(self, model: nn.Module, ctx: Any, options: Fp8AutoOptions) -> nn.Module:
         if self.table is None:
             raise GemConfigError("fp8-auto chooses its layers by calibration: call calibrate() "
                                  "before convert() (the trainer does)")
-        if dict(options) != self._options:
+        if options != self._options:
             raise GemConfigError("fp8-auto: convert() got other options than calibrate()")
-        return finish_conversion(model, self.table.chosen, opts, opts.recipe, ctx, self)
+        return finish_conversion(model, self.table.chosen, options, options.recipe, ctx, self)
 
     def autocast(self, device_type: str) -> ContextManager[None]:
         return contextlib.nullcontext()  # unconverted layers stay float32, as in fp8-rowwise

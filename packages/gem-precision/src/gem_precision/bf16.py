@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
 
-from gem_core.config.validators import reject_options
 from gem_core.contracts import PrecisionRecipe
 
 
@@ -15,8 +14,7 @@ class BFloat16Recipe(PrecisionRecipe):
     name = "bf16"
     compute_dtype = "bfloat16"
 
-    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
-        reject_options("precision 'bf16'", options)
+    def convert(self, model: nn.Module, ctx: Any, options: None) -> nn.Module:
         return model  # parameters stay float32 (master weights); autocast casts per op
 
     def autocast(self, device_type: str) -> ContextManager[None]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager
 
 from torch import nn
 
 from gem_core.contracts import PrecisionRecipe
 from gem_precision.activation_stash import ActivationStash, install_stash
 from gem_precision.float8 import check_float8_runs, convert_layers, emulate_on, float8_config
-from gem_precision.options import Fp8Options, parse_options
+from gem_precision.options import Fp8Options
 from gem_precision.selection import fp8_candidates
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,12 @@ class Float8Recipe(PrecisionRecipe):
         self.skipped: dict[str, str] = {}
         self.stash: ActivationStash | None = None
 
-    def convert(self, model: nn.Module, ctx: Any, options: Mapping[str, Any]) -> nn.Module:
-        opts = parse_options(Fp8Options, options, self.recipe)
-        chosen, self.skipped = fp8_candidates(model, exclude=opts.exclude, min_dim=opts.min_dim)
-        return finish_conversion(model, list(chosen), opts, self.recipe, ctx, self)
+    def convert(self, model: nn.Module, ctx: Any, options: Fp8Options) -> nn.Module:
+        """``options``: ``[precision.options]`` as the spec's class (``Fp8Options``, or
+        ``Fp8RowwiseOptions`` for rowwise scaling)."""
+        chosen, self.skipped = fp8_candidates(model, exclude=options.exclude,
+                                              min_dim=options.min_dim)
+        return finish_conversion(model, list(chosen), options, self.recipe, ctx, self)
 
     def autocast(self, device_type: str) -> ContextManager[None]:
         # Unconverted layers compute in float32: the recipe's point is FP8 where it is safe and

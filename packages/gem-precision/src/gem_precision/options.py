@@ -1,15 +1,12 @@
-"""The ``[precision.options]`` of the FP8 recipes, validated with gem-core's ``structure``."""
+"""The ``[precision.options]`` of the FP8 recipes: the options classes their specs declare
+(``ImplementationSpec.options``); gem-core structures and validates the table into them."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import attrs
 
-from gem_core.config import structure
 from gem_core.config.validators import at_least, choice, each
 from gem_core.contracts import STASH_KINDS  # the kinds a model's stash_points() answers
-from gem_core.errors import GemConfigError
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 STASH_GRANULARITIES = ("tensor", "row")
@@ -18,7 +15,8 @@ FLOAT8_MATMULS = ("auto", "scaled_mm", "emulated")
 
 @attrs.frozen(kw_only=True)
 class Fp8Options:
-    """Options of ``fp8-tensorwise`` and ``fp8-rowwise``."""
+    """Options of ``fp8-tensorwise`` (and, through its subclasses, of ``fp8-rowwise`` and
+    ``fp8-auto``)."""
 
     exclude: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     """Module names (or fnmatch patterns, or prefixes such as ``tower.blocks.0``) kept in high
@@ -50,6 +48,26 @@ class Fp8Options:
     activation_min_numel: int = attrs.field(default=1024, validator=at_least(0))
     """Saved tensors smaller than this stay as they are (scales would cost more than they save)."""
 
+    @property
+    def scaling(self) -> str:
+        """The torchao float8 scaling of the recipe these options are for."""
+        return "tensorwise"
+
+    def __attrs_post_init__(self) -> None:
+        if self.fsdp_float8_all_gather and self.scaling != "tensorwise":
+            raise ValueError(f"fsdp_float8_all_gather needs tensorwise scaling; these options' "
+                             f"recipe uses {self.scaling}")
+
+
+@attrs.frozen(kw_only=True)
+class Fp8RowwiseOptions(Fp8Options):
+    """Options of ``fp8-rowwise``: those of ``fp8-tensorwise``; ``fsdp_float8_all_gather``
+    needs tensorwise scaling."""
+
+    @property
+    def scaling(self) -> str:
+        return "rowwise"
+
 
 @attrs.frozen(kw_only=True)
 class Fp8AutoOptions(Fp8Options):
@@ -70,12 +88,6 @@ class Fp8AutoOptions(Fp8Options):
     report_path: str = ""
     """Where to write the per-layer table as JSON (a ``.txt`` table goes next to it); "": none."""
 
-
-def parse_options(cls: type, options: Mapping[str, Any], recipe: str) -> Any:
-    """``options`` as ``cls``; unknown keys and bad values name the dotted key."""
-    parsed = structure(cls, dict(options), "precision.options")
-    scaling = parsed.recipe if isinstance(parsed, Fp8AutoOptions) else recipe
-    if parsed.fsdp_float8_all_gather and scaling != "tensorwise":
-        raise GemConfigError(f"precision.options.fsdp_float8_all_gather needs tensorwise scaling; "
-                             f"{recipe!r} uses rowwise")
-    return parsed
+    @property
+    def scaling(self) -> str:
+        return self.recipe

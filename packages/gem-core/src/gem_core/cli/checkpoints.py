@@ -15,7 +15,8 @@ def inspect_checkpoints(run_dir: Path) -> dict[str, Any]:
     its digest), ``damaged`` (with the problems), ``older format`` (a pickled ``trainer.pt``,
     which this version refuses), and the staging directories an interrupted save left
     (``finished, not published`` or ``torn``), which the next run publishes or removes."""
-    from gem_core.checkpoint import (
+    from gem_core.checkpoint.digests import unrecorded_files, verify_files
+    from gem_core.checkpoint.layout import (
         COMPLETE,
         LEGACY_TRAINER_FILE,
         TEMPORARY_PREFIX,
@@ -23,7 +24,6 @@ def inspect_checkpoints(run_dir: Path) -> dict[str, Any]:
         checkpoint_dir,
         complete_checkpoints,
     )
-    from gem_core.checkpoint_digests import unrecorded_files, verify_files
 
     entries = []
     for step, path in complete_checkpoints(run_dir):

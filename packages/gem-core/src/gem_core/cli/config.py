@@ -105,7 +105,7 @@ def explain(keys: tuple[str, ...], preset: str | None, config_file: str | None,
     The [backends] keys and data.source list what they accept: the names the installed
     plugins register (and auto, where the kind has an automatic choice). The options of the
     plugins the configuration chooses (--preset, --config, --set) are explained under their
-    tables: data.options.KEY, parallel.dense.KEY, parallel.embedding.KEY,
+    tables: data.options.KEY, precision.options.KEY, parallel.dense.KEY, parallel.embedding.KEY,
     parallel.activation_checkpointing.KEY.
     """
     from gem_core.config.docs import KeyDoc, config_docs

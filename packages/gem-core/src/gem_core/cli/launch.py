@@ -210,14 +210,14 @@ class SignalForwarding:
             pass
 
     def _newest_step(self) -> int | None:
-        from gem_core.checkpoint import latest_checkpoint
+        from gem_core.checkpoint.layout import latest_checkpoint
 
         found = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
         return found[0] if found else None
 
     def outcome(self) -> str:
         """The line a stopped launch ends with: the step saved, and how to resume."""
-        from gem_core.checkpoint import latest_checkpoint
+        from gem_core.checkpoint.layout import latest_checkpoint
 
         name = signal_name(self.signum or signal.SIGTERM)
         found = latest_checkpoint(self.run_dir) if self.run_dir is not None else None

@@ -233,10 +233,12 @@ class ParallelConfig:
 
 @attrs.frozen(kw_only=True)
 class PrecisionConfig:
-    """Options of the chosen precision recipe; the recipe validates them."""
+    """Options of the chosen precision recipe (``backends.precision``)."""
 
     options: dict[str, Any] = attrs.field(factory=dict)
-    """Recipe options (e.g. FP8 exclude list, selection threshold)."""
+    """Recipe options (e.g. FP8 exclude list, selection threshold), structured by gem-core into
+    the options class the recipe declares; a recipe that declares none refuses any (``gem config
+    explain precision.options`` lists the configured recipe's)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -21,7 +21,7 @@ class LearningRateFollower(abc.ABC):
 class ShardedModule(abc.ABC):
     """A module of the model whose state the dense engine's state dict does not hold
     (TorchRec-sharded tables and their fused optimizer); see
-    :mod:`gem_core.train.sharded_modules` for how the checkpointer stores it. Every rank calls
+    :mod:`gem_core.checkpoint.sharded_modules` for how the checkpointer stores it. Every rank calls
     these methods together."""
 
     @abc.abstractmethod

@@ -87,6 +87,12 @@ class DenseSharding(abc.ABC):
     (kind ``dense_sharding``). Gradients equal, within float tolerance, those of one process on
     the union of the ranks' batches."""
 
+    checkpoint_classes: tuple[str, ...] = ()
+    """Library classes (qualified names) that the full-state file of this strategy's engine
+    (``engine.pt``, when its ``distributed_checkpoint`` is False) may hold besides tensors and
+    plain data. Reading a checkpoint builds these and no other class
+    (:mod:`gem_core.checkpoint.io`): a pickle can run code. Engines saved through DCP need none."""
+
     @abc.abstractmethod
     def apply(self, model: nn.Module, *, ctx: ParallelContext,
               make_optimizer: Callable[[nn.Module], Any], precision: PrecisionRecipe,

@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from gem_core.checkpoint import complete_checkpoints
+from gem_core.checkpoint.checkpointer import read_trainer_state
+from gem_core.checkpoint.layout import complete_checkpoints
 from gem_core.errors import GemConfigError, GemError
-from gem_core.train.checkpointer import read_trainer_state
 from gem_core.train.data_fingerprint import STATE_KEY as FINGERPRINT_KEY
 from gem_core.train.data_fingerprint import fingerprint_differences
 from gem_core.train.run_dir import read_records, read_summary

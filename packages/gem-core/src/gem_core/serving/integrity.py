@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gem_core.checkpoint_digests import ALGORITHM, digest_file
+from gem_core.checkpoint.digests import ALGORITHM, digest_file
 from gem_core.errors import GemDataError, GemError
 from gem_core.schema import FeatureSchema, schema_from_dict
 

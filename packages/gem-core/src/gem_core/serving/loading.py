@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
-from gem_core.checkpoint_digests import ALGORITHM
+from gem_core.checkpoint.digests import ALGORITHM
 from gem_core.errors import GemDataError
 from gem_core.serving.archive import first_sentence, inspect_program
 from gem_core.serving.integrity import MANIFEST, inside

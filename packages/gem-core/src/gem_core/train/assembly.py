@@ -70,7 +70,7 @@ class RunAssembly:
         )
         self._calibrate_precision()
         self.engine = parallelize(
-            self.model, ctx=ctx, precision=self.backends.precision.impl,
+            self.model, ctx=ctx, precision=self.backends.precision,
             embedding_sharding=self.backends.embedding_sharding,
             activation_checkpointing=self.backends.activation_checkpointing,
             dense_sharding=self.backends.dense_sharding,
@@ -87,8 +87,7 @@ class RunAssembly:
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
         batches from a separate stream, so the training stream starts untouched."""
-        recipe = self.backends.precision.impl
-        options = self.config.precision.options
+        recipe, options = self.backends.precision.impl, self.backends.precision.options
         count = recipe.calibration_batches_for(options)
         if count == 0:
             return

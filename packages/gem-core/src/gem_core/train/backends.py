@@ -52,7 +52,8 @@ def resolve_backends(config: GemConfig, plugins: GemPlugins, ctx: ParallelContex
     against the backend's declared capabilities before anything is built."""
     base = AutoContext(device=ctx.device.type, world_size=ctx.world_size, training=training,
                        compile=config.train.compile)
-    precision = plugins.resolve("precision", config.backends.precision, base)
+    precision = plugins.resolve("precision", config.backends.precision, base,
+                                config.precision.options)
     context = attrs.evolve(base, dtype=precision.spec.activation_dtype)
     resolved = {kind.name: (precision if kind.name == "precision" else
                             plugins.resolve(kind.name, kind.chosen_in(config), context,

@@ -56,8 +56,8 @@ def evaluate(engine, batches: Iterable[JaggedBatch], tasks: Sequence[str], ctx: 
 
 def selection_ne(entry: Mapping[str, Any], tasks: Sequence[str]) -> float | None:
     """The figure a run's checkpoints are ranked by (lower is better): the mean evaluation NE
-    over ``tasks`` of one ``eval_history`` entry (:data:`gem_core.checkpoint.BEST_BY`). The
-    trainer records it in each checkpoint's ``info.json``, so keep-best retention, the best
+    over ``tasks`` of one ``eval_history`` entry (:data:`gem_core.checkpoint.retention.BEST_BY`).
+    The trainer records it in each checkpoint's ``info.json``, so keep-best retention, the best
     checkpoint readers load by default, early stopping and the overfitting warning all rank by
     this one figure. None when a task's NE is undefined (one class in the eval set)."""
     values = [entry.get(task, {}).get("ne") for task in tasks]

@@ -24,7 +24,7 @@ def stop_background_work(trainer: Any | None, *, failed: bool) -> list[str]:
     stops nothing: threads start only once the run does (the stream's prefetch at the first
     batch, a background save at the first checkpoint, TensorBoard's writer in ``run``).
     ``failed``: the run is ending with an error, so a background checkpoint is waited for but
-    not published (see :meth:`gem_core.train.checkpointer.Checkpointer.close`). Returns the
+    not published (see :meth:`gem_core.checkpoint.checkpointer.Checkpointer.close`). Returns the
     problems met, each also logged."""
     if trainer is None:
         return []

@@ -13,7 +13,14 @@ import attrs
 import torch
 
 from gem_core.batch import JaggedBatch
-from gem_core.checkpoint import latest_checkpoint, remove_torn
+from gem_core.checkpoint.checkpointer import Checkpointer
+from gem_core.checkpoint.layout import latest_checkpoint, remove_torn
+from gem_core.checkpoint.resume import (
+    MODEL_FORMAT,
+    check_compatible,
+    check_steps_cover,
+    load_data_position,
+)
 from gem_core.config import GemConfig, unstructure
 from gem_core.distill.setup import resolve_distillation
 from gem_core.distributed import (
@@ -26,7 +33,6 @@ from gem_core.plugins import GemPlugins
 from gem_core.schema import schema_to_dict
 from gem_core.train.accounting import RunAccounting
 from gem_core.train.assembly import RunAssembly
-from gem_core.train.checkpointer import Checkpointer
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data
 from gem_core.train.data_log import log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
@@ -37,12 +43,6 @@ from gem_core.train.optim import learning_rate
 from gem_core.train.peak import measure_matmul_peak
 from gem_core.train.progress import Progress, log_start
 from gem_core.train.random_state import rng_state, set_rng_state
-from gem_core.train.resume import (
-    MODEL_FORMAT,
-    check_compatible,
-    check_steps_cover,
-    load_data_position,
-)
 from gem_core.train.run_dir import RunDirectory, evaluation_columns
 from gem_core.train.run_end import (
     early_stop,
@@ -116,7 +116,9 @@ class _Trainer(RunAssembly):
         self.step = 0
         self.saved_step: int | None = None  # of the newest checkpoint this run wrote or resumed
         self.guard = StepGuard(self.tc)
-        self.checkpointer = Checkpointer(run_dir, ctx, self.engine, self.tc)
+        self.checkpointer = Checkpointer(
+            run_dir, ctx, self.engine, self.tc,
+            checkpoint_classes=self.backends.dense_sharding.impl.checkpoint_classes)
         self.eval_history: list[dict[str, Any]] = []
         self.ending: dict[str, str] | None = None  # why the run ends before train.steps
         self.warnings: list[str] = []

@@ -5,7 +5,7 @@ TorchRec modules sharded across ranks, with the reference's forward.
 module is the collection it puts in their place: how it is sharded from the reference
 (:meth:`ShardedEmbeddingCollection.shard`), how it looks up (the sharded modules in training,
 gathered full tables in evaluation), and what it hands the checkpointer
-(:mod:`gem_core.train.sharded_modules`, named as :mod:`gem_parallel.torchrec.state` says).
+(:mod:`gem_core.checkpoint.sharded_modules`, named as :mod:`gem_parallel.torchrec.state` says).
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ class ShardedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower)
                                    f"{covered[name]} of {tensor.numel()} values")
         return {name: tensor.to(self._device) for name, tensor in full.items()}
 
-    # -- checkpoints (the protocol of gem_core.train.sharded_modules) -------------------------
+    # -- checkpoints (the protocol of gem_core.checkpoint.sharded_modules) -------------------------
 
     def follow_learning_rate(self, factor: float) -> float | None:
         """The trainer calls this before every step with the dense schedule's factor (the

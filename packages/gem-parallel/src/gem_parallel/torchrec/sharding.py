@@ -63,7 +63,7 @@ Consequences worth knowing:
   table to fit on one rank (checkpoints do not: see below).
 
 Checkpoints: the collection has nothing in the model's state dict; it hands the checkpointer
-(:mod:`gem_core.train.sharded_modules`) each table and its fused-optimizer state
+(:mod:`gem_core.checkpoint.sharded_modules`) each table and its fused-optimizer state
 as TorchRec's ``ShardedTensor``s under the replicated backend's names
 (:mod:`gem_parallel.torchrec.state`): every rank writes its own shards and DCP reshards them for
 another plan or number of ranks, except row-wise Adagrad's state of a table whose number of

@@ -1,11 +1,11 @@
 """The trainer's checkpoints: the engine through torch.distributed.checkpoint (DCP), the rest in a
 small side file from rank 0, saved synchronously or in the background, published atomically by
-:mod:`gem_core.checkpoint` only once every rank's write has finished. Loading first verifies the
-files against their digests and falls back to the newest checkpoint that verifies
-(:meth:`Checkpointer.newest_intact`); nothing is unpickled (:mod:`gem_core.checkpoint_io`).
+:mod:`gem_core.checkpoint.layout` only once every rank's write has finished. Loading first
+verifies the files against their digests and falls back to the newest checkpoint that verifies
+(:meth:`Checkpointer.newest_intact`); nothing is unpickled (:mod:`gem_core.checkpoint.io`).
 
 Sharded modules (TorchRec-sharded tables) add their own state: see
-:mod:`gem_core.train.sharded_modules`.
+:mod:`gem_core.checkpoint.sharded_modules`.
 """
 
 from __future__ import annotations
@@ -22,29 +22,27 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gem_core import checkpoint_io
-from gem_core.checkpoint import (
-    BEST_BY,
+from gem_core.checkpoint import io as checkpoint_io
+from gem_core.checkpoint import sharded_modules
+from gem_core.checkpoint.digests import verify_files
+from gem_core.checkpoint.layout import (
     ENGINE_DIR,
     FULL_ENGINE_FILE,
     LEGACY_TRAINER_FILE,
     SHARDED_DIR,
     TRAINER_FILE,
     TRAINER_TENSORS_FILE,
-    best_checkpoint,
     complete_checkpoints,
     prepare_staging,
     publish,
-    retain,
     staging_dir,
     write_info,
 )
-from gem_core.checkpoint_digests import verify_files
+from gem_core.checkpoint.retention import BEST_BY, best_checkpoint, retain
 from gem_core.config import TrainConfig
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
 from gem_core.errors import GemCheckpointError, GemConfigError
-from gem_core.train import sharded_modules
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +67,11 @@ class Checkpointer:
     (they run collectives), except :meth:`poll`, which runs none."""
 
     def __init__(self, run_dir: Path, ctx: ParallelContext, engine: Engine,
-                 config: TrainConfig) -> None:
+                 config: TrainConfig, *, checkpoint_classes: tuple[str, ...] = ()) -> None:
         self.run_dir, self.ctx, self.engine = Path(run_dir), ctx, engine
+        # The classes the run's dense strategy declares its full-state engine file may hold
+        # (DenseSharding.checkpoint_classes): no other class is built when one is loaded.
+        self.checkpoint_classes = tuple(checkpoint_classes)
         self.keep_last, self.keep_best = config.keep_checkpoints, config.keep_best
         self.background = config.async_checkpoint and engine.distributed_checkpoint
         self.format = "dcp" if engine.distributed_checkpoint else "full"
@@ -257,7 +258,8 @@ class Checkpointer:
         sharded_modules.check_layouts(path, state, self.sharded_modules)
         if self.format == "full":
             self.engine.load_state_dict(
-                checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE))
+                checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE,
+                                                     allowed=self.checkpoint_classes))
             if self.sharded_modules:
                 shards = sharded_modules.standalone(self.sharded_modules)
                 sharded_modules.check_saved_shapes(path / SHARDED_DIR, state,
@@ -363,12 +365,14 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     return checkpoint_io.read_trainer_state(side, path / TRAINER_TENSORS_FILE)
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: Path, *,
+                    checkpoint_classes: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A whole checkpoint in one process, with full (unsharded) tensors: ``{"trainer": side
     file, "engine": {"model": ..., "optimizer": ...}}`` (plus ``"sharded"``, the sharded
     modules' state, for full-state engines), after verifying its files against their digests.
     For inspection and :func:`gem_core.trained_run.load_run`; a run loads through
-    :class:`Checkpointer`."""
+    :class:`Checkpointer`. ``checkpoint_classes``: the classes a full-state engine file may
+    hold; None: those the dense strategy that wrote it (``trainer.json``) declares."""
     path = Path(path)
     refuse_legacy(path)
     problems = verify_files(path)
@@ -378,9 +382,24 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{path.parent.parent}` lists the checkpoints that verify")
     trainer = read_trainer_state(path)
     if trainer["format"] == "full":
-        engine = checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE)
+        if checkpoint_classes is None:
+            checkpoint_classes = declared_checkpoint_classes(trainer.get("dense_sharding"))
+        engine = checkpoint_io.load_full_engine_state(path / FULL_ENGINE_FILE,
+                                                      allowed=checkpoint_classes)
         if (path / SHARDED_DIR).is_dir():
             engine["sharded"] = checkpoint_io.read_dcp(path / SHARDED_DIR)
     else:
         engine = checkpoint_io.read_dcp(path / ENGINE_DIR)
     return {"trainer": trainer, "engine": engine}
+
+
+def declared_checkpoint_classes(dense_sharding: str | None) -> tuple[str, ...]:
+    """The classes the dense strategy named ``dense_sharding`` declares its full-state engine
+    files may hold (:attr:`gem_core.contracts.DenseSharding.checkpoint_classes`), loaded through
+    the installed plugins; none for a checkpoint that names no strategy."""
+    if not dense_sharding:
+        return ()
+    from gem_core.plugins import build_plugins
+
+    strategy = build_plugins().resolve("dense_sharding", dense_sharding).impl
+    return tuple(strategy.checkpoint_classes)

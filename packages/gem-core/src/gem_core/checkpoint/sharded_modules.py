@@ -30,7 +30,7 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from gem_core.checkpoint_io import read_dcp_metadata
+from gem_core.checkpoint.io import read_dcp_metadata
 from gem_core.contracts import ShardedModule
 from gem_core.engine import Engine
 from gem_core.errors import GemConfigError

@@ -1,7 +1,8 @@
 """The on-disk protocol of checkpoints in ``RUN_DIR/checkpoints/``: layout, atomic publish,
-digests, recovery of interrupted saves, retention. What goes into a checkpoint is
-:mod:`gem_core.train.checkpointer`'s business; how its files are read without running code from
-them, :mod:`gem_core.checkpoint_io`'s.
+digests, recovery of interrupted saves. What goes into a checkpoint is
+:mod:`gem_core.checkpoint.checkpointer`'s business; how its files are read without running code
+from them, :mod:`gem_core.checkpoint.io`'s; which ones are kept,
+:mod:`gem_core.checkpoint.retention`'s.
 
 A checkpoint of step N is written into ``.tmp-step-NNNNNNNN`` (the same name on every rank, so
 all ranks write their shards into one directory), then rank 0 records the digests, adds the
@@ -28,13 +29,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from gem_core.checkpoint_digests import write_digests
+from gem_core.checkpoint.digests import write_digests
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ PREFIX = "step-"
 TEMPORARY_PREFIX = ".tmp-"
 REPLACED_PREFIX = ".replaced-"
 """Where a published checkpoint waits while a new save of the same step takes its place."""
-
-BEST_BY = "mean evaluation NE over tasks"
-"""What "best" means for retention (lower is better)."""
-
 
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
@@ -168,33 +164,6 @@ def remove_torn(run_dir: Path) -> list[Path]:
     for path in torn:
         shutil.rmtree(path)
     return torn
-
-
-def best_checkpoint(run_dir: Path) -> tuple[int, float] | None:
-    """``(step, NE)`` of the complete checkpoint with the lowest recorded NE, if any has one."""
-    scored = [(info["ne"], step) for step, path in complete_checkpoints(run_dir)
-              if isinstance((info := read_info(path)).get("ne"), (int, float))
-              and math.isfinite(info["ne"])]
-    if not scored:
-        return None
-    ne, step = min(scored)
-    return step, ne
-
-
-def retain(run_dir: Path, *, keep_last: int, keep_best: bool,
-           protect: Iterable[int] = ()) -> list[int]:
-    """Delete complete checkpoints except the ``keep_last`` most recent, with ``keep_best`` the
-    one with the best NE, and the steps in ``protect`` (the newest verified checkpoint: newer
-    ones may be damaged). Returns the steps kept."""
-    found = complete_checkpoints(run_dir)
-    keep = {step for step, _ in found[-keep_last:]} | set(protect)
-    best = best_checkpoint(run_dir) if keep_best else None
-    if best is not None:
-        keep.add(best[0])
-    for step, path in found:
-        if step not in keep:
-            shutil.rmtree(path)
-    return sorted(step for step, _ in found if step in keep)
 
 
 def _fsync_file(path: Path) -> None:

@@ -12,7 +12,8 @@ pickle can run any code while it loads, so nothing in a checkpoint is unpickled 
   its ``.distcp`` files (optimizer hyperparameters) load with ``weights_only=True``
   (:class:`SafeLoadPlanner`); every DCP load goes through :func:`load_dcp` or :func:`read_dcp`;
 - ``engine.pt`` (full-state engines: DeepSpeed ZeRO) loads with ``weights_only=True``, allowing
-  only the few library classes listed in :data:`FULL_STATE_CLASSES`.
+  only the library classes the strategy that wrote it declares
+  (:attr:`gem_core.contracts.DenseSharding.checkpoint_classes`).
 
 A file that asks for anything else is refused with :class:`~gem_core.errors.GemCheckpointError`
 naming the file and what it asked for.
@@ -164,21 +165,12 @@ def _import(qualified: str) -> Any:
 
 # -- full-state engines: engine.pt -------------------------------------------------------------
 
-FULL_STATE_CLASSES = (
-    # What DeepSpeed's ZeRO optimizer puts into its state dict besides tensors and plain data
-    # (checked on ZeRO-1 of deepspeed 0.19.8: loss scaler, stage enum, parameter fragments).
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-)
-"""Library classes a full-state engine file may hold; no other class is built from it."""
-
-
-def load_full_engine_state(file: Path) -> dict[str, Any]:
+def load_full_engine_state(file: Path, *, allowed: tuple[str, ...]) -> dict[str, Any]:
     """A full-state engine's ``engine.pt`` (``{"model": ..., "optimizer": ...}``), loaded with
-    ``weights_only=True``."""
-    state = load_tensors(file, allowed=FULL_STATE_CLASSES)
+    ``weights_only=True``; ``allowed``: the library classes (qualified names) it may hold
+    besides tensors and plain data, those the strategy that wrote it declares
+    (:attr:`gem_core.contracts.DenseSharding.checkpoint_classes`). No other class is built."""
+    state = load_tensors(file, allowed=allowed)
     if not isinstance(state, dict) or "model" not in state:
         raise GemCheckpointError(f"{file} holds no engine state (no 'model' entry)")
     return state

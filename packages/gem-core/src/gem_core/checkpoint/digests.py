@@ -8,7 +8,7 @@ bytes) makes the checkpoint *damaged*, and the trainer resumes from an older one
 
 Several ranks share the work: each checks every file's size and hashes its share of the files
 (the biggest first, to the least loaded rank), and the ranks then agree on the verdict
-(:meth:`gem_core.train.checkpointer.Checkpointer.verify`).
+(:meth:`gem_core.checkpoint.checkpointer.Checkpointer.verify`).
 """
 
 from __future__ import annotations
