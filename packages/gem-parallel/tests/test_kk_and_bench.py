@@ -62,7 +62,7 @@ def test_bench_balance_costs_are_the_trainers_per_request():
     import numpy as np
     import torch
 
-    from gem_core.train.costs import sample_costs
+    from gem_core.flops import sample_costs
     from gem_parallel.bench_balance import balance, zipf_costs
 
     one = zipf_costs(np.random.default_rng(3), 50)

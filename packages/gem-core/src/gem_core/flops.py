@@ -50,3 +50,12 @@ def self_attention_pairs(lengths: Tensor, causal: bool, window: int | None, dens
 def cross_pairs(q_lengths: Tensor | int, kv_lengths: Tensor | int) -> int:
     """(query, key) pairs of cross-attention or PMA: every query sees every key of its sample."""
     return int(torch.as_tensor(q_lengths * kv_lengths).sum())
+
+
+def sample_costs(lengths: Tensor, window: int | None,
+                 candidates: Tensor | None = None) -> list[float]:
+    """What one request costs a rank, the figure the batch balancer splits global batches by:
+    its attention pairs plus its tokens (linear layers) plus its candidates (the per-impression
+    work above the towers; one when not given), so an empty history still costs something."""
+    per_request = 1 if candidates is None else candidates.to(lengths.dtype)
+    return (causal_window_pairs(lengths, window) + lengths + per_request).tolist()

@@ -2,7 +2,7 @@
 
 Histories follow Zipf(1.2) lengths capped at 4096 (heavy-tailed like real ads logs); a sample is
 a request with one history and ``--candidates`` candidates, and its cost is what the trainer
-balances on (:func:`gem_core.train.costs.sample_costs`): its causal attention (query, key)
+balances on (:func:`gem_core.flops.sample_costs`): its causal attention (query, key)
 pairs plus its tokens plus its candidates. Reported:
 per-rank max/mean cost (1.0 is perfect; the slowest rank sets the step time, so this is the
 straggler factor of the attention work) for contiguous slices, LPT and Karmarkar-Karp, and each
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gem_core.data.api import contiguous_balancer
-from gem_core.train.costs import sample_costs
+from gem_core.flops import sample_costs
 from gem_parallel.balance import imbalance, karmarkar_karp_balancer, lpt_balancer
 
 BALANCERS: dict[str, Callable] = {"contiguous": contiguous_balancer, "lpt": lpt_balancer,
@@ -62,7 +62,7 @@ def measure(*, ranks: int, per_rank: int, batches: int, timing_sizes: tuple[int,
         "benchmark": "batch balancing across data-parallel ranks",
         "lengths": "Zipf(1.2) capped at 4096",
         "cost": "causal attention (query, key) pairs + tokens + candidates per request (the "
-                "trainer's cost_fn, gem_core.train.costs.sample_costs)",
+                "trainer's cost_fn, gem_core.flops.sample_costs)",
         "candidates_per_request": candidates,
         "ranks": ranks, "samples_per_rank": per_rank, "global_batches": batches,
         "max_over_mean": {name: {"median": statistics.median(values), "worst": max(values)}

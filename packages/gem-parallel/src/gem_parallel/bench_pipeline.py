@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +31,7 @@ import click
 
 from gem_core.cli.options import config_options
 from gem_core.train.summary import WARMUP_STEPS_EXCLUDED
+from gem_parallel.bench_train import bench_train_command
 from gem_parallel.torchrec.plan import PIPELINES
 
 
@@ -39,18 +39,12 @@ def run_once(pipeline: str, *, ranks: int, preset: str, per_rank_batch: int, ste
              sharding: str, overrides: Sequence[str], out: Path,
              timeout_s: float) -> dict[str, Any]:
     """One ``gem train`` run; its median loop step time and final loss."""
-    command = [
-        sys.executable, "-m", "gem_core.cli.main", "train", "--preset", preset,
-        "--out", str(out), "--fresh", "--no-progress", "--nproc-per-node", str(ranks),
-        "--embedding-sharding", "torchrec",
-        "--set", f"parallel.embedding.pipeline={pipeline}",
-        "--set", f"train.batch_size={per_rank_batch * ranks}", "--set", f"train.steps={steps}",
-        "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0",
-        "--set", "train.log_every=1", "--set", "data.eval_rows=64",
-        *(x for o in overrides for x in ("--set", o)),
-    ]
-    if ranks > 1:
-        command += ["--sharding", sharding]
+    # train.log_every=1 before the caller's overrides: every step's time is read back below.
+    command = bench_train_command(
+        preset=preset, out=out, ranks_per_node=ranks, world=ranks, per_rank_batch=per_rank_batch,
+        steps=steps, sharding=sharding, overrides=("train.log_every=1", *overrides),
+        options=("--embedding-sharding", "torchrec",
+                 "--set", f"parallel.embedding.pipeline={pipeline}"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +35,7 @@ import click
 from gem_core.cli.options import config_options
 from gem_core.testing.processes import run_process_group
 from gem_core.train.summary import WARMUP_STEPS_EXCLUDED
+from gem_parallel.bench_train import bench_train_command
 
 
 def _free_port() -> int:
@@ -50,15 +50,9 @@ def run_one(world: int, *, preset: str, per_rank_batch: int, steps: int, shardin
     """One ``gem train`` of ``world`` ranks, on ``nodes`` agents of ``world / nodes`` ranks."""
     per_node = world // nodes
     out = workdir / f"nodes-{nodes}-ranks-{world}"
-    command = [
-        sys.executable, "-m", "gem_core.cli.main", "train", "--preset", preset,
-        "--out", str(out), "--fresh", "--no-progress", "--nproc-per-node", str(per_node),
-        "--set", f"train.batch_size={per_rank_batch * world}", "--set", f"train.steps={steps}",
-        "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0",
-        "--set", "data.eval_rows=64", *(x for o in overrides for x in ("--set", o)),
-    ]
-    if world > 1:
-        command += ["--sharding", sharding]
+    command = bench_train_command(preset=preset, out=out, ranks_per_node=per_node, world=world,
+                                  per_rank_batch=per_rank_batch, steps=steps, sharding=sharding,
+                                  overrides=overrides)
     if nodes > 1:
         command += ["--nnodes", str(nodes), "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
                     "--rdzv-timeout", str(int(timeout_s))]

@@ -16,12 +16,12 @@ from gem_core.contracts import LearningRateFollower
 from gem_core.distill.distiller import build_distiller
 from gem_core.distributed import ParallelContext, all_reduce_max
 from gem_core.embedding import check_fused_optimizer
+from gem_core.flops import sample_costs
 from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins, build_data_source
 from gem_core.train.backends import RunBackends, resolve_backends
-from gem_core.train.costs import sample_costs
 from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
 from gem_core.train.loss import mean_loss
