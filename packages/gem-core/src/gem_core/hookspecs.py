@@ -55,15 +55,10 @@ DefaultChoice = tuple[str, str] | None
 def gem_register_attention_backends(register: Register) -> None:
     """Register jagged attention backends (kind ``attention``).
 
-    ``load()`` returns a :class:`gem_core.contracts.AttentionBackend`: a callable
-    ``(q, k, v, q_offsets, kv_offsets, *, params, num_targets=None, max_q_len=None,
-    max_kv_len=None, bias=None) -> Tensor`` that computes the same function as the reference
-    backend (``gem_core.attention.reference``) for every mask, normalisation and shape it
-    declares, with gradients for q, k and v when ``supports_backward`` is true. What it supports
-    is declared as data in the spec's ``capabilities`` (the normalisations it computes and its
-    optional features: :data:`gem_core.capabilities.ATTENTION_CAPABILITIES`), checked at
-    start-up against the run; a backend called with what it does not declare raises an error
-    naming it. It must pass :class:`gem_core.testing.AttentionConformance`.
+    ``load()`` returns a :class:`gem_core.contracts.AttentionBackend`, whose docstring is the
+    contract. What a backend supports is declared as data in the spec's ``capabilities``
+    (:mod:`gem_core.capabilities`) and checked at start-up against the run. It must pass
+    :class:`gem_core.testing.AttentionConformance`.
     """
 
 
@@ -71,10 +66,8 @@ def gem_register_attention_backends(register: Register) -> None:
 def gem_register_norm_backends(register: Register) -> None:
     """Register gated-norm backends (kind ``norm``).
 
-    ``load()`` returns a :class:`gem_core.contracts.NormBackend`: ``gated_norm(x,
-    gate, weight, bias=None, *, kind="layer"|"rms", eps=1e-5) -> Tensor`` computing ``(norm(x) *
-    weight + bias) * gate`` over the last dimension, in ``x.dtype``, with gradients for x, gate,
-    weight and bias, as :func:`gem_core.norm.gated_norm_reference` does. It must pass
+    ``load()`` returns a :class:`gem_core.contracts.NormBackend` (the contract), computing what
+    :func:`gem_core.norm.gated_norm_reference` computes. It must pass
     :class:`gem_core.testing.NormConformance`.
     """
 
@@ -83,11 +76,7 @@ def gem_register_norm_backends(register: Register) -> None:
 def gem_register_embedding_backends(register: Register) -> None:
     """Register embedding backends (kind ``embedding``).
 
-    ``load()`` returns a :class:`gem_core.contracts.EmbeddingBackend`, whose
-    ``build(tables: Sequence[EmbeddingTableConfig]) -> nn.Module`` builds the tables. The
-    module's ``forward(features: Mapping[str, Jagged]) -> dict[str, Tensor]`` looks up every
-    table's feature: pooled tables give ``(batch, dim)``, unpooled tables give ``(total_ids, dim)``.
-    Ids outside ``[0, num_embeddings)`` raise an error naming the table and the id.
+    ``load()`` returns a :class:`gem_core.contracts.EmbeddingBackend` (the contract).
     """
 
 
@@ -120,15 +109,9 @@ def gem_register_models(register: Register) -> None:
 def gem_register_dense_sharding(register: Register) -> None:
     """Register dense-parameter parallelism strategies (kind ``dense_sharding``).
 
-    ``load()`` returns a :class:`gem_core.contracts.DenseSharding`: ``apply(model, *,
-    ctx: ParallelContext, make_optimizer, precision, options) -> Engine``. The strategy wraps or
-    shards the model's dense parameters for the process group in ``ctx``, builds the optimizer
-    with ``make_optimizer(module)`` (or owns the optimizer itself, as DeepSpeed does) and returns an
-    :class:`gem_core.engine.Engine` whose ``backward``/``step``/``state_dict`` the trainer drives.
-    Gradients must equal, within float tolerance, those of a single process on the union of the
-    ranks' batches. ``precision`` is the run's recipe (its ``mixed_precision_policy()`` is for
-    strategies that cast parameters); ``options`` is ``[parallel.dense]`` of the config as an
-    instance of the spec's ``options`` class (None where it declares none), structured by gem-core.
+    ``load()`` returns a :class:`gem_core.contracts.DenseSharding` (the contract: ``apply``
+    returns the :class:`gem_core.engine.Engine` the trainer drives). The spec's ``options``
+    class types ``[parallel.dense]`` (:mod:`gem_core.contracts.strategies`).
     """
 
 
@@ -136,12 +119,8 @@ def gem_register_dense_sharding(register: Register) -> None:
 def gem_register_embedding_sharding(register: Register) -> None:
     """Register embedding-table sharding strategies (kind ``embedding_sharding``).
 
-    ``load()`` returns a :class:`gem_core.contracts.EmbeddingSharding`: ``apply(model, *,
-    ctx: ParallelContext, options) -> nn.Module`` (``options``: ``[parallel.embedding]``) that
-    places the model's embedding tables (the module at ``model.embeddings``) across the process
-    group, returning the model with the same forward semantics. It runs before dense sharding.
-    ``summary() -> dict`` (default ``{}``; e.g. the plan per table), written to ``summary.json``
-    under ``embedding_sharding``.
+    ``load()`` returns a :class:`gem_core.contracts.EmbeddingSharding` (the contract). The
+    spec's ``options`` class types ``[parallel.embedding]``.
     """
 
 
@@ -149,19 +128,10 @@ def gem_register_embedding_sharding(register: Register) -> None:
 def gem_register_precision_recipes(register: Register) -> None:
     """Register precision recipes (kind ``precision``).
 
-    ``load()`` returns a :class:`gem_core.contracts.PrecisionRecipe`:
-    ``convert(model, ctx, options) -> model`` (module swaps such as FP8 linears; runs first in
-    ``parallelize()``), ``autocast(device) -> context manager`` around forward and loss, and
-    ``mixed_precision_policy()`` for sharding strategies that cast parameters themselves. Master
-    weights, loss and metrics stay in float32. Parts with defaults in the contract:
-    ``calibration_batches_for(options) -> int`` (0) with ``calibrate(model, batches, loss_fn,
-    options)``, called once before ``convert`` with that many training batches from a separate
-    stream (the training stream itself is not advanced), for recipes that choose by measuring;
-    ``after_optimizer_step(model)`` after every step taken; ``summary() -> dict``, written to
-    ``summary.json`` under ``precision``. The spec declares ``activation_dtype``: the dtype the
-    rest of the model computes in under the recipe, which every other choice of the run must
-    list in its ``dtypes``. ``options`` is ``[precision.options]`` as an instance of the spec's
-    ``options`` class (None where it declares none), structured by gem-core.
+    ``load()`` returns a :class:`gem_core.contracts.PrecisionRecipe` (the contract). The spec
+    declares ``activation_dtype``, the dtype the rest of the model computes in under the recipe,
+    which every other choice of the run must list in its ``dtypes``; its ``options`` class
+    types ``[precision.options]``.
     """
 
 
@@ -169,12 +139,8 @@ def gem_register_precision_recipes(register: Register) -> None:
 def gem_register_activation_checkpointing(register: Register) -> None:
     """Register activation-checkpointing policies (kind ``activation_checkpointing``).
 
-    ``load()`` returns a :class:`gem_core.contracts.ActivationCheckpointing`: ``apply(model, *,
-    ctx: ParallelContext, options) -> nn.Module`` (``options``:
-    ``[parallel.activation_checkpointing]``) that wraps chosen submodules so their activations
-    are recomputed in the backward instead of stored. It runs in ``parallelize()`` after
-    embedding sharding and before dense sharding, and must leave the model's outputs and gradients
-    unchanged (only memory and time change).
+    ``load()`` returns a :class:`gem_core.contracts.ActivationCheckpointing` (the contract). The
+    spec's ``options`` class types ``[parallel.activation_checkpointing]``.
     """
 
 
@@ -183,10 +149,9 @@ def gem_register_data_sources(register: Register) -> None:
     """Register data sources (kind ``data``).
 
     ``load()`` returns a factory ``(config: DataConfig, *, seed: int, options) -> DataSource``
-    (``options``: ``[data.options]`` as an instance of the spec's ``options`` class; see
-    :class:`gem_core.contracts.DataSource`; the trainer refuses a product that is not one): a
-    feature schema, a deterministic stream of global training batches with a resumable
-    position, and a fixed held-out evaluation split.
+    (:data:`gem_core.contracts.DataFactory`; the product is a
+    :class:`gem_core.contracts.DataSource`, the contract, and the trainer refuses one that is
+    not). The spec's ``options`` class types ``[data.options]``.
     """
 
 

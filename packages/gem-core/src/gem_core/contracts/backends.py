@@ -21,7 +21,8 @@ class AttentionBackend(abc.ABC):
     ``(total_kv, heads, head_dim)`` with ``kv_offsets``. Returns ``(total_q, heads, head_dim)`` in
     ``q.dtype``. ``num_targets`` ``(batch,)`` counts target tokens at the tail of each sequence
     (self-attention only). ``max_q_len``/``max_kv_len`` are upper bounds a kernel may use to size
-    its grid without a device sync. A sample with no keys outputs zeros. It computes the same
+    its grid without a device sync. A sample with no keys outputs zeros. Gradients for q, k and
+    v flow when its registration declares ``supports_backward``. It computes the same
     function as the reference backend (:mod:`gem_core.attention.reference`) and passes
     :class:`gem_core.testing.AttentionConformance`.
 
