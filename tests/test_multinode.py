@@ -282,22 +282,22 @@ def test_hsdp_replicates_across_nodes_and_shards_within_a_node_by_default():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from gem_core.distributed import ParallelContext
-    from gem_parallel.fsdp import FullyShardedStrategy
+    from gem_parallel.fsdp import FullyShardedStrategy, HsdpOptions
 
     assert not dist.is_initialized()
     dist.init_process_group("fake", store=FakeStore(), rank=2, world_size=4)
     try:
         hsdp = FullyShardedStrategy(hybrid=True)
         two_nodes = ParallelContext(rank=2, world_size=4, local_world_size=2, node_rank=1)
-        mesh, _ = hsdp.mesh(two_nodes, {})
+        mesh, _ = hsdp.mesh(two_nodes, HsdpOptions())
         assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard")
         assert mesh.mesh.tolist() == [[0, 1], [2, 3]]
         assert dist.get_process_group_ranks(mesh.get_group("dp_shard")) == [2, 3]
         assert dist.get_process_group_ranks(mesh.get_group("dp_replicate")) == [0, 2]
         # Explicit options still win; one node shards over every rank.
-        mesh, _ = hsdp.mesh(two_nodes, {"dp_shard": 4})
+        mesh, _ = hsdp.mesh(two_nodes, HsdpOptions(dp_shard=4))
         assert mesh.mesh.tolist() == [[0, 1, 2, 3]]
-        mesh, _ = hsdp.mesh(ParallelContext(rank=2, world_size=4), {})
+        mesh, _ = hsdp.mesh(ParallelContext(rank=2, world_size=4), HsdpOptions())
         assert mesh.mesh.tolist() == [[0, 1, 2, 3]]
     finally:
         dist.destroy_process_group()
