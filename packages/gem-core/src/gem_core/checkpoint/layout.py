@@ -109,11 +109,11 @@ def publish(run_dir: Path, step: int) -> Path:
     write_digests(staging)
     for path in staging.rglob("*"):
         if path.is_file():
-            _fsync_file(path)
+            fsync_path(path)
     marker = staging / COMPLETE
     marker.write_text(f"{step}\n")
-    _fsync_file(marker)
-    _fsync_dir(staging)
+    fsync_path(marker)
+    fsync_path(staging)
     return _move_into_place(staging, checkpoint_dir(run_dir) / _name(step))
 
 
@@ -127,11 +127,11 @@ def _move_into_place(staging: Path, final: Path) -> Path:
             shutil.rmtree(aside)
         os.replace(final, aside)
         os.replace(staging, final)
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
         shutil.rmtree(aside)
     else:
         os.replace(staging, final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     return final
 
 
@@ -157,7 +157,7 @@ def remove_torn(run_dir: Path) -> list[Path]:
                 shutil.rmtree(aside)
             else:
                 os.replace(aside, final)
-                _fsync_dir(root)
+                fsync_path(root)
                 log.warning("restored %s: a re-save of that step was stopped before its new "
                             "copy was complete", final)
     torn = [p for p in sorted(root.iterdir()) if p.name.startswith(TEMPORARY_PREFIX)]
@@ -166,13 +166,11 @@ def remove_torn(run_dir: Path) -> list[Path]:
     return torn
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's contents (a directory's: its entries, so a rename into
+    it survives a crash) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync_file(path)

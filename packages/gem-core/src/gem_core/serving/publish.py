@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from gem_core.checkpoint.layout import fsync_path
 from gem_core.errors import GemConfigError
 from gem_core.serving.integrity import MANIFEST
 
@@ -75,14 +76,6 @@ def prepare_staging(target: Path) -> Path:
     return staging
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two directories in one step (Linux ``renameat2``); False where unsupported."""
     try:
@@ -98,8 +91,8 @@ def publish(staging: Path, target: Path) -> None:
     staging, target = Path(staging), Path(target)
     for path in staging.rglob("*"):
         if path.is_file():
-            _fsync(path)
-    _fsync(staging)
+            fsync_path(path)
+    fsync_path(staging)
     if not target.exists():
         os.rename(staging, target)
     elif _exchange(staging, target):
@@ -109,7 +102,7 @@ def publish(staging: Path, target: Path) -> None:
         os.rename(target, aside)
         os.rename(staging, target)
         shutil.rmtree(aside)
-    _fsync(target.parent)
+    fsync_path(target.parent)
 
 
 @contextlib.contextmanager
