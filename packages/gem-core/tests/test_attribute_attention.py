@@ -47,15 +47,41 @@ def _oracle(module: AttributeAttention, candidate_vectors, event_vectors, events
         start, end = int(offsets[request]), int(offsets[request + 1])
         first = max(start, end - window) if window else start
         total = torch.zeros(dim, dtype=torch.float64)
-        for e in range(first, end):
+        # Latest-match heads: walk from the most recent event back, each head keeping the mass
+        # its gates have not yet taken.
+        heads = module.latest
+        left = torch.ones(heads, dtype=torch.float64)
+        read = torch.zeros(heads, module.hidden + dim, dtype=torch.float64)
+        for e in reversed(range(first, end)):
             pre = _pre_activation(module, candidate_vectors, event_vectors, events, history, n, e)
             hidden = pre * torch.sigmoid(pre)
             weights = module.weights.weight @ hidden + module.weights.bias
             values = (module.values.weight @ _rms(events[e])).view(num, dim)
             for p in range(num):
                 total = total + weights[p] * values[p]
-        out.append(module.proj.weight @ total + module.proj.bias)
+            for j in range(heads):
+                gate = torch.sigmoid(module.latest_gates.weight[j] @ hidden
+                                     + module.latest_gates.bias[j])
+                read[j] = read[j] + left[j] * gate * torch.cat([hidden, _rms(events[e])])
+                left[j] = left[j] * (1 - gate)
+        result = module.proj.weight @ total + module.proj.bias
+        if heads:
+            flat = torch.cat([read, left.unsqueeze(1)], dim=1).flatten()
+            result = result + module.latest_proj.weight @ flat + module.latest_proj.bias
+        out.append(result)
     return torch.stack(out)
+
+
+def _output_with_nothing_found(module: AttributeAttention) -> torch.Tensor:
+    """What a candidate with no event gets: the output biases, and the latest-match heads'
+    read of nothing (no pooled hidden units or token, all of the gates' mass left)."""
+    out = module.proj.bias
+    if module.latest:
+        nothing = torch.zeros(module.latest, module.hidden + module.proj.in_features + 1,
+                              dtype=torch.float64)
+        nothing[:, -1] = 1
+        out = out + module.latest_proj(nothing.flatten())
+    return out
 
 
 def _inputs(seed: int, lengths: list[int], candidates: list[int], dim: int = 8):
@@ -79,10 +105,11 @@ def _inputs(seed: int, lengths: list[int], candidates: list[int], dim: int = 8):
 
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("tower_keys", [True, False])
-def test_matches_the_loop_oracle_in_float64(window, tower_keys):
+@pytest.mark.parametrize("latest", [0, 2])
+def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest):
     torch.manual_seed(0)
-    module = AttributeAttention(8, PAIRS, history=window, hidden=6,
-                                tower_keys=tower_keys).double()
+    module = AttributeAttention(8, PAIRS, history=window, hidden=6, tower_keys=tower_keys,
+                                latest=latest).double()
     for parameter in module.parameters():  # nothing at its zero init
         torch.nn.init.normal_(parameter, std=0.3)
     lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
@@ -92,15 +119,35 @@ def test_matches_the_loop_oracle_in_float64(window, tower_keys):
     want = _oracle(module, inputs[0], inputs[1], inputs[2], history, inputs[4], inputs[5],
                    window)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    # The request with no history: its candidates see only the output bias.
-    torch.testing.assert_close(got[2:5], module.proj.bias.expand(3, -1))
+    # The request with no history: its candidates see only the output biases (and the
+    # latest-match heads' "found nothing" mass of 1).
+    torch.testing.assert_close(got[2:5], _output_with_nothing_found(module).expand(3, -1))
+
+
+def test_latest_match_heads_tell_two_orders_of_the_same_events_apart():
+    """The same two events in opposite orders: the sum alone cannot tell them apart, the
+    latest-match heads do (what came last differs)."""
+    torch.manual_seed(0)
+    inputs = _inputs(4, [2], [1])
+    swapped = [dict(inputs[0]), {k: v[[1, 0]] for k, v in inputs[1].items()}, inputs[2][[1, 0]],
+               inputs[3][[1, 0]], inputs[4], inputs[5]]
+    outputs = {}
+    for latest in (0, 2):
+        module = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=True,
+                                    latest=latest).double()
+        for parameter in module.parameters():
+            torch.nn.init.normal_(parameter, std=0.3)
+        outputs[latest] = (module(*inputs, 2), module(*swapped, 2))
+    torch.testing.assert_close(*outputs[0], rtol=1e-12, atol=1e-12)
+    assert (outputs[2][0] - outputs[2][1]).abs().max() > 1e-3
 
 
 def test_an_empty_batch_of_events_and_gradients_reach_every_parameter():
-    module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True).double()
+    module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True,
+                                latest=2).double()
     inputs = _inputs(2, [0, 0], [1, 2])
     out = module(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], 0)
-    torch.testing.assert_close(out, module.proj.bias.expand(3, -1))
+    torch.testing.assert_close(out, _output_with_nothing_found(module).expand(3, -1))
     inputs = _inputs(3, [4, 6], [2, 1])
     module(*inputs, 6).sum().backward()
     for name, parameter in module.named_parameters():
@@ -113,11 +160,11 @@ def test_needs_a_shared_attribute():
         AttributeAttention(8, [], history=4, hidden=4, tower_keys=False)
 
 
-@pytest.mark.parametrize("history", [0, 5])
-def test_in_the_model_its_flops_are_counted(history):
+@pytest.mark.parametrize(("history", "latest"), [(0, 0), (5, 0), (0, 2)])
+def test_in_the_model_its_flops_are_counted(history, latest):
     schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
     model = small_model(schema, attribute_attention=True, attribute_attention_history=history,
-                        target_match=4)
+                        attribute_attention_latest=latest, target_match=4)
     with FlopCounterMode(display=False) as counter:
         logits = model(batch)
     analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),

@@ -180,6 +180,11 @@ class ModelConfig:
     attribute_attention_hidden: int = attrs.field(default=16, validator=greater_than(0))
     """Hidden width of attribute attention's scoring MLP."""
 
+    attribute_attention_latest: int = attrs.field(default=0, validator=at_least(0))
+    """Latest-match heads of attribute attention (stick-breaking weights, newest event first):
+    each returns what its learned gate finds in the most recent event it fires on, so the order
+    of matching events reaches the model (which kind of event came last); 0: none."""
+
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an

@@ -39,6 +39,26 @@ every hidden unit can read "same advertiser" from the first step.
 
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
+
+**Latest-match heads** (``latest`` > 0, stick-breaking weights). The sum above cannot say which
+of two matching events came last: two histories holding the same events in opposite orders get
+the same output, and a label such as "the user engaged with the category after last seeing this
+advertiser" is a pure interaction of order. Each latest-match head ``j`` reads the scorer's
+hidden units through a gate, and walks the slots from the most recent event back::
+
+    g(n, e, j) = sigmoid(U_j hidden(n, e) + u_j)
+    a(n, e, j) = g(n, e, j) * prod_{e' more recent than e} (1 - g(n, e', j))
+    latest(n, j) = [ sum_e a(n, e, j) hidden(n, e),  sum_e a(n, e, j) x_e,  prod_e (1 - g(n, e, j)) ]
+    out(n) += proj_latest( latest(n, 1..J) )
+
+so a head whose gate fires on "an event matching the candidate on some attribute" returns that
+event's hidden units and token (its action, its age) as of the most recent such event, however
+many older ones there are, and the last term says how much of the gate found nothing. The gate
+learns the predicate and the values tell which kind of event came last; the weights need no
+softmax and no learned temperature (stick-breaking attention, Tan et al., 2024). At
+initialisation the gates sit near 1/2, so the heads start as a recency-weighted read of the
+last few events, from which the match can be learned. The cost is ``2 N W h J`` for the gates
+and ``2 N W (h + d) J`` for the weighted sums.
 """
 
 from __future__ import annotations
@@ -63,12 +83,12 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool) -> None:
+                 tower_keys: bool, latest: int = 0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
                              "feature that share a table; the schema has none")
-        self.pairs, self.history, self.hidden = pairs, history, hidden
+        self.pairs, self.history, self.hidden, self.latest = pairs, history, hidden, latest
         num = len(pairs)
         # Per candidate: A q + A2 q^2 for every attribute in one matmul; per event likewise.
         self.candidate_terms = nn.Linear(2 * num * dim, hidden, bias=True)
@@ -84,6 +104,10 @@ class AttributeAttention(nn.Module):
         self.weights = nn.Linear(hidden, num)
         self.values = nn.Linear(dim, dim * num, bias=False)
         self.proj = nn.Linear(dim, dim)
+        # The latest-match heads' gates and what their read of each head is projected by: the
+        # pooled hidden units, the pooled token and the mass the gates left.
+        self.latest_gates = nn.Linear(hidden, latest) if latest else None
+        self.latest_proj = nn.Linear(latest * (hidden + dim + 1), dim) if latest else None
 
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
@@ -97,7 +121,14 @@ class AttributeAttention(nn.Module):
         candidates = owner.numel()
         window = min(self.history, max_len) if self.history else max_len
         if events.shape[0] == 0 or window == 0:
-            return self.proj(events.new_zeros(candidates, dim))
+            # No event at all: what a candidate with an empty history gets below (the heads'
+            # gates found nothing, all their mass is left).
+            nothing = events.new_zeros(candidates, 0, 1)
+            out = self.proj(events.new_zeros(candidates, dim))
+            if self.latest_gates is not None:
+                out = out + self._latest(events.new_zeros(candidates, 0, self.hidden),
+                                         events.new_zeros(candidates, 0, dim), nothing)
+            return out
         index, valid = recent_event_index(offsets, owner, window)  # (N, W)
         if retrieved is not None:
             index, valid = torch.cat([index, retrieved[0]], 1), torch.cat([valid, retrieved[1]], 1)
@@ -114,9 +145,27 @@ class AttributeAttention(nn.Module):
         pair_terms = torch.einsum("nwpd,pdh->nwh", products, self.products)
         pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
-        weight = self.weights(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (N, W, P)
+        mask = valid.unsqueeze(-1).to(hidden.dtype)
+        weight = self.weights(hidden) * mask  # (N, W, P)
         values = self.values(unit_events).view(-1, num, dim)[index]  # (N, W, P, d)
-        return self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
+        out = self.proj(torch.einsum("nwp,nwpd->nd", weight, values))
+        if self.latest_gates is not None:
+            out = out + self._latest(hidden, unit_events[index], mask)
+        return out
+
+    def _latest(self, hidden: Tensor, tokens: Tensor, mask: Tensor) -> Tensor:
+        """The latest-match heads' projected read (the module docstring's formula) from the
+        scorer's ``hidden`` ``(N, W, h)``, the slots' normalised ``tokens`` ``(N, W, d)`` and the
+        slots' ``mask`` ``(N, W, 1)``; slot 0 is the most recent event."""
+        gates = self.latest_gates(hidden)  # (N, W, J) logits
+        # In log space: log(1 - sigmoid(x)) = logsigmoid(-x); an empty slot keeps all the mass.
+        keep = F.logsigmoid(-gates) * mask
+        more_recent = torch.cumsum(keep, dim=1) - keep  # exclusive: the slots before this one
+        weights = torch.exp(F.logsigmoid(gates) + more_recent) * mask  # (N, W, J)
+        left = torch.exp(keep.sum(dim=1)).unsqueeze(-1)  # (N, J, 1)
+        read = torch.cat([torch.einsum("nwj,nwh->njh", weights, hidden),
+                          torch.einsum("nwj,nwd->njd", weights, tokens), left], dim=-1)
+        return self.latest_proj(read.flatten(1))
 
     def flops(self, lengths: Tensor, candidates: Tensor, retrieved: int = 0) -> int:
         """Forward FLOPs (matmuls): the per-event and per-candidate terms, the per-pair
@@ -140,5 +189,10 @@ class AttributeAttention(nn.Module):
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
         weighted_sum = 2 * slots * num * dim
+        latest = 0
+        if self.latest_gates is not None:
+            latest = (linear_layer_flops(self.latest_gates, slots)
+                      + 2 * slots * self.latest * (self.hidden + dim)
+                      + linear_layer_flops(self.latest_proj, impressions))
         return (per_event + linear_layer_flops(self.candidate_terms, impressions) + per_pair
-                + weighted_sum + linear_layer_flops(self.proj, impressions))
+                + weighted_sum + linear_layer_flops(self.proj, impressions) + latest)

@@ -171,6 +171,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             AttributeAttention(dim, shared_attributes(schema),
                                history=config.attribute_attention_history,
                                hidden=config.attribute_attention_hidden,
+                               latest=config.attribute_attention_latest,
                                tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
