@@ -48,7 +48,8 @@ hidden units through a gate, and walks the slots from the most recent event back
 
     g(n, e, j) = sigmoid(U_j hidden(n, e) + u_j)
     a(n, e, j) = g(n, e, j) * prod_{e' more recent than e} (1 - g(n, e', j))
-    latest(n, j) = [ sum_e a(n, e, j) hidden(n, e),  sum_e a(n, e, j) x_e,  prod_e (1 - g(n, e, j)) ]
+    latest(n, j) = [ sum_e a(n, e, j) hidden(n, e),  sum_e a(n, e, j) x_e,
+                     prod_e (1 - g(n, e, j)) ]
     out(n) += proj_latest( latest(n, 1..J) )
 
 so a head whose gate fires on "an event matching the candidate on some attribute" returns that
