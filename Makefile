@@ -15,7 +15,7 @@ FLAVOUR ?= cpu
 # 2.13.0+cu126 over PyPI's 2.13.0). A mirror works too.
 TORCH_INDEX_cpu := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(TORCH_INDEX_$(FLAVOUR))
-PACKAGES := gem-core[test,tensorboard,progress] gem-data[duckdb] gem-kernels[triton,fbgemm-$(FLAVOUR)] \
+PACKAGES := gem-core[test,tensorboard,progress] gem-data[duckdb,spark] gem-kernels[triton,fbgemm-$(FLAVOUR)] \
             gem-parallel[torchrec,deepspeed] gem-precision[fp8]
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 FLAVOUR_FILE := requirements/$(FLAVOUR).txt

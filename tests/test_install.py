@@ -31,7 +31,7 @@ ALIAS_DIR = REQUIREMENTS / "fbgemm-gpu-cpu-alias"
 # The extras each CPU resolve installs, and the pinned names that must then be in it.
 CPU_INSTALLS = {
     "gem-core": ("test,tensorboard,progress", {"torch", "tensorboard", "tqdm"}),
-    "gem-data": ("duckdb", {"torch", "pyarrow", "duckdb"}),
+    "gem-data": ("duckdb,spark", {"torch", "pyarrow", "duckdb", "pyspark", "py4j"}),
     "gem-kernels": ("triton,fbgemm-cpu", {"torch", "triton", "fbgemm-gpu-cpu"}),
     "gem-parallel": ("torchrec,deepspeed",
                      {"torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "torchmetrics",

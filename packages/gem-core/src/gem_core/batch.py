@@ -73,6 +73,10 @@ class JaggedBatch:
     """``(N, seq_dense_dim)`` float32 content vector of each candidate, in the same space as the
     history's, or None."""
 
+    candidate_numeric: Tensor | None = None
+    """``(N, candidate_numeric_dim)`` float32 numeric features of each candidate (an ad's price,
+    a bid), or None: see :attr:`FeatureSchema.candidate_numeric_dim`."""
+
     user_embedding: Tensor | None = None
     """``(R, user_embedding_dim)`` float32 precomputed upstream user embedding (flattened user
     tokens), or None: see :attr:`FeatureSchema.user_embedding_dim`."""
@@ -133,6 +137,8 @@ class JaggedBatch:
             seq_dense=None if self.seq_dense is None else self.seq_dense[event_index],
             candidate_dense=(None if self.candidate_dense is None
                              else self.candidate_dense[cand_index]),
+            candidate_numeric=(None if self.candidate_numeric is None
+                               else self.candidate_numeric[cand_index]),
             user_embedding=None if self.user_embedding is None else self.user_embedding[indices],
             user_ids=None if self.user_ids is None else self.user_ids[indices],
             teacher_logits=(None if self.teacher_logits is None else
@@ -157,6 +163,7 @@ class JaggedBatch:
             dense=move(self.dense),
             seq_dense=move(self.seq_dense),
             candidate_dense=move(self.candidate_dense),
+            candidate_numeric=move(self.candidate_numeric),
             user_embedding=move(self.user_embedding),
             user_ids=move(self.user_ids),
             teacher_logits=(None if self.teacher_logits is None else
@@ -234,8 +241,8 @@ class JaggedBatch:
                                    "expected 0 or 1")
 
     def _validate_content(self, schema: FeatureSchema, where: str) -> None:
-        """The content vectors of the history events and of the candidates: shapes, and finite
-        values."""
+        """The content vectors of the history events and of the candidates, and the candidates'
+        numeric features: shapes, and finite values."""
         e, n = self.num_events, self.num_candidates
         if schema.seq_dense_dim:
             expected = (e, schema.seq_dense_dim)
@@ -255,6 +262,17 @@ class JaggedBatch:
             if bool(bad.any()):
                 row = _row_of(int(torch.nonzero(bad)[0]), self.candidate_offsets)
                 raise GemDataError(f"{where}: row {row}: candidate content vector is not finite")
+        if schema.candidate_numeric_dim:
+            shape = (n, schema.candidate_numeric_dim)
+            if self.candidate_numeric is None or tuple(self.candidate_numeric.shape) != shape:
+                raise GemDataError(f"{where}: candidate numeric features must be {shape}")
+            bad = ~torch.isfinite(self.candidate_numeric)
+            if bool(bad.any()):
+                position, column = (int(x) for x in torch.nonzero(bad)[0])
+                raise GemDataError(
+                    f"{where}: row {_row_of(position, self.candidate_offsets)}: candidate "
+                    f"{position}'s numeric feature {column} = "
+                    f"{float(self.candidate_numeric[position, column])} is not finite")
 
     def _validate_request_features(self, schema: FeatureSchema, where: str) -> None:
         """What each request carries once: the upstream user embedding, the dense features and

@@ -165,6 +165,11 @@ class FeatureSchema:
     """Each candidate carries a content vector in the history's space (``seq_dense_dim`` floats,
     ``JaggedBatch.candidate_dense``)."""
 
+    candidate_numeric_dim: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Number of numeric features of each candidate (an ad's price, a bid:
+    ``JaggedBatch.candidate_numeric``), independent of ``seq_dense_dim``; the model projects
+    them into the candidate's token beside its categorical features. 0: none."""
+
     tasks: tuple[str, ...] = attrs.field(default=("click", "conversion"), converter=tuple)
     """Binary label names, one prediction head each; a label per candidate."""
 
@@ -256,9 +261,10 @@ def schema_to_dict(schema: FeatureSchema) -> dict:
         if table["id_policy"] != "managed":
             for name in MANAGED_FIELDS:
                 del table[name]
-    # Teacher signals (gem distill-precompute) are written only where a data set has them, so
-    # every other schema reads as it did before they existed.
-    for name in TEACHER_FIELDS:
+    # Teacher signals (gem distill-precompute) and candidate numeric features are written only
+    # where a data set has them, so every other schema (and its digest) reads as it did before
+    # they existed.
+    for name in (*TEACHER_FIELDS, "candidate_numeric_dim"):
         if not data[name]:
             del data[name]
     return data

@@ -163,6 +163,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     plugins = plugins if plugins is not None else build_plugins()
     resolved = resolve_backends(config, plugins, ParallelContext())
     source = build_data_source(resolved.data, config.data, seed=config.train.seed)
+    config = attrs.evolve(config, data=source.applied_config(config.data))  # as the run did
     # Teacher columns (gem distill-precompute) are not features: a data set that has them is
     # the same data for this model.
     trained = state.get("schema")

@@ -189,6 +189,8 @@ def table_to_batch(table: Any, schema: FeatureSchema,
         seq_dense=None if seq_dense is None else t(seq_dense),
         candidate_dense=(fixed(fmt.CANDIDATE_DENSE, schema.seq_dense_dim)
                          if schema.candidate_content else None),
+        candidate_numeric=(fixed(fmt.CANDIDATE_NUMERIC, schema.candidate_numeric_dim)
+                           if schema.candidate_numeric_dim else None),
         user_embedding=(fixed(fmt.USER_EMBEDDING, schema.user_embedding_dim)
                         if schema.user_embedding_dim else None),
         user_ids=t(scalar_parts(table.column(fmt.USER_ID))),
@@ -251,6 +253,13 @@ def batch_to_table(batch: JaggedBatch, schema: FeatureSchema) -> Any:
         columns[fmt.CANDIDATE_DENSE] = list_array(
             n(batch.candidate_dense).reshape(-1), cand_offsets * schema.seq_dense_dim,
             pa.float32(), fmt.CANDIDATE_DENSE)
+    if schema.candidate_numeric_dim:
+        if batch.candidate_numeric is None:
+            raise GemDataError("the schema has candidate numeric features and the batch has "
+                               "none (JaggedBatch.candidate_numeric is None)")
+        columns[fmt.CANDIDATE_NUMERIC] = list_array(
+            n(batch.candidate_numeric).reshape(-1), cand_offsets * schema.candidate_numeric_dim,
+            pa.float32(), fmt.CANDIDATE_NUMERIC)
     for f in schema.sparse_features:
         bag = batch.sparse[f.name]
         columns[fmt.sparse_column(f.name)] = list_array(n(bag.values), n(bag.offsets),

@@ -53,6 +53,7 @@ def concat_batches(batches: Sequence[JaggedBatch]) -> JaggedBatch:
         dense=_opt_cat([b.dense for b in batches]),
         seq_dense=_opt_cat([b.seq_dense for b in batches]),
         candidate_dense=_opt_cat([b.candidate_dense for b in batches]),
+        candidate_numeric=_opt_cat([b.candidate_numeric for b in batches]),
         user_embedding=_opt_cat([b.user_embedding for b in batches]),
         user_ids=_opt_cat([b.user_ids for b in batches]),
         teacher_logits=(None if first.teacher_logits is None else
@@ -92,6 +93,8 @@ def slice_batch(batch: JaggedBatch, start: int, stop: int) -> JaggedBatch:
         seq_dense=None if batch.seq_dense is None else batch.seq_dense[e_lo:e_hi],
         candidate_dense=(None if batch.candidate_dense is None
                          else batch.candidate_dense[c_lo:c_hi]),
+        candidate_numeric=(None if batch.candidate_numeric is None
+                           else batch.candidate_numeric[c_lo:c_hi]),
         user_embedding=rows(batch.user_embedding),
         user_ids=rows(batch.user_ids),
         teacher_logits=(None if batch.teacher_logits is None else
@@ -154,6 +157,8 @@ class RowGather:
             seq_dense=None if b.seq_dense is None else _take(b.seq_dense, seq_index),
             candidate_dense=(None if b.candidate_dense is None
                              else _take(b.candidate_dense, cand_index)),
+            candidate_numeric=(None if b.candidate_numeric is None
+                               else _take(b.candidate_numeric, cand_index)),
             user_embedding=rows(b.user_embedding),
             user_ids=rows(b.user_ids),
             teacher_logits=(None if b.teacher_logits is None else

@@ -6,9 +6,12 @@ is for: ``--impressions`` impressions in requests of 1-4 candidates, ``--events`
 of the same users, hashed 64-bit ad ids (half of them 2^63 and more, as uint64), a multi-valued
 topic feature, a context feature, a dense column, a click label, no request id (a request is
 one user at one time). Each engine imports them in a child process of its own, so that its peak
-memory is its own (``ru_maxrss`` of the child: the largest resident set it had, DuckDB's memory
-included); rows/s is impressions plus events over the child's wall time of the import (reading,
-joining, writing, checking), not counting the start of Python.
+memory is its own: for numpy and DuckDB, ``ru_maxrss`` of the child (the largest resident set
+it had, DuckDB's memory included); for Spark, the child (the driver) plus Spark's JVM and the
+JVM's Python workers, their resident sets summed, sampled every 0.2 s
+(:mod:`gem_data.process_memory`; the JVM's heap is ``--memory-limit``). rows/s is impressions
+plus events over the child's wall time of the import (reading, joining, writing, checking; for
+Spark also starting its JVM), not counting the start of Python.
 """
 
 from __future__ import annotations
@@ -149,17 +152,26 @@ def _child(arguments: dict[str, Any]) -> None:
     import resource
 
     from gem_data.importer import import_logs
+    from gem_data.process_memory import TreePeak
 
     start = time.perf_counter()
     options = {k: v for k, v in arguments.get("options", {}).items() if v is not None}
-    manifest = import_logs(arguments["impressions"], arguments["events"], arguments["schema"],
-                           arguments["out"], engine=arguments["engine"], **options)
+    with TreePeak(0.2) as tree:  # the JVM's memory and its workers' (spark)
+        manifest = import_logs(arguments["impressions"], arguments["events"],
+                               arguments["schema"], arguments["out"],
+                               engine=arguments["engine"], **options)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    print(json.dumps({"seconds": seconds, "peak_rss_bytes": peak,
-                      "requests": manifest.rows("train") + manifest.rows("eval"),
-                      "history_events": manifest.tokens("train") + manifest.tokens("eval"),
-                      "engine_info": manifest.info.get("engine")}))
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    result = {"seconds": seconds, "peak_rss_bytes": own, "measured": "ru_maxrss of the process",
+              "requests": manifest.rows("train") + manifest.rows("eval"),
+              "history_events": manifest.tokens("train") + manifest.tokens("eval"),
+              "engine_info": manifest.info.get("engine")}
+    if arguments["engine"] == "spark":
+        result.update(peak_rss_bytes=max(own, tree.peak),
+                      peak_rss_parts={"driver": own, "jvm": tree.parts["jvm"],
+                                      "python_workers": tree.parts["other"]},
+                      measured="driver + JVM + Python workers, summed, sampled every 0.2 s")
+    print(json.dumps(result))
 
 
 def run_engine(engine: str, impressions: Path, events: Path, schema: Path, out: Path,
@@ -185,18 +197,21 @@ def run_engine(engine: str, impressions: Path, events: Path, schema: Path, out: 
               help="History events to generate.")
 @click.option("--format", "kind", type=click.Choice(["parquet", "csv"]), default="parquet",
               show_default=True, help="File format of the generated logs.")
-@click.option("--engines", default="numpy,duckdb", show_default=True,
+@click.option("--engines", default="numpy,duckdb,spark", show_default=True,
               help="Engines to run, comma-separated.")
 @click.option("--memory-limit", default="2GB", show_default=True,
-              help="DuckDB's memory limit (--engine duckdb).")
+              help="DuckDB's memory limit and Spark's driver heap (--engine duckdb, spark).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="DuckDB's threads (default: every core).")
+@click.option("--master", default=None, metavar="URL",
+              help="Spark's master (default: local[*]).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Where to generate the logs and import them (default: a temporary "
                    "directory, removed afterwards).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_import(impressions: int, events: int, kind: str, engines: str, memory_limit: str,
-                 threads: int | None, directory: str | None, as_json: bool) -> None:
+                 threads: int | None, master: str | None, directory: str | None,
+                 as_json: bool) -> None:
     from gem_data.importer import ENGINES
 
     chosen = [e.strip() for e in engines.split(",") if e.strip()]
@@ -210,9 +225,10 @@ def bench_import(impressions: int, events: int, kind: str, engines: str, memory_
         imp, ev, schema = write_logs(work / "logs", impressions, events, kind=kind)
         generated = time.perf_counter() - start
         results = []
+        options_of = {"numpy": {}, "duckdb": {"memory_limit": memory_limit, "threads": threads},
+                      "spark": {"memory_limit": memory_limit, "master": master}}
         for engine in chosen:
-            options = {"memory_limit": memory_limit, "threads": threads} \
-                if engine == "duckdb" else {}
+            options = options_of[engine]
             results.append(run_engine(engine, imp, ev, schema, work / f"out-{engine}",
                                       impressions + events, **options))
         sizes = {"impressions_bytes": imp.stat().st_size, "events_bytes": ev.stat().st_size}
@@ -228,7 +244,9 @@ def bench_import(impressions: int, events: int, kind: str, engines: str, memory_
         if "error" in r:
             click.echo(f"{r['engine']:8s} failed: {r['error']}")
             continue
-        limit = (r.get("engine_info") or {}).get("memory_limit")
+        info = r.get("engine_info") or {}
+        limit = (f"; memory limit {info['memory_limit']}" if "memory_limit" in info else
+                 f"; driver heap {info['driver_memory']}" if "driver_memory" in info else "")
         click.echo(f"{r['engine']:8s} {r['rows_per_s']:12,.0f} rows/s "
                    f"{r['seconds']:8.2f} s  peak RSS {r['peak_rss_bytes'] / 2**20:8.1f} MiB"
-                   + (f"  (memory limit {limit})" if limit else ""))
+                   f" ({r['measured']}{limit})")

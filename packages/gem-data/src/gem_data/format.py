@@ -20,6 +20,9 @@ column                    arrow type                           meaning
 ``candidate.<name>``      ``list<int64>`` / ``list<list<..>>`` each candidate feature (K >= 1)
 ``label.<task>``          ``list<float32>``                    label of each candidate (K), 0 or 1
 ``candidate_dense``       ``list<float32>``                    ``K * seq_dense_dim`` (optional)
+``candidate_numeric``     ``list<float32>``                    ``K * candidate_numeric_dim``: each
+                                                               candidate's numeric features, in
+                                                               turn (optional)
 ``sparse.<name>``         ``list<int64>``                      a context feature's bag of ids
 ``dense``                 ``fixed_size_list<float32>[n]``      ``num_dense`` floats (optional)
 ``user_embedding``        ``fixed_size_list<float32>[u]``      upstream user embedding (exported)
@@ -49,6 +52,7 @@ REQUEST_TIMESTAMP = "request_timestamp"
 HISTORY_TIMESTAMP = "history_timestamp"
 HISTORY_DENSE = "history_dense"
 CANDIDATE_DENSE = "candidate_dense"
+CANDIDATE_NUMERIC = "candidate_numeric"
 DENSE = "dense"
 USER_EMBEDDING = "user_embedding"
 TEACHER_EMBEDDING = "teacher_embedding"
@@ -104,6 +108,8 @@ def arrow_schema(schema: FeatureSchema) -> Any:
     fields += [pa.field(label_column(t), floats, nullable=False) for t in schema.tasks]
     if schema.candidate_content:
         fields.append(pa.field(CANDIDATE_DENSE, floats, nullable=False))
+    if schema.candidate_numeric_dim:
+        fields.append(pa.field(CANDIDATE_NUMERIC, floats, nullable=False))
     fields += [pa.field(sparse_column(f.name), ids, nullable=False) for f in schema.sparse_features]
     if schema.num_dense:
         fields.append(pa.field(DENSE, pa.list_(pa.float32(), schema.num_dense), nullable=False))

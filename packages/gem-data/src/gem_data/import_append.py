@@ -256,15 +256,12 @@ def _write(writer: Any, sources: dict[str, Any], schema: Any, options: Any, give
         writer.write(batch)
         writer.write_state(TAIL, report.pop("history_tail"))
         return report, {"name": "numpy"}
-    from gem_data.import_duckdb import DuckDBImport
+    from gem_data.import_engines import open_run, window_functions
 
-    temp_dir = run_options["temp_dir"]
-    with DuckDBImport(sources["impressions"], sources["events"], schema, windowed,
-                      vocabularies=given, earlier=earlier,
-                      **{**run_options, "temp_dir": staging if temp_dir is None
-                         else temp_dir}) as run:
-        from gem_data.import_duckdb_windows import history_tail, last_time
-
+    history_tail, last_time = window_functions(engine)
+    with open_run(engine, sources["impressions"], sources["events"], schema, windowed,
+                  vocabularies=given, earlier=earlier, run_options=run_options,
+                  staging=staging) as run:
         report = run.prepare()
         run.write(_TrainOnly(writer), where, writer.row_group_rows)
         writer.write_state(TAIL, history_tail(run, writer.row_group_rows))
@@ -273,8 +270,8 @@ def _write(writer: Any, sources: dict[str, Any], schema: Any, options: Any, give
 
 
 class _TrainOnly:
-    """A :class:`~gem_data.windows.WindowWriter` as the DuckDB engine writes splits (a window
-    has train only)."""
+    """A :class:`~gem_data.windows.WindowWriter` as the DuckDB and Spark engines write splits (a
+    window has train only)."""
 
     def __init__(self, writer: Any) -> None:
         self.writer = writer

@@ -316,12 +316,14 @@ def _sort_histories(logs: _Logs, requests: _Requests, schema: Any) -> _Histories
 
 @attrs.frozen(kw_only=True)
 class _RequestColumns:
-    """The impressions' candidate ids, labels, context bags and dense values."""
+    """The impressions' candidate ids, labels, context bags, dense values and candidate numeric
+    values."""
 
     candidate_ids: dict[str, Any]
     labels: dict[str, np.ndarray]
     sparse: dict[str, Any]
     dense: np.ndarray | None
+    candidate_numeric: np.ndarray | None = None
 
 
 def _request_columns(logs: _Logs, requests: _Requests, schema: Any,
@@ -344,7 +346,8 @@ def _request_columns(logs: _Logs, requests: _Requests, schema: Any,
             row, other = int(order[differs[0]]), int(heads_of[differs[0]])
             imp.fail(row, name, mixed_dense(keys.name(row), name, dense[other, index],
                                             imp.row_name(other), dense[row, index]))
-    return _RequestColumns(candidate_ids=cand_ids, labels=labels, sparse=sparse, dense=dense)
+    return _RequestColumns(candidate_ids=cand_ids, labels=labels, sparse=sparse, dense=dense,
+                           candidate_numeric=features.candidate_numeric)
 
 
 def _batch(req: np.ndarray, logs: _Logs, requests: _Requests, history: _Histories,
@@ -370,7 +373,7 @@ def _batch(req: np.ndarray, logs: _Logs, requests: _Requests, history: _Historie
     bag = {}
     for name, (offsets, values) in columns.sparse.items():
         bag[name] = _take((offsets, values), heads)
-    dense = columns.dense
+    dense, numeric = columns.dense, columns.candidate_numeric
     return JaggedBatch(
         seq_offsets=t(seq_offsets),
         seq_timestamps=t(np.ascontiguousarray(logs.ev_time[ev_rows])),
@@ -382,6 +385,7 @@ def _batch(req: np.ndarray, logs: _Logs, requests: _Requests, history: _Historie
         labels={task: t(np.ascontiguousarray(v[imp_rows])) for task, v in columns.labels.items()},
         sparse=bag,
         dense=None if dense is None else t(dense[heads].astype(np.float32)),
+        candidate_numeric=None if numeric is None else t(numeric[imp_rows].astype(np.float32)),
         user_ids=t(logs.users[requests.user[req]]),
     )
 

@@ -2,7 +2,10 @@
 out of core (``--memory-limit``; what does not fit spills to ``--temp-dir``).
 
 The logs are first staged by :mod:`gem_data.import_stage` (read in blocks, every row converted
-and checked by the numpy path's code). DuckDB then, over the staged Parquet files:
+and checked by the numpy path's code; two ``hash`` texts with one id found across blocks). Side
+tables (``[[import.join]]``) are staged into DuckDB too and looked up for each block by its keys
+(:mod:`gem_data.import_duckdb_side`), never read whole. DuckDB then, over the staged Parquet
+files:
 
 - groups the impressions kept into requests by the request key
   (:mod:`gem_data.import_requests`), the first impression in the file heading each, and runs
@@ -15,7 +18,9 @@ and checked by the numpy path's code). DuckDB then, over the staged Parquet file
   times it needs;
 - numbers each user's events kept by (time, row in the file) and counts, per request, the
   user's events strictly before its time (requests placed before events at one time); the
-  history is the last ``max_seq_len`` of them, oldest first. Users are keyed there by their
+  history is the last ``max_seq_len`` of them, oldest first, joined into a table of its own
+  before it is sorted (in one query, DuckDB 1.5.6 ran out of memory where each part alone
+  spills). Users are keyed there by their
   stable number (:func:`~gem_data.import_requests.user_numbers`: text ids by their hash, as a
   DuckDB function), which is also how a time window appended to a data set
   (:mod:`gem_data.import_append`) adds the earlier windows' history tail, read by DuckDB from
@@ -24,6 +29,16 @@ and checked by the numpy path's code). DuckDB then, over the staged Parquet file
 - returns the requests by (time, first impression), which are cut into row groups of
   ``row_group_rows`` and handed to :class:`~gem_data.writer.DatasetWriter` block by block,
   each block checked as the numpy path checks its batches.
+
+What spills: DuckDB writes what does not fit under ``--memory-limit`` to ``--temp-dir`` from its
+hash joins (the histories), sorts (the three streams of requests, candidates and history
+events, held sorted while they are written) and aggregates (the requests); its window
+functions (each request's head, each user's events numbered and counted) partition and sort
+out of core too. A test (``test_import_duckdb_out_of_core``) imports under 80 MB on two threads
+a log whose histories are over 100 MB and sees tens of MB in DuckDB's temporary files mid-way
+(:data:`on_block`, :meth:`DuckDBImport.temporary_files`). The least memory an import needs grows
+with ``--threads`` (each thread holds buffers of its own): under 60 MB, two threads ran out of
+memory on that log where one did not.
 
 Every id is a BIGINT holding the int64 of the id's bits (uint64 ids were reinterpreted at
 staging, as the numpy path does), never a float. Where an error names the first offending row
@@ -37,7 +52,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gem_data.format import event_column as fmt_event
 from gem_data.import_duckdb_checks import check_requests
@@ -48,6 +63,12 @@ from gem_data.import_stage import stage_logs
 
 #: The DuckDB release gem-data is tested with (``gem-data[duckdb]`` pins it).
 DUCKDB_VERSION = "1.5.6"
+
+#: Called with the running :class:`DuckDBImport` after each block of requests is laid out,
+#: while DuckDB's sorted streams are open (what did not fit under the memory limit is then in
+#: its temporary files, :meth:`DuckDBImport.temporary_files`): how a test looks inside an
+#: import mid-way. None outside tests.
+on_block: Callable[[DuckDBImport], None] | None = None
 
 
 def _literal(text: str | Path) -> str:
@@ -145,11 +166,13 @@ class DuckDBImport:
 
     def prepare(self) -> dict[str, Any]:
         """Stage, check and split; the import's report (as the numpy path's)."""
+        from gem_data.import_duckdb_side import SideStore
+
         self.con = connect(self.memory_limit, self.work, self.threads)  # a bad limit: at once
         self.staged = stage_logs(self.impressions, self.events, self.schema, self.options,
                                  self.work, vocabularies=self.given,
                                  users_as_text=self._earlier_user_text(),
-                                 **self.blocks)
+                                 side_store=SideStore(self), **self.blocks)
         self._views()
         if self.earlier is not None:
             from gem_data.import_duckdb_windows import refuse_not_later
@@ -232,7 +255,8 @@ class DuckDBImport:
         the earlier windows' tail, whose rows come first), numbered per user number by (time,
         row in the file) from 1; ``ends``: per request with a history, the number of its
         user's events strictly before its time (requests sort before the events of their
-        time)."""
+        time); ``hist``: every request's history events (the last ``max_seq_len`` before
+        ``e_end``), unsorted."""
         from gem_data.import_history import TIME
         from gem_data.import_requests import same_user_number
 
@@ -251,6 +275,7 @@ class DuckDBImport:
         number, users = ("u", "") if self.user_numbers else \
             ("n.un", " JOIN users n ON n.u = ev.u")
         from_ev = "".join(f", ev.e{j}" for j in range(len(schema.event_features)))
+        from_events = "".join(f", e.e{j}" for j in range(len(schema.event_features)))
         kept = f"SELECT {number} AS un, ev.t, ev.row{from_ev} FROM ev{users} WHERE ev.keep"
         if self.earlier is not None:  # before every event of the logs: rows from -(tail rows)
             tail = _literal(self.earlier.tail)
@@ -269,6 +294,13 @@ class DuckDBImport:
                   "BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS e_end FROM (SELECT head, rt, "
                   f"un, rt AS t, 0 AS is_ev FROM ({requests}) UNION ALL SELECT NULL, NULL, un, "
                   "t, 1 FROM evs)) WHERE is_ev = 0 AND e_end > 0")
+        # Joined here, apart from the sort that streams them (_streams): a join feeding a sort
+        # keeps its hash table pinned while the sort fills memory, and DuckDB 1.5.6 then ran out
+        # of memory under limits (60MB on two threads) that each needs alone, spilling.
+        length = int(schema.max_seq_len)
+        self._sql(f"CREATE TABLE hist AS SELECT x.head, x.rt, e.pos, e.t{from_events} FROM ("
+                  f"SELECT head, rt, un, unnest(range(greatest(e_end - {length}, 0) + 1, e_end "
+                  "+ 1)) AS pos FROM ends) x JOIN evs e ON e.un = x.un AND e.pos = x.pos")
 
     def _user_numbers(self) -> None:
         """``users``: every text user id of both logs with its number (the numpy path's
@@ -308,13 +340,11 @@ class DuckDBImport:
                     f"r.head WHERE {keep('r.rt')} ORDER BY r.rt, r.head")
         features = "".join(f", c{j}" for j in range(len(schema.candidate_features)))
         features += "".join(f", l{j}" for j in range(len(schema.tasks)))
+        features += "".join(f", cn{j}" for j in range(len(o.candidate_dense_columns)))
         candidates = (f"SELECT head{features} FROM live WHERE {keep('head_t')} "
                       "ORDER BY head_t, head, row")
-        events = "".join(f", e.e{j}" for j in range(len(schema.event_features)))
-        history = (f"SELECT x.head, e.t{events} FROM (SELECT head, rt, un, unnest(range("
-                   f"greatest(e_end - {length}, 0) + 1, e_end + 1)) AS pos FROM ends WHERE "
-                   f"{keep('rt')}) x JOIN evs e ON e.un = x.un AND e.pos = x.pos "
-                   "ORDER BY x.rt, x.head, e.pos")
+        events = "".join(f", e{j}" for j in range(len(schema.event_features)))
+        history = f"SELECT head, t{events} FROM hist WHERE {keep('rt')} ORDER BY rt, head, pos"
         return requests, candidates, history
 
     def tables(self, split: str, rows: int) -> Iterator[Any]:
@@ -372,12 +402,16 @@ class DuckDBImport:
                 columns += [lists(cands, n, f"c{j}")
                             for j in range(len(schema.candidate_features))]
                 columns += [lists(cands, n, f"l{j}") for j in range(len(schema.tasks))]
+                if o.candidate_dense_columns:  # after the labels, as fmt.arrow_schema has it
+                    columns.append(_candidate_numeric(cands, n, len(o.candidate_dense_columns)))
                 columns += [block.column(f"s{j}") for j in range(len(schema.sparse_features))]
                 if o.dense_columns:
                     flat = np.stack([block.column(f"d{j}").to_numpy()
                                      for j in range(len(o.dense_columns))], axis=1)
                     columns.append(pa.FixedSizeListArray.from_arrays(
                         pa.array(flat.reshape(-1), pa.float32()), len(o.dense_columns)))
+                if on_block is not None:
+                    on_block(self)
                 yield pa.Table.from_arrays([_array(c) for c in columns],
                                            schema=target).cast(target)
         finally:
@@ -402,6 +436,11 @@ class DuckDBImport:
                                                             where=f"{where} ({split})")
                 writer.write(split, table)
 
+    def temporary_files(self) -> list[tuple[str, int]]:
+        """DuckDB's temporary files now (path, bytes): what it spilled and still holds."""
+        return [(str(path), int(size)) for path, size in self._sql(
+            "SELECT path, size FROM duckdb_temporary_files()").fetchall()]
+
     def engine_info(self) -> dict[str, Any]:
         import duckdb
 
@@ -409,6 +448,19 @@ class DuckDBImport:
         threads = self._one("SELECT current_setting('threads')")[0]
         return {"name": "duckdb", "version": duckdb.__version__, "memory_limit": limit,
                 "threads": int(threads)}
+
+
+def _candidate_numeric(cands: Any, counts: Any, width: int) -> Any:
+    """The ``candidate_numeric`` list of each request: its candidates' ``cn{j}`` values, one
+    candidate after another (``counts`` candidates per request), as float32."""
+    import numpy as np
+    import pyarrow as pa
+
+    flat = np.stack([cands.column(f"cn{j}").to_numpy() for j in range(width)], axis=1)
+    offsets = np.zeros(counts.size + 1, dtype=np.int32)
+    np.cumsum(counts * width, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets),
+                                    pa.array(flat.reshape(-1).astype(np.float32), pa.float32()))
 
 
 def _array(column: Any) -> Any:

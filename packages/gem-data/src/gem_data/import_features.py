@@ -13,12 +13,12 @@ the side table is a missing value), and last the missing policy fills or drops.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from gem_data.import_log import Cells, Log
-from gem_data.import_options import ImportOptions, JoinOptions, feature_keys
+from gem_data.import_options import NUMERIC_KINDS, ImportOptions, JoinOptions, feature_keys
 from gem_data.import_strings import MISSING_ID, Vocabulary, string_ids
 
 Ids = tuple  # (offsets or None, int64 values)
@@ -26,6 +26,14 @@ Ids = tuple  # (offsets or None, int64 values)
 
 def missing_hint(key: str) -> str:
     return f'; to allow it set [import.features."{key}"] missing = "default" or "drop"'
+
+
+def repeated_key(log: Log, column: str, key: Any, first: int, second: int, count: int) -> str:
+    """The error of a side table whose ``key`` is on rows ``first`` and ``second`` (the first
+    repeated key in key order; ``count`` rows repeat a key)."""
+    return (f"{log.path}, {log.row_name(second)}, column {column!r}: key {key!r} appears again "
+            f"(first on {log.row_name(first)}; {count} repeated keys); a side table has one row "
+            "per key")
 
 
 class SideTable:
@@ -40,13 +48,13 @@ class SideTable:
         keys = self.log.keys(join.key, "side-table key")
         order = np.argsort(keys, kind="stable")
         self.sorted_keys, self.sorted_rows = keys[order], order
+        # What the whole table's keys are: a side table of some of its rows has its own.
+        self.key_count, self.key_text = keys.size, keys.dtype.kind == "U"
         same = np.flatnonzero(self.sorted_keys[1:] == self.sorted_keys[:-1])
         if same.size:
             first, second = int(order[same[0]]), int(order[same[0] + 1])
-            raise GemDataError(
-                f"{self.log.path}, {self.log.row_name(second)}, column {join.key!r}: key "
-                f"{keys[second].item()!r} appears again (first on {self.log.row_name(first)}; "
-                f"{same.size} repeated keys); a side table has one row per key")
+            raise GemDataError(repeated_key(self.log, join.key, keys[second].item(), first,
+                                            second, same.size))
 
     def cells(self, column: str, role: str, **options: Any) -> Cells:
         """:meth:`Log.cells` of a side-table column, read once (a log read in blocks joins it
@@ -72,8 +80,7 @@ class SideTable:
         name = self.join.joined_column
         keys, null = log.key_cells(name, f"key of side table {self.log.path.name}",
                                    allow_missing=True)
-        if keys.size and self.sorted_keys.size and \
-                (keys.dtype.kind == "U") != (self.sorted_keys.dtype.kind == "U"):
+        if keys.size and self.key_count and (keys.dtype.kind == "U") != self.key_text:
             raise GemDataError(f"column {name!r} of {log.path} and column {self.join.key!r} of "
                                f"{self.log.path} have different types (one integers, one text); "
                                "a key must be written the same way in both")
@@ -166,7 +173,8 @@ def read_sources(schema: Any, options: ImportOptions, logs: dict[str, Log | None
         if log is None:
             continue
         if index not in tables:
-            id_columns = [c for k, c in join.features.items() if keys[k][0] != "dense"]
+            id_columns = [c for k, c in join.features.items()
+                          if keys[k][0] not in NUMERIC_KINDS]
             tables[index] = SideTable(join, options.delimiter, id_columns)
         side = tables[index]
         rows, null = side.rows_for(log)
@@ -175,7 +183,7 @@ def read_sources(schema: Any, options: ImportOptions, logs: dict[str, Log | None
 
     raw: dict[str, tuple[Log, str, Cells]] = {}
     for key, (kind, feature) in keys.items():
-        if kind == "dense":
+        if kind in NUMERIC_KINDS:
             continue
         log = logs[_log_of(kind)]
         if log is None:
@@ -203,17 +211,20 @@ def vocabulary_texts(schema: Any, options: ImportOptions, logs: dict[str, Log | 
     vocabulary from, for an engine that reads the logs in blocks and builds it first."""
     keys, _, raw = read_sources(schema, options, logs, side_tables)
     return {table: [_present_texts(raw[k][2]) for k, (kind, f) in keys.items()
-                    if kind != "dense" and k in raw and f.table == table]
+                    if kind not in NUMERIC_KINDS and k in raw and f.table == table]
             for table, policy in options.strings.items() if policy == "vocabulary"}
 
 
 class Features:
     """Every feature of both logs, resolved over the logs' rows (see the module doc). ``imp``
-    or ``ev`` may be None (not read: a block of the other log)."""
+    or ``ev`` may be None (not read: a block of the other log). ``on_hashed``: called with the
+    feature key, the prefix of its errors, its texts and their ids for every ``hash`` feature
+    (by an engine reading in blocks, to find two texts with one id across blocks)."""
 
     def __init__(self, schema: Any, options: ImportOptions, imp: Log | None, ev: Log | None,
                  vocabularies: dict[str, Vocabulary] | None = None,
-                 side_tables: dict[int, SideTable] | None = None) -> None:
+                 side_tables: dict[int, SideTable] | None = None,
+                 on_hashed: Callable[[str, str, Any, np.ndarray], None] | None = None) -> None:
         from gem_core.errors import GemDataError
 
         self.schema, self.options = schema, options
@@ -229,8 +240,8 @@ class Features:
         given = vocabularies or {}
         for table_name, policy in options.strings.items():
             table = schema.table(table_name)
-            users = [k for k, (kind, f) in keys.items() if kind != "dense" and k in raw
-                     and f.table == table_name]
+            users = [k for k, (kind, f) in keys.items() if kind not in NUMERIC_KINDS
+                     and k in raw and f.table == table_name]
             if policy == "vocabulary":
                 vocabulary = given.get(table_name)
                 if vocabulary is None and given:
@@ -252,7 +263,10 @@ class Features:
                     if unknown.any():
                         self._count(key)["out_of_vocabulary"] = int(unknown.sum())
                 else:
-                    ids = string_ids(cells.values, where=f"{where.path}, column {column!r}: ")
+                    prefix = f"{where.path}, column {column!r}: "
+                    ids = string_ids(cells.values, where=prefix)
+                    if on_hashed is not None:  # a block of a log: collisions across blocks
+                        on_hashed(key, prefix, cells.values, ids)
                 cells.values, cells.text = ids, False
 
         # Checked ids, gathered by key, missing values treated.
@@ -270,29 +284,38 @@ class Features:
                 default = MISSING_ID
             self.ids[key] = self._treat(key, cells, default if default is not None else 0)
 
-        self.dense: np.ndarray | None = None
-        if options.dense_columns and imp is not None:
-            columns = []
-            for name in options.dense_columns:
-                key = f"dense.{name}"
-                allow = options.feature(key).missing != "error"
-                if key in source:
-                    side, column, _, _ = source[key]
-                    values, missing = side.float_cells(column, "dense feature",
-                                                       allow_missing=allow,
-                                                       hint=missing_hint(key))
-                    # _joined gathers the side table's rows onto the log's (once).
-                    cells = self._joined(key, Cells(None, values, missing, 0, False))
-                else:
-                    values, missing = imp.float_cells(name, "dense feature", allow_missing=allow,
-                                                      hint=missing_hint(key))
-                    cells = Cells(None, values, missing, 0, False)
-                default = options.feature(key).default
-                columns.append(self._treat(key, cells, float(default or 0.0), dense=True)[1])
-            self.dense = np.stack(columns, axis=1)
+        # Numbers per impression: the request's dense features, the candidate's numeric ones.
+        self.dense = self._numbers("dense", options.dense_columns, "dense feature")
+        self.candidate_numeric = self._numbers("candidate_dense", options.candidate_dense_columns,
+                                               "candidate dense feature")
 
     def column(self, kind: str, name: str) -> str:
         return self.options.columns.get(f"{kind}.{name}", name)
+
+    def _numbers(self, kind: str, names: tuple[str, ...], role: str) -> np.ndarray | None:
+        """``(impressions, len(names))`` float64 values of the impression log's numeric
+        columns ``names`` (``dense`` or ``candidate_dense``), each from its column or its side
+        table, missing values treated; None without such columns (or impressions)."""
+        imp = self.logs["impressions"]
+        if not names or imp is None:
+            return None
+        columns = []
+        for name in names:
+            key = f"{kind}.{name}"
+            allow = self.options.feature(key).missing != "error"
+            if key in self.sources:
+                side, column, _, _ = self.sources[key]
+                values, missing = side.float_cells(column, role, allow_missing=allow,
+                                                   hint=missing_hint(key))
+                # _joined gathers the side table's rows onto the log's (once).
+                cells = self._joined(key, Cells(None, values, missing, 0, False))
+            else:
+                values, missing = imp.float_cells(name, role, allow_missing=allow,
+                                                  hint=missing_hint(key))
+                cells = Cells(None, values, missing, 0, False)
+            default = self.options.feature(key).default
+            columns.append(self._treat(key, cells, float(default or 0.0), dense=True)[1])
+        return np.stack(columns, axis=1)
 
     def _count(self, key: str) -> dict[str, Any]:
         return self.counts.setdefault(key, {"policy": self.options.feature(key).missing,

@@ -386,7 +386,8 @@ class Log:
     def float_cells(self, name: str, role: str, *, allow_missing: bool = False, hint: str = ""
                     ) -> tuple[np.ndarray, np.ndarray]:
         """A numeric column as float64 and which rows are missing (0.0 there; only with
-        ``allow_missing``); a value that is not finite stops the import."""
+        ``allow_missing``, under which a NaN is missing too: how pandas and many writers store
+        a missing number); any other value that is not finite stops the import."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -398,9 +399,15 @@ class Log:
         if column.null_count:
             column = pc.fill_null(column, False if pa.types.is_boolean(column.type) else 0)
         values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        if allow_missing:
+            nan = np.isnan(values)
+            missing = missing | nan
+            values[nan] = 0.0
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
-            self.fail(int(bad[0]), name, f"{role} = {values[bad[0]]} is not finite")
+            value = values[bad[0]]
+            self.fail(int(bad[0]), name, f"{role} = {value} is not finite ({bad.size} such rows)"
+                                         + (hint if np.isnan(value) else ""))
         return values, missing
 
     def check_floor(self, times: np.ndarray, name: str, role: str, floor: int) -> None:

@@ -25,7 +25,11 @@ JOIN_LOGS = ("impressions", "events")
 
 #: The log whose columns feed each kind of ``[import.features]`` / ``[import.columns]`` key.
 KIND_LOG = {"event": "events", "candidate": "impressions", "sparse": "impressions",
-            "dense": "impressions"}
+            "dense": "impressions", "candidate_dense": "impressions"}
+
+#: The kinds of ``[import.features]`` key that are numbers, not ids: a request's dense
+#: features (``dense.<column>``) and a candidate's (``candidate_dense.<column>``).
+NUMERIC_KINDS = ("dense", "candidate_dense")
 
 
 @attrs.frozen(kw_only=True)
@@ -40,13 +44,15 @@ class FeatureImport:
     context or dense feature; a request whose impressions are all dropped is left out). A
     missing value is a null or empty cell, an empty list, or a key not found in the feature's
     side table (``[[import.join]]``); null ids inside a list are removed (and counted), the list
-    is missing when none is left. Every feature's counts are printed and recorded in the
-    manifest's ``info.features``."""
+    is missing when none is left; in a numeric column (``dense``, ``candidate_dense``) a NaN is
+    missing too (under ``error`` it stops the import like a null; an infinite value always
+    does). Every feature's counts are printed and recorded in the manifest's
+    ``info.features``."""
 
     default: int | float | None = None
     """The value given under ``missing = "default"``: an id (for a table with ``[import.strings]``
     ``vocabulary``: 0, its reserved missing row, when not given; otherwise required), or a number
-    for a dense feature (0.0 when not given)."""
+    for a dense or candidate dense feature (0.0 when not given)."""
 
 
 def _features(value: Any) -> dict[str, FeatureImport]:
@@ -77,17 +83,17 @@ class JoinOptions:
     naming the file and the key."""
 
     log: str = attrs.field(validator=attrs.validators.in_(JOIN_LOGS))
-    """The log it joins: ``impressions`` (candidate, context and dense features) or ``events``
-    (event features)."""
+    """The log it joins: ``impressions`` (candidate, context, dense and candidate dense
+    features) or ``events`` (event features)."""
 
     log_key: str | None = None
     """The joined log's column holding the key (default: the same name as :attr:`key`)."""
 
     features: dict[str, str] = attrs.field(factory=dict, validator=_text_values)
     """Which side-table column becomes which feature: keys ``candidate.<name>``,
-    ``sparse.<name>``, ``dense.<column>`` (impressions) or ``event.<name>`` (events), values
-    columns of the side table. A log row whose key is not in the side table follows each
-    feature's ``missing`` policy."""
+    ``sparse.<name>``, ``dense.<column>``, ``candidate_dense.<column>`` (impressions) or
+    ``event.<name>`` (events), values columns of the side table. A log row whose key is not in
+    the side table follows each feature's ``missing`` policy."""
 
     @property
     def joined_column(self) -> str:
@@ -132,6 +138,14 @@ class ImportOptions:
     """Impression log columns of the ``num_dense`` dense request features, in order (the same
     on every impression of a request)."""
 
+    candidate_dense_columns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Impression log columns of the candidate's numeric features (an ad's price, a bid), in
+    order: one number per impression each, the schema's ``candidate_numeric_dim`` of them
+    (independent of the history's ``seq_dense_dim``), written as floats per candidate and
+    projected into the candidate's token by the model. A side table can give one:
+    ``[[import.join]]`` with the key ``candidate_dense.<column>``; ``[import.features]``
+    ``candidate_dense.<column>`` says what a missing value does."""
+
     strings: dict[str, str] = attrs.field(factory=dict)
     """Per table (by name), how text values of its features become ids: ``hash`` (a stable
     64-bit hash of the UTF-8 text, :func:`gem_data.import_strings.string_ids`) or
@@ -142,7 +156,8 @@ class ImportOptions:
 
     features: dict[str, FeatureImport] = attrs.field(factory=dict, converter=_features)
     """Per feature (keys ``event.<name>``, ``candidate.<name>``, ``sparse.<name>``,
-    ``dense.<column>``), what a missing value does (:class:`FeatureImport`)."""
+    ``dense.<column>``, ``candidate_dense.<column>``), what a missing value does
+    (:class:`FeatureImport`)."""
 
     join: tuple[JoinOptions, ...] = attrs.field(default=(), converter=_join)
     """Side tables joined into the logs by key (:class:`JoinOptions`)."""
@@ -195,6 +210,10 @@ def read_schema_file(path: str | Path) -> tuple[Any, ImportOptions]:
     if len(options.dense_columns) != schema.num_dense:
         raise GemDataError(f"{path}: num_dense = {schema.num_dense} but import.dense_columns "
                            f"names {len(options.dense_columns)} columns")
+    if len(options.candidate_dense_columns) != schema.candidate_numeric_dim:
+        raise GemDataError(f"{path}: candidate_numeric_dim = {schema.candidate_numeric_dim} but "
+                           f"import.candidate_dense_columns names "
+                           f"{len(options.candidate_dense_columns)} columns")
     check_options(path, schema, options)
     # Side tables named relative to the schema file are found from anywhere.
     joins = tuple(attrs.evolve(j, file=str(path.parent / j.file))
@@ -217,12 +236,15 @@ def text_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
 
 
 def number_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
-    """Columns of ``log`` read as numbers: the labels and the dense columns (impressions)."""
+    """Columns of ``log`` read as numbers: the labels and the dense and candidate dense
+    columns (impressions)."""
     if log == "events":
         return []
     joined = {key for join in options.join for key in join.features}
     return ([options.columns.get(f"label.{task}", task) for task in schema.tasks]
-            + [c for c in options.dense_columns if f"dense.{c}" not in joined])
+            + [c for c in options.dense_columns if f"dense.{c}" not in joined]
+            + [c for c in options.candidate_dense_columns
+               if f"candidate_dense.{c}" not in joined])
 
 
 def log_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
@@ -232,7 +254,7 @@ def log_columns(schema: Any, options: ImportOptions, log: str) -> list[str]:
 
 
 def feature_keys(schema: Any, options: ImportOptions) -> dict[str, tuple[str, Any]]:
-    """Every key of ``[import.features]``: ``key -> (kind, feature or dense column)``."""
+    """Every key of ``[import.features]``: ``key -> (kind, feature or numeric column)``."""
     keys: dict[str, tuple[str, Any]] = {}
     for kind, features in (("event", schema.event_features),
                            ("candidate", schema.candidate_features),
@@ -241,6 +263,8 @@ def feature_keys(schema: Any, options: ImportOptions) -> dict[str, tuple[str, An
             keys[f"{kind}.{f.name}"] = (kind, f)
     for column in options.dense_columns:
         keys[f"dense.{column}"] = ("dense", column)
+    for column in options.candidate_dense_columns:
+        keys[f"candidate_dense.{column}"] = ("candidate_dense", column)
     return keys
 
 
@@ -296,10 +320,11 @@ def check_options(path: Path, schema: Any, options: ImportOptions) -> None:
     for key, entry in options.features.items():
         if key not in keys:
             _unknown(path, key, list(keys), "[import.features]", "event.<feature>, "
-                     "candidate.<feature>, sparse.<feature> or dense.<column>")
+                     "candidate.<feature>, sparse.<feature>, dense.<column> or "
+                     "candidate_dense.<column>")
         kind, feature = keys[key]
         where = f"import.features.{key!r}"
-        if kind == "dense":
+        if kind in NUMERIC_KINDS:
             continue
         if entry.default is not None and not isinstance(entry.default, int):
             fail(f"{where}.default must be an integer id, got {entry.default!r}")
@@ -321,7 +346,8 @@ def check_options(path: Path, schema: Any, options: ImportOptions) -> None:
         for key in join.features:
             if key not in keys:
                 _unknown(path, key, list(keys), f"{where}.features", "event.<feature>, "
-                         "candidate.<feature>, sparse.<feature> or dense.<column>")
+                         "candidate.<feature>, sparse.<feature>, dense.<column> or "
+                         "candidate_dense.<column>")
             kind = keys[key][0]
             if KIND_LOG[kind] != join.log:
                 fail(f"{where}: {key} is a feature of the {KIND_LOG[kind]} log, but the join "

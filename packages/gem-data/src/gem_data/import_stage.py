@@ -2,8 +2,12 @@
 (:mod:`gem_data.import_blocks`), every row converted and checked by the numpy path's own code
 (:class:`~gem_data.import_features.Features`, :class:`~gem_data.import_log.Log`: exact 64-bit
 ids, strings, side tables, missing policies, labels, times), written as typed Parquet files
-for the engine to join, group and split. Only a block is in memory at a time (and the side
-tables, read once, whole).
+for the engine to join, group and split. Only a block is in memory at a time; the side tables
+too when the engine gives a ``side_store`` (:mod:`gem_data.import_duckdb_side`: each block gets
+the side-table rows of its keys), else each is read once, whole. Two ``hash`` texts with one id
+in different blocks are found (:class:`~gem_data.import_strings.HashedTexts`: every block's
+distinct pairs are staged in buckets by id); a side table's null ids inside lists are counted
+once, not once per block.
 
 What needs the whole log is left to the engine, with what it needs to decide it: whether a key
 column of text is numbers (:class:`KeyKind`: the numpy path reads a text column as integers
@@ -16,8 +20,9 @@ or negative numbers and numbers of 2^63 and more).
 Staged impressions: ``row`` (in the file, from 0), ``keep`` (no feature's ``missing = "drop"``
 left it out), the user (``u_n``: the number, ``u_s``: the text), every other request key column
 ``i`` (``k{i}_n``, ``k{i}_s``), the time ``t``, candidate features ``c{j}`` (int64, or a list),
-labels ``l{j}`` (float32), context bags ``s{j}`` and dense values ``d{j}`` (float64). Staged
-events: ``row``, ``keep``, ``u_n``, ``u_s``, ``t`` and event features ``e{j}``.
+labels ``l{j}`` (float32), context bags ``s{j}``, dense values ``d{j}`` and candidate numeric
+values ``cn{j}`` (float64). Staged events: ``row``, ``keep``, ``u_n``, ``u_s``, ``t`` and event
+features ``e{j}``.
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ def staged_schema(schema: Any, options: ImportOptions, log: str, key_count: int)
     fields += [(f"l{j}", pa.float32()) for j in range(len(schema.tasks))]
     fields += [(f"s{j}", ids) for j in range(len(schema.sparse_features))]
     fields += [(f"d{j}", pa.float64()) for j in range(len(options.dense_columns))]
+    fields += [(f"cn{j}", pa.float64()) for j in range(len(options.candidate_dense_columns))]
     return pa.schema(fields)
 
 
@@ -129,11 +135,20 @@ class _Stager:
     value counts) accumulates here until :meth:`run` returns it as :class:`Staged`."""
 
     def __init__(self, impressions: Path, events: Path, schema: Any, options: ImportOptions,
-                 directory: Path, block_rows: int, block_bytes: int) -> None:
+                 directory: Path, block_rows: int, block_bytes: int,
+                 side_store: Any = None) -> None:
+        from gem_data.import_options import feature_keys
+        from gem_data.import_strings import HashedTexts
+
         self.paths = {"impressions": impressions, "events": events}
         self.schema, self.options, self.directory = schema, options, directory
         self.block_rows, self.block_bytes = block_rows, block_bytes
         self.side_tables: dict[int, Any] = {}
+        """Without a ``side_store``: the side tables, each read whole once."""
+        self.side_store = side_store
+        self.side_keys = {key for join in options.join for key in join.features}
+        self.feature_keys = feature_keys(schema, options)
+        self.hashed = HashedTexts(directory / "hashed")
         self.counts: dict[str, dict[str, Any]] = {}
         self.kinds: dict[str, KeyKind] = {}
         self.rows = {"impressions": 0, "events": 0}
@@ -141,6 +156,25 @@ class _Stager:
         self.key: tuple[str, ...] = ()
         self.found_vocabularies: dict[str, Any] | None = None
         """The vocabularies as the last block's features held them (None: no block yet)."""
+
+    def order(self, key: str) -> tuple[int, int]:
+        """Where the numpy path checks the ``hash`` feature ``key``: by table, then feature."""
+        table = self.feature_keys[key][1].table
+        return list(self.options.strings).index(table), list(self.feature_keys).index(key)
+
+    def on_hashed(self, key: str, where: str, texts: Any, ids: np.ndarray) -> None:
+        """A block's texts of a ``hash`` feature, for :meth:`HashedTexts.check`. A side
+        table's are not a block's: read whole, every block's are the whole column's, checked
+        by ``string_ids``; looked up by a store, the store checked them all."""
+        if key not in self.side_keys:
+            self.hashed.add(where, self.order(key), texts, ids)
+
+    def block_side_tables(self, log: str, block: Log, rows: bool = True) -> dict[int, Any]:
+        """The side tables ``block`` of ``log`` joins (a store's rows for its keys, or the
+        whole tables read once)."""
+        if self.side_store is None:
+            return self.side_tables
+        return self.side_store.tables(self, log, block, rows)
 
     def blocks(self, log: str) -> Any:
         o = self.options
@@ -163,8 +197,9 @@ class _Stager:
         for log in ("impressions", "events"):
             for block in self.blocks(log):
                 logs = {"impressions": None, "events": None, log: block}
+                side = self.block_side_tables(log, block, rows=False)
                 for table, arrays in vocabulary_texts(self.schema, self.options, logs,
-                                                      self.side_tables).items():
+                                                      side).items():
                     merged = [a.cast(pa.string()) for a in arrays]
                     if table in seen:
                         merged.append(seen[table])
@@ -172,6 +207,10 @@ class _Stager:
                         distinct = pc.unique(pa.chunked_array(merged, pa.string()))
                         seen[table] = distinct.combine_chunks() \
                             if isinstance(distinct, pa.ChunkedArray) else distinct
+        store = self.side_store.texts if self.side_store is not None else {}
+        for table, texts in store.items():  # the side tables' texts (store: not in ``side``)
+            seen[table] = pc.unique(pa.chunked_array(
+                [texts] + ([seen[table]] if table in seen else []), pa.string()))
         return {table: Vocabulary.build(table, [seen[table]] if table in seen else [])
                 for table, policy in self.options.strings.items() if policy == "vocabulary"}
 
@@ -190,6 +229,7 @@ class _Stager:
             self.stage(log, paths[log], vocabularies)
             if log == "impressions" and not self.rows[log]:
                 raise GemDataError(f"{self.paths[log]}: the impression log has no rows")
+        self.hashed.check()  # two texts with one id in different blocks
         if not self.kept["impressions"]:
             raise GemDataError(f"{self.paths['impressions']}: every impression was dropped for a "
                                f"missing value (missing = \"drop\"): "
@@ -225,10 +265,15 @@ class _Stager:
             if writer is None:
                 writer = pq.ParquetWriter(path, staged_schema(schema, o, log, len(others)))
             logs = {"impressions": None, "events": None, log: block}
-            features = Features(schema, o, logs["impressions"], logs["events"],
-                                vocabularies, self.side_tables)
+            features = Features(schema, o, logs["impressions"], logs["events"], vocabularies,
+                                self.block_side_tables(log, block), on_hashed=self.on_hashed)
             self.found_vocabularies = features.vocabularies
             merge_counts(self.counts, features.counts)
+            for key in self.side_keys & features.counts.keys():
+                # A whole side table's null ids are in every block's counts: counted once.
+                if "null_ids_removed" in features.counts[key]:
+                    self.counts[key]["null_ids_removed"] = \
+                        features.counts[key]["null_ids_removed"]
             columns = self.block_columns(log, block, features, others)
             writer.write_table(pa.Table.from_arrays(columns, schema=writer.schema))
             self.rows[log] += block.table.num_rows
@@ -266,9 +311,9 @@ class _Stager:
                     for f in schema.candidate_features]
         columns += [pa.array(v, pa.float32()) for v in read_labels(block, schema, o).values()]
         columns += [_list(*features.ids[f"sparse.{f.name}"]) for f in schema.sparse_features]
-        if features.dense is not None:
-            columns += [pa.array(features.dense[:, j], pa.float64())
-                        for j in range(features.dense.shape[1])]
+        for numbers in (features.dense, features.candidate_numeric):
+            if numbers is not None:
+                columns += [pa.array(numbers[:, j], pa.float64()) for j in range(numbers.shape[1])]
         return columns
 
 
@@ -289,10 +334,12 @@ def _ordered(counts: dict[str, dict[str, Any]], schema: Any, options: ImportOpti
 def stage_logs(impressions: Path, events: Path, schema: Any, options: ImportOptions,
                directory: Path, *, vocabularies: dict[str, Any] | None = None,
                block_rows: int = BLOCK_ROWS, block_bytes: int = BLOCK_BYTES,
-               users_as_text: bool | None = None) -> Staged:
+               users_as_text: bool | None = None, side_store: Any = None) -> Staged:
     """Stage both logs into ``directory`` (see the module doc); ``vocabularies``: those of
     ``--vocabulary-from`` (else built from the logs); ``users_as_text``: how the data set a
-    window is appended to reads its user ids (None: not appending). Raises GemDataError
-    naming file, row and column of the first bad value found."""
+    window is appended to reads its user ids (None: not appending); ``side_store``: what
+    holds the side tables and looks up their rows for each block
+    (:class:`gem_data.import_duckdb_side.SideStore`; None: each is read whole into memory,
+    once). Raises GemDataError naming file, row and column of the first bad value found."""
     return _Stager(Path(impressions), Path(events), schema, options, Path(directory),
-                   block_rows, block_bytes).run(vocabularies, users_as_text)
+                   block_rows, block_bytes, side_store).run(vocabularies, users_as_text)

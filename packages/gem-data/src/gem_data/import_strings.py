@@ -5,7 +5,9 @@
 unsigned 64-bit number and stored as the int64 of those bits. Stable across runs, machines and
 versions (no per-process seed); the table's id policy (``hash``, ``modulo``, ``managed``) then
 maps the id to a row as for any 64-bit id. Distinct texts with one id are reported: the import
-stops rather than merge two categories.
+stops rather than merge two categories. The numpy engine sees each column whole; an engine that
+reads the logs in blocks stages every block's distinct (id, text) pairs (:class:`HashedTexts`)
+and finds two texts with one id across blocks, naming the pair the numpy engine names.
 
 ``vocabulary``: the distinct texts seen at import, sorted (by code point, which is the order of
 their UTF-8 bytes), get ids ``2, 3, ...``; id 0 is the reserved row of missing values (the
@@ -44,6 +46,12 @@ def string_id(text: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+def same_hash(where: str, first: str, second: str, value: int) -> str:
+    """The error of two texts with one ``hash`` id: ``first`` met before ``second``."""
+    return (f"{where}texts {first!r} and {second!r} have the same 64-bit hash id {value}; use "
+            "import.strings = \"vocabulary\" for this table")
+
+
 def string_ids(texts: Any, where: str = "") -> np.ndarray:
     """The ``hash`` ids of a pyarrow string array (nulls give 0, for the caller to fill).
     Hashes each distinct text once; two texts with one id raise GemDataError."""
@@ -61,15 +69,120 @@ def string_ids(texts: Any, where: str = "") -> np.ndarray:
         seen[first] = True
         other = int(np.flatnonzero(~seen)[0])
         same = int(np.flatnonzero(ids == ids[other])[0])
-        raise GemDataError(f"{where}texts {values[same]!r} and {values[other]!r} have the same "
-                           f"64-bit hash id {int(ids[other])}; use import.strings = "
-                           "\"vocabulary\" for this table")
+        raise GemDataError(same_hash(where, values[same], values[other], int(ids[other])))
     result = np.zeros(len(texts), dtype=np.int64)
     if ids.size:
         index = np.asarray(pc.fill_null(pc.index_in(texts, value_set=pa.array(values, pa.string())),
                                         -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         result = np.where(index >= 0, ids[np.maximum(index, 0)], 0)
     return result
+
+
+#: Bits of a ``hash`` id (its top ones) that choose the bucket :class:`HashedTexts` stages its
+#: texts in: one bucket of 64 is in memory at a time when the buckets are checked.
+BUCKET_BITS = 6
+
+
+class HashedTexts:
+    """The distinct (id, text) pairs of ``hash`` columns read in blocks, staged to Parquet files
+    in ``directory`` by the id's top :data:`BUCKET_BITS` bits, so that two texts with one id
+    are found in whichever blocks they are (:func:`string_ids` sees one block) while only a
+    bucket of the pairs is in memory. :meth:`check` names the pair :func:`string_ids` names
+    reading each column whole: the first column (by ``order``) with a collision, and in it the
+    text met first with the id of the earliest text whose id was met before."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.columns: dict[str, list[Any]] = {}  # where: [index, order, texts met so far]
+        self.writers: dict[int, Any] = {}
+        self.parts: list[Path] = []
+
+    def add(self, where: str, order: Any, texts: Any, ids: np.ndarray) -> None:
+        """One block of the column ``where`` (the prefix of its errors, naming file and column;
+        ``order``: where the numpy path checks it among the others): its texts (a pyarrow
+        string array; nulls are not values) and their ids (as :func:`string_ids` gave them)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        entry = self.columns.setdefault(where, [len(self.columns), order, 0])
+        entry[1] = min(entry[1], order)
+        offset, entry[2] = entry[2], entry[2] + len(texts)
+        distinct = pc.unique(texts.drop_null())
+        if not len(distinct):
+            return
+        # Each distinct text's first place in the block: the order the column met them in.
+        first = np.asarray(pc.index_in(distinct, value_set=texts).to_numpy(), dtype=np.int64)
+        values = np.asarray(ids, dtype=np.int64)[first]
+        bucket = values.view(np.uint64) >> np.uint64(64 - BUCKET_BITS)
+        table = pa.table({"w": pa.array(np.full(first.size, entry[0], dtype=np.int32)),
+                          "id": values, "text": distinct.cast(pa.string()),
+                          "pos": first + offset})
+        for b in np.unique(bucket):
+            self._writer(int(b)).write_table(table.filter(pa.array(bucket == b)))
+
+    def _writer(self, bucket: int) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if bucket not in self.writers:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"bucket-{bucket}-{len(self.parts)}.parquet"
+            self.parts.append(path)
+            self.writers[bucket] = pq.ParquetWriter(path, pa.schema([
+                ("w", pa.int32()), ("id", pa.int64()), ("text", pa.string()),
+                ("pos", pa.int64())]))
+        return self.writers[bucket]
+
+    def check(self) -> None:
+        """Raise GemDataError (:func:`same_hash`) if two texts added since the last check have
+        one id in one column; the pairs checked are removed."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from gem_core.errors import GemDataError
+
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
+        found = []
+        buckets: dict[str, list[Path]] = {}
+        for path in self.parts:
+            buckets.setdefault(path.name.split("-")[1], []).append(path)
+        for paths in buckets.values():
+            found += _collisions(pa.concat_tables([pq.read_table(p) for p in paths]))
+            for path in paths:
+                path.unlink()
+        self.parts = []
+        if found:
+            names = {entry[0]: (entry[1], where) for where, entry in self.columns.items()}
+            _, _, w, first, second, value = min(
+                (names[w][0], pos, w, first, second, value)
+                for w, pos, first, second, value in found)
+            raise GemDataError(same_hash(names[w][1], first, second, value))
+
+
+def _collisions(table: Any) -> list[tuple[int, int, str, str, int]]:
+    """Per column and id with two texts in ``table`` (a bucket of :class:`HashedTexts`):
+    ``(column, place of the second text met, first text, second text, id)``."""
+    import pyarrow.compute as pc
+
+    pairs = table.group_by(["w", "id", "text"]).aggregate([("pos", "min")])
+    counts = pairs.group_by(["w", "id"]).aggregate([("text", "count")])
+    twice = counts.filter(pc.greater(counts.column("text_count"), 1))
+    if not twice.num_rows:
+        return []
+    rows = pairs.join(twice, keys=["w", "id"], join_type="inner").sort_by(
+        [("w", "ascending"), ("id", "ascending"), ("pos_min", "ascending")]).to_pylist()
+    found, group, first, met = [], None, "", 0
+    for row in rows:
+        key = (row["w"], row["id"])
+        met = met + 1 if key == group else 1
+        if met == 1:
+            group, first = key, row["text"]
+        elif met == 2:
+            found.append((row["w"], row["pos_min"], first, row["text"], row["id"]))
+    return found
 
 
 class Vocabulary:

@@ -1,8 +1,9 @@
 """``gem data import``: the command and :func:`import_logs`, which run an engine over the logs
 and write the data set. What an import builds (requests, histories strictly before each
 request, the split) is described in :mod:`gem_data.import_build`, the numpy engine and
-reference; ``duckdb`` is :mod:`gem_data.import_duckdb`; ``--window`` / ``--append`` write time
-windows (:mod:`gem_data.import_append`).
+reference; ``duckdb`` is :mod:`gem_data.import_duckdb`, ``spark`` :mod:`gem_data.import_spark`
+(:mod:`gem_data.import_engines` opens either); ``--window`` / ``--append`` write time windows
+(:mod:`gem_data.import_append`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from gem_data.import_build import (  # noqa: F401  (re-exported: the import's AP
     describe_import,
     import_info,
 )
+from gem_data.import_engines import ENGINES
 from gem_data.import_options import (  # noqa: F401  (the [import] table's API, re-exported)
     ImportOptions,
     read_schema_file,
 )
-
-ENGINES = ("numpy", "duckdb")
-"""The engines of ``gem data import`` (``--engine``)."""
 
 DEFAULT_ENGINE = "numpy"
 
@@ -35,7 +34,7 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
                 memory_limit: str | None = None, temp_dir: str | Path | None = None,
                 threads: int | None = None, block_rows: int | None = None,
                 block_bytes: int | None = None, window: str | None = None,
-                append: bool = False) -> Any:
+                append: bool = False, master: str | None = None) -> Any:
     """Import the logs into a data set directory ``out``; returns its manifest. Its ``info``
     says what share of the requests went to eval (``split``), how requests were keyed and how
     many rows were dropped (``requests``), per feature how many values were missing and what
@@ -45,31 +44,28 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
     instead of building new ones. Written beside ``out`` and renamed into place when complete:
     a failed import leaves ``out`` as it was.
 
-    ``engine``: ``numpy`` (both logs in memory, the reference) or ``duckdb``
+    ``engine``: ``numpy`` (both logs in memory, the reference), ``duckdb``
     (:mod:`gem_data.import_duckdb`: out of core under ``memory_limit``, spilling into
     ``temp_dir``, by default inside the staging directory; ``threads``: DuckDB's, default
-    every core; ``block_rows`` / ``block_bytes``: rows of a Parquet block, bytes of a CSV
-    block read at a time). Both write the same requests.
+    every core) or ``spark`` (:mod:`gem_data.import_spark`: on ``master``, default
+    ``local[*]`` or the session running in this process; ``memory_limit``: the driver's
+    heap; ``temp_dir``: where the logs are staged and Spark writes). ``block_rows`` /
+    ``block_bytes``: rows of a Parquet block, bytes of a CSV block the engines other than
+    numpy read at a time. All write the same requests.
 
     ``window``: the logs are one time window of that name: a data set of windows, every
     request in train, with each user's latest events kept for the next window; ``append``: add
     it to the data set of windows ``out`` (:mod:`gem_data.import_append`)."""
     from gem_core.errors import GemDataError
+    from gem_data.import_engines import open_run, refuse_options
     from gem_data.import_strings import read_vocabularies
     from gem_data.writer import DatasetWriter, staged_directory
 
     if engine not in ENGINES:
         raise GemDataError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
     run_options = {"memory_limit": memory_limit, "temp_dir": temp_dir, "threads": threads,
-                   "block_rows": block_rows, "block_bytes": block_bytes}
-    if engine == "numpy":
-        given_options = [f"--{name.replace('_', '-')}" for name in ("memory_limit", "temp_dir",
-                                                                    "threads")
-                         if run_options[name] is not None]
-        if given_options:
-            verb = "applies" if len(given_options) == 1 else "apply"
-            raise GemDataError(f"{' and '.join(given_options)} {verb} to --engine duckdb; the "
-                               "numpy engine holds both logs in memory")
+                   "block_rows": block_rows, "block_bytes": block_bytes, "master": master}
+    refuse_options(engine, run_options)
     if window is not None or append:
         from gem_data.import_append import import_window
 
@@ -90,11 +86,8 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
                 batch.validate(schema, where=f"{out} ({split})")
                 writer.write(split, batch)
         else:
-            from gem_data.import_duckdb import DuckDBImport
-
-            with DuckDBImport(impressions, events, schema, options, vocabularies=given,
-                              **{**run_options, "temp_dir": staging if temp_dir is None
-                                 else temp_dir}) as run:
+            with open_run(engine, impressions, events, schema, options, vocabularies=given,
+                          earlier=None, run_options=run_options, staging=staging) as run:
                 report = run.prepare()
                 writer = DatasetWriter(staging, schema, row_group_rows=row_group_rows,
                                        info=import_info(sources, options, report, staging,
@@ -123,15 +116,21 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
                                  "out-of-vocabulary id, counted.")
 @click.option("--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True,
               help="numpy: both logs in memory (the reference). duckdb: the join, grouping "
-                   "and split in DuckDB, out of core (pip install 'gem-data[duckdb]').")
+                   "and split in DuckDB, out of core (pip install 'gem-data[duckdb]'). spark: "
+                   "the same in Apache Spark, here or on a cluster (pip install "
+                   "'gem-data[spark]'; Java 17+).")
 @click.option("--memory-limit", default=None, metavar="SIZE",
               help="duckdb: DuckDB's memory limit, e.g. 2GB (default: 80 % of the memory); "
-                   "what does not fit spills to --temp-dir.")
+                   "what does not fit spills to --temp-dir. spark: the driver's heap "
+                   "(spark.driver.memory; default 1 GiB).")
 @click.option("--temp-dir", type=click.Path(file_okay=False), default=None,
-              help="duckdb: where DuckDB spills and stages the logs (default: inside the "
-                   "staging directory beside OUT); removed after the import.")
+              help="duckdb, spark: where the logs are staged and the engine spills (default: "
+                   "inside the staging directory beside OUT); removed after the import.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="duckdb: threads DuckDB runs on (default: every core).")
+@click.option("--master", default=None, metavar="URL",
+              help="spark: Spark's master, e.g. local[2] or spark://host:7077 (default: "
+                   "local[*], or spark-submit's).")
 @click.option("--window", default=None, metavar="NAME",
               help="The logs are one time window NAME (e.g. 2026-11-30) of a data set of "
                    "windows: every request in train, each user's latest events kept for the "
@@ -143,14 +142,15 @@ def import_logs(impressions: str | Path, events: str | Path, schema_file: str | 
 def import_command(impressions: str, events: str, schema_file: str, out: str,
                    row_group_rows: int, vocabulary_from: str | None, engine: str,
                    memory_limit: str | None, temp_dir: str | None, threads: int | None,
-                   window: str | None, append: bool) -> None:
+                   master: str | None, window: str | None, append: bool) -> None:
     from gem_core.errors import GemError
 
     try:
         manifest = import_logs(impressions, events, schema_file, out,
                                row_group_rows=row_group_rows, vocabulary_from=vocabulary_from,
                                engine=engine, memory_limit=memory_limit, temp_dir=temp_dir,
-                               threads=threads, window=window, append=append)
+                               threads=threads, window=window, append=append,
+                               master=master)
     except GemError as error:
         raise click.ClickException(str(error)) from None
     from gem_data.import_split import describe

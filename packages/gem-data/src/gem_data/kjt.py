@@ -46,6 +46,7 @@ class KJTExtras:
     dense: Tensor | None = None
     seq_dense: Tensor | None = None
     candidate_dense: Tensor | None = None
+    candidate_numeric: Tensor | None = None
     user_embedding: Tensor | None = None
     user_ids: Tensor | None = None
     teacher_logits: Mapping[str, Tensor] | None = None
@@ -97,6 +98,7 @@ def to_kjt(batch: JaggedBatch, schema: FeatureSchema, *, map_ids: bool = True
         request_timestamps=batch.request_timestamps, candidate_offsets=batch.candidate_offsets,
         labels=dict(batch.labels), item_offsets=item_offsets, dense=batch.dense,
         seq_dense=batch.seq_dense, candidate_dense=batch.candidate_dense,
+        candidate_numeric=batch.candidate_numeric,
         user_embedding=batch.user_embedding, user_ids=batch.user_ids,
         teacher_logits=batch.teacher_logits, teacher_embedding=batch.teacher_embedding)
     return kjt, extras
@@ -139,6 +141,7 @@ def from_kjt(kjt: Any, extras: KJTExtras, schema: FeatureSchema) -> JaggedBatch:
         dense=extras.dense,
         seq_dense=extras.seq_dense,
         candidate_dense=extras.candidate_dense,
+        candidate_numeric=extras.candidate_numeric,
         user_embedding=extras.user_embedding,
         user_ids=extras.user_ids,
         teacher_logits=extras.teacher_logits,

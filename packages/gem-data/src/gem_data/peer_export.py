@@ -86,7 +86,7 @@ def train_batches(source: SyntheticAdsSource, *, steps: int,
 
 def eval_batches(source: SyntheticAdsSource) -> Iterator[JaggedBatch]:
     """The eval split in the source's order, one batch per eval chunk."""
-    yield from source.eval_batches(batch_size=max(source.config.eval_rows, 1))
+    yield from source.eval_batches(batch_size=max(source.config.generated_eval_rows, 1))
 
 
 @attrs.frozen(kw_only=True)

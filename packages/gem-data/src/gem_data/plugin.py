@@ -74,8 +74,8 @@ def gem_register_cli_commands(register: Any) -> None:
     register(ImplementationSpec(
         name="bench.import", load=lazy("gem_data.bench_import", "bench_import"),
         requires=("pyarrow",),
-        description="gem data import with each engine (numpy, duckdb) on the same generated "
-                    "logs: rows/s and peak memory"))
+        description="gem data import with each engine (numpy, duckdb, spark) on the same "
+                    "generated logs: rows/s and peak memory"))
     register(ImplementationSpec(
         name="export-user-embeddings",
         load=lazy("gem_data.export_user_embeddings", "export_user_embeddings"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,8 +40,11 @@ from gem_data.batch_ops import slice_batch
 from gem_data.dataset import DatasetReader, Unit, split_units, warn_without_digests
 from gem_data.loader import ParquetStream
 from gem_data.manifest import Manifest, read_manifest
+from gem_data.source_config import applied_data_config, log_applied
 from gem_data.time_stream import TimeOrderedStream
 from gem_data.validation import ValidationPolicy, ValidationReport
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -77,7 +81,7 @@ class ParquetSource(WindowedSource):
 
     def __init__(self, config: DataConfig, *, seed: int, options: ParquetOptions,
                  directory: str | Path | None = None) -> None:
-        self.config, self.seed = config, seed
+        self.seed = seed
         self.options = options
         location = directory if directory is not None else config.path
         if not location:
@@ -86,7 +90,11 @@ class ParquetSource(WindowedSource):
         self.directory = Path(location)
         self.manifest = read_manifest(self.directory)
         warn_without_digests(self.directory, self.manifest)
-        self.max_seq_len = min(config.max_seq_len, self.manifest.schema.max_seq_len)
+        # The data set's own max_seq_len and eval split replace values the user did not choose.
+        own = self.manifest.schema.max_seq_len
+        self.config = applied_data_config(config, own)
+        log_applied(config, self.config, own, self.directory)
+        self.max_seq_len = self.config.max_seq_len
         self.schema = attrs.evolve(self.manifest.schema, max_seq_len=self.max_seq_len)
         self._report = ValidationReport()
         self.time_order = config.order == "time"
@@ -108,15 +116,25 @@ class ParquetSource(WindowedSource):
             return train, split_units(self.manifest, "eval")
         if self.manifest.splits.get("eval"):
             return train, split_units(self.manifest, "eval")
-        # No eval files: hold out trailing row groups (at least eval_rows rows, never all).
+        # No eval files: hold out trailing row groups (at least eval_rows rows, or 8192 when
+        # unset; never all).
+        wanted = self.config.generated_eval_rows
         held, rows = [], 0
-        while rows < self.config.eval_rows and len(train) > 1:
+        while rows < wanted and len(train) > 1:
             held.insert(0, train.pop())
             rows += held[0].rows
         if not held:
             raise GemDataError(f"{self.directory}: no eval split and only one row group; "
                                "write an eval split or smaller row groups")
+        log.info("%s has no eval split: its last %d row groups (%d requests, at least %d: "
+                 "data.eval_rows%s) are held out for evaluation", self.directory, len(held), rows,
+                 wanted, " unset" if self.config.eval_rows is None else "")
         return train, held
+
+    def applied_config(self, given: DataConfig) -> DataConfig:
+        """``given`` with the data set's own ``max_seq_len`` and whole eval split where
+        ``given.data_set_wins`` names them (see :mod:`gem_data.source_config`)."""
+        return applied_data_config(given, self.manifest.schema.max_seq_len)
 
     def _reader(self) -> DatasetReader:
         return DatasetReader(self.directory, policy=self.options.validation, report=self._report,
@@ -142,8 +160,8 @@ class ParquetSource(WindowedSource):
                              token_budget=o.token_budget, post=post, **common)
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        """The first ``data.eval_rows`` requests of the eval split, in file order, on every
-        rank."""
+        """The eval split (its first ``data.eval_rows`` requests when set), in file order, on
+        every rank."""
         if not self.eval_units:
             raise GemDataError(f"{self.directory} has no eval split: in data.order = 'time' "
                                "every window trains, and each is evaluated before it is trained "
@@ -151,12 +169,15 @@ class ParquetSource(WindowedSource):
         return self._first_rows(self.eval_units, batch_size)
 
     def _first_rows(self, units: list[Unit], batch_size: int) -> Iterator[JaggedBatch]:
-        """The first ``data.eval_rows`` requests of ``units``, in file order."""
+        """The requests of ``units`` (the first ``data.eval_rows`` when set), in file order."""
         stream = ParquetStream(self._reader(), units, batch_size=batch_size,
                                seed=self.seed, shuffle=False, epochs=1,
                                prefetch=self.options.prefetch)
         remaining = self.config.eval_rows
         try:
+            if remaining is None:  # the whole split
+                yield from stream
+                return
             for batch in stream:
                 if batch.batch_size > remaining:
                     batch = slice_batch(batch, 0, remaining)
@@ -187,7 +208,8 @@ class ParquetSource(WindowedSource):
         return int(position["window_index"]), bool(position["begun"])
 
     def window_eval_batches(self, index: int, *, batch_size: int) -> Iterator[JaggedBatch]:
-        """The first ``data.eval_rows`` requests of window ``index``, in file order."""
+        """Window ``index``'s requests (the first ``data.eval_rows`` when set), in file
+        order."""
         return self._first_rows(self._window_units()[index][1], batch_size)
 
     def fingerprint(self) -> dict[str, str]:

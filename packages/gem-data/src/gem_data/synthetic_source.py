@@ -66,7 +66,7 @@ class SyntheticAdsSource(DataSource):
         return {}
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        for index, size in self.generator.eval_chunks(self.config.eval_rows):
+        for index, size in self.generator.eval_chunks(self.config.generated_eval_rows):
             chunk = self.generator.chunk(size, split="eval", index=index)
             if batch_size >= size:
                 yield chunk
@@ -77,7 +77,7 @@ class SyntheticAdsSource(DataSource):
     def achievable_ne(self) -> dict[str, float]:
         """Per task, the NE of the true label probabilities on this source's eval split."""
         if self._achievable is None:
-            self._achievable = achievable_ne(self.generator, self.config.eval_rows)
+            self._achievable = achievable_ne(self.generator, self.config.generated_eval_rows)
         return self._achievable
 
     def indicator_ne(self) -> dict[str, float]:
@@ -86,7 +86,7 @@ class SyntheticAdsSource(DataSource):
         :data:`~gem_data.indicator_ne.TRAIN_ROWS` training requests."""
         if self._indicator is None:
             self._indicator = indicator_regression_ne(self.generator, TRAIN_ROWS,
-                                                      self.config.eval_rows)
+                                                      self.config.generated_eval_rows)
         return self._indicator
 
     def report(self) -> dict[str, Any]:

@@ -87,8 +87,9 @@ def _check_history(table: Any, schema: FeatureSchema, c: Checker) -> None:
 
 
 def _check_candidates(table: Any, schema: FeatureSchema, c: Checker) -> None:
-    """At least one candidate a request; every candidate feature, label, ``candidate_dense``
-    and teacher logit has the request's candidate count (the first candidate feature's)."""
+    """At least one candidate a request; every candidate feature, label, ``candidate_dense``,
+    ``candidate_numeric`` and teacher logit has the request's candidate count (the first
+    candidate feature's)."""
     first = schema.candidate_features[0]
     first_name = fmt.candidate_column(first.name)
     first_offsets = list_child(single_array(table.column(first_name)))[1]
@@ -115,6 +116,10 @@ def _check_candidates(table: Any, schema: FeatureSchema, c: Checker) -> None:
     if schema.candidate_content:
         _same_length(c, fmt.CANDIDATE_DENSE, list_lengths(table.column(fmt.CANDIDATE_DENSE)),
                      counts, what, schema.seq_dense_dim)
+    if schema.candidate_numeric_dim:
+        _same_length(c, fmt.CANDIDATE_NUMERIC,
+                     list_lengths(table.column(fmt.CANDIDATE_NUMERIC)), counts, what,
+                     schema.candidate_numeric_dim)
     for task in schema.teacher_tasks:  # gem distill-precompute: one teacher logit a candidate
         name = fmt.teacher_logit_column(task)
         _same_length(c, name, list_lengths(table.column(name)), counts, what)

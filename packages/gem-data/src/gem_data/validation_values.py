@@ -54,6 +54,7 @@ def _float_columns(schema: FeatureSchema) -> list[tuple[str, int]]:
     """Every float column with its width (0: the schema has none of it)."""
     return [(fmt.DENSE, schema.num_dense), (fmt.HISTORY_DENSE, schema.seq_dense_dim),
             (fmt.CANDIDATE_DENSE, schema.seq_dense_dim * schema.candidate_content),
+            (fmt.CANDIDATE_NUMERIC, schema.candidate_numeric_dim),
             (fmt.USER_EMBEDDING, schema.user_embedding_dim),
             (fmt.TEACHER_EMBEDDING, schema.teacher_embedding_dim),
             *((fmt.teacher_logit_column(t), 1) for t in schema.teacher_tasks)]

@@ -31,7 +31,8 @@ def one_candidate_per_request(batch: JaggedBatch) -> JaggedBatch:
     exploded = batch.select(batch.candidate_rows())
     return attrs.evolve(exploded, candidate_offsets=torch.arange(batch.num_candidates + 1),
                         candidate_ids=batch.candidate_ids, labels=batch.labels,
-                        candidate_dense=batch.candidate_dense)
+                        candidate_dense=batch.candidate_dense,
+                        candidate_numeric=batch.candidate_numeric)
 
 
 def _step_time(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: JaggedBatch,

@@ -88,8 +88,46 @@ def load_config(
         data = read_preset(name)
         data.setdefault("name", name)
     overrides = list(overrides)
+    named = _named_data_keys(data if path is not None else {}, overrides)
     _drop_options_of_another_source(data, overrides)
-    return structure(GemConfig, apply_overrides(data, overrides))
+    return structure(GemConfig, _mark_data_set_wins(apply_overrides(data, overrides), named))
+
+
+#: ``[data]`` keys a file-backed data set has values of its own for (its manifest's
+#: ``max_seq_len``, its eval split), which replace values the user did not choose.
+DATA_SET_KEYS = ("max_seq_len", "eval_rows")
+
+
+def _named_data_keys(user_file: dict[str, Any], overrides: list[str]) -> set[str]:
+    """The keys of ``[data]`` the user chose: those of their own config file's ``[data]``
+    (``user_file``; empty for a preset, whose values describe its generated data) and those
+    ``--set`` names (``data.KEY=...``, or ``data={...}`` with the key in it)."""
+    section = user_file.get("data")
+    named = set(section) if isinstance(section, dict) else set()
+    for override in overrides:
+        path, value = parse_override(override)
+        if path[:1] != ["data"]:
+            continue
+        if len(path) > 1:
+            named.add(path[1])
+        elif isinstance(value, dict):
+            named |= set(value)
+    return named
+
+
+def _mark_data_set_wins(data: dict[str, Any], named: set[str]) -> dict[str, Any]:
+    """``data.data_set_wins``: the :data:`DATA_SET_KEYS` with a value the user did not choose
+    (a preset's, or ``max_seq_len``'s default), unless the user set the list themselves. An
+    unset ``eval_rows`` already means the whole eval split: it is not listed, so that a run's
+    ``config.toml`` (which leaves it out) reads back as the run's configuration."""
+    if "data_set_wins" in named:
+        return data
+    section = data.setdefault("data", {})
+    if not isinstance(section, dict):
+        return data  # structure() names the bad value
+    section["data_set_wins"] = [key for key in DATA_SET_KEYS if key not in named
+                                and (key == "max_seq_len" or key in section)]
+    return data
 
 
 def _drop_options_of_another_source(data: dict[str, Any], overrides: list[str]) -> None:
@@ -213,7 +251,8 @@ def to_toml(data: dict[str, Any]) -> str:
 
 
 def _write_table(table: dict[str, Any], path: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    # TOML has no null: an unset optional key (None) is left out, which reads back as unset.
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
     tables = {k: v for k, v in table.items() if isinstance(v, dict)}
     if path and (scalars or not tables):
         lines.append(f"\n[{'.'.join(toml_key(part) for part in path)}]")

@@ -13,7 +13,10 @@ import attrs
 
 # Importers of this module (gem_core.embedding, ...) find the model's sections here too.
 from gem_core.config.model_schema import ModelConfig
-from gem_core.config.validators import at_least, between, choice, greater_than
+from gem_core.config.validators import at_least, between, choice, each, greater_than, optional
+
+GENERATED_EVAL_ROWS = 8192
+"""Requests generated data evaluates when ``data.eval_rows`` is unset."""
 
 
 @attrs.frozen(kw_only=True)
@@ -27,11 +30,27 @@ class DataConfig:
     """Data set location for file-backed sources; unused by generated data."""
 
     max_seq_len: int = attrs.field(default=256, validator=greater_than(0))
-    """Histories are truncated to their most recent ``max_seq_len`` events."""
+    """Histories are truncated to their most recent ``max_seq_len`` events. A file-backed data
+    set's own cap (its manifest's ``max_seq_len``) replaces this value where ``data_set_wins``
+    names it (a preset's value or the default: one the user did not choose); a value the user
+    chose applies, cut to the data set's cap when longer. The start-up log says which applied,
+    and the run's ``config.toml`` records the value used."""
 
-    eval_rows: int = attrs.field(default=8192, validator=greater_than(0))
-    """Size of the held-out evaluation split (with ``order = "time"``: of each window's
-    progressive evaluation)."""
+    eval_rows: int | None = attrs.field(default=None, validator=optional(greater_than(0)))
+    """Requests each evaluation scores: the first ``eval_rows`` of the eval split in file order
+    (with ``order = "time"``: of each window's progressive evaluation). Unset: the whole eval
+    split (or window) of a file-backed data set; generated data, which has no end, generates
+    ``GENERATED_EVAL_ROWS`` (8192). A data set without an eval split holds out trailing row
+    groups of at least ``eval_rows`` (unset: 8192) requests. The log says how many were
+    scored."""
+
+    data_set_wins: tuple[str, ...] = attrs.field(
+        default=(), converter=tuple, validator=each(choice("max_seq_len", "eval_rows")))
+    """Keys of this section whose values give way to a file-backed data set's own: its
+    manifest's ``max_seq_len``, its whole eval split for ``eval_rows``. The loader lists those
+    that neither ``--set`` nor the user's config file names (a preset's values describe its
+    generated data, which uses them as they are); a run's ``config.toml`` records the values
+    the run used, with this list empty."""
 
     order: str = attrs.field(default="shuffled", validator=choice("shuffled", "time"))
     """``shuffled``: epochs over the training split in a seeded random order, evaluated on the
@@ -45,6 +64,12 @@ class DataConfig:
     options: dict[str, Any] = attrs.field(factory=dict)
     """Source-specific options, structured into the source's options class (``gem config
     explain data.options`` lists those of the configured source)."""
+
+    @property
+    def generated_eval_rows(self) -> int:
+        """Requests generated data evaluates (and the least a data set without an eval split
+        holds out): ``eval_rows``, or ``GENERATED_EVAL_ROWS`` when unset."""
+        return GENERATED_EVAL_ROWS if self.eval_rows is None else self.eval_rows
 
 
 @attrs.frozen(kw_only=True)

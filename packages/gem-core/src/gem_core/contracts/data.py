@@ -6,8 +6,11 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+import attrs
+
 if TYPE_CHECKING:
     from gem_core.batch import JaggedBatch
+    from gem_core.config import DataConfig
     from gem_core.schema import FeatureSchema
 
 
@@ -74,6 +77,15 @@ class DataSource(abc.ABC):
         checkpoint stores it and a resume on data with another fingerprint is refused. Data
         that is a pure function of the config and the seed (generated data) returns ``{}``."""
 
+    def applied_config(self, given: DataConfig) -> DataConfig:
+        """``[data]`` as this source applies it (``given``: what its factory was called with),
+        which the run records in its ``config.toml`` and checkpoints and builds everything else
+        from. A file-backed source puts its data set's own values in place of those
+        ``given.data_set_wins`` names (the parquet source: the manifest's ``max_seq_len``, no
+        ``eval_rows`` cap); this default applies ``given`` as it is (generated data), with
+        that list emptied."""
+        return attrs.evolve(given, data_set_wins=())
+
     def report(self) -> dict[str, Any]:
         """Counts for ``summary.json`` under ``data`` and the log (``rows_checked``,
         ``rows_dropped``, ``rows_repaired`` per check, ``histories_truncated``: see
@@ -106,8 +118,9 @@ class WindowedSource(DataSource):
 
     @abc.abstractmethod
     def window_eval_batches(self, index: int, *, batch_size: int) -> Iterator[JaggedBatch]:
-        """Window ``index``'s requests (at most ``data.eval_rows``), in file order, the same on
-        every rank: what progressive evaluation scores before training on the window."""
+        """Window ``index``'s requests (all of them, or its first ``data.eval_rows`` when set),
+        in file order, the same on every rank: what progressive evaluation scores before
+        training on the window."""
 
 
 class DataWindow:

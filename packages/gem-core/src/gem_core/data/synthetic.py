@@ -157,7 +157,7 @@ class SyntheticSource(DataSource):
         return {}
 
     def eval_batches(self, *, batch_size: int) -> Iterator[JaggedBatch]:
-        rows = self.config.eval_rows
+        rows = self.config.generated_eval_rows
         for index, chunk_start in enumerate(range(0, rows, EVAL_CHUNK)):
             size = min(EVAL_CHUNK, rows - chunk_start)
             chunk = self.generate(size, split=_EVAL, index=index)

@@ -56,7 +56,9 @@ def check_refit(config: GemConfig) -> None:
                              f"time window; it needs data.order = 'time' (this run's is "
                              f"{order!r}): use refit = 'once'")
     wanted = a.fit_batches * config.train.batch_size
-    if wanted > config.data.eval_rows:
+    # Unset (or the preset's, which a data set's windows replace), a window is read whole.
+    capped = config.data.eval_rows is not None and "eval_rows" not in config.data.data_set_wins
+    if capped and wanted > config.data.eval_rows:
         log.warning("distill.adapter.refit = 'each_window': a refit reads at most data.eval_rows"
                     " = %d requests of the previous window, fewer than distill.adapter."
                     "fit_batches * train.batch_size = %d; raise data.eval_rows to fit on more",

@@ -135,6 +135,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self._build_upstream(attention, norm, moe, live)
         self._build_history_readers(attention, live)
         self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
+        # A candidate's numeric features (price, bid) join its token, as its content vector does.
+        self.candidate_numeric = (nn.Linear(schema.candidate_numeric_dim, dim)
+                                  if schema.candidate_numeric_dim else None)
         self._build_distillation()
         self._build_interaction(moe)
 
@@ -297,6 +300,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         candidate_content = self.events.content_vector(batch.candidate_dense)
         if candidate_content is not None:
             candidate = candidate + candidate_content
+        if self.candidate_numeric is not None:
+            candidate = candidate + self.candidate_numeric(batch.candidate_numeric)
         context = [token[owner] for token in requests.context]
 
         tokens = [candidate]
@@ -438,6 +443,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             counts["events"] = linear_layer_flops(content, tokens + impressions)
         if self.dense_proj is not None:
             counts["dense_proj"] = linear_layer_flops(self.dense_proj, batch)
+        if self.candidate_numeric is not None:
+            counts["candidate_numeric"] = linear_layer_flops(self.candidate_numeric, impressions)
         if self.tower is not None:
             for key, value in self.tower.flops(lengths, self.num_context, dense).items():
                 counts[f"tower.{key}"] = value

@@ -102,7 +102,9 @@ def with_candidate_counts(batch: JaggedBatch, copies: Tensor) -> JaggedBatch:
         batch, candidate_offsets=offsets_from_lengths(counts),
         candidate_ids={k: select_ids(v, index) for k, v in batch.candidate_ids.items()},
         labels={k: v[index] for k, v in batch.labels.items()},
-        candidate_dense=None if batch.candidate_dense is None else batch.candidate_dense[index])
+        candidate_dense=None if batch.candidate_dense is None else batch.candidate_dense[index],
+        candidate_numeric=(None if batch.candidate_numeric is None
+                           else batch.candidate_numeric[index]))
 
 
 def capture(program, inputs: dict[str, Tensor], specs,

@@ -19,6 +19,7 @@ input                           shape                      what
 ``dense``                       ``(requests, num_dense)``  dense float features
 ``seq_dense``                   ``(events, seq_dense_dim)`` history content vectors
 ``candidate_dense``             ``(candidates, seq_dense_dim)`` candidate content vectors
+``candidate_numeric``           ``(candidates, width)``    candidate numeric features (price)
 ``user_embedding``              ``(requests, width)``      cached upstream user embedding
 ==============================  =========================  ====================================
 
@@ -98,6 +99,10 @@ def input_specs(schema: FeatureSchema, groups: tuple[str, ...]) -> list[InputSpe
             specs.append(InputSpec(name="candidate_dense", dtype="float32",
                                    shape=("candidates", schema.seq_dense_dim),
                                    source="content vector of each candidate"))
+        if schema.candidate_numeric_dim:
+            specs.append(InputSpec(name="candidate_numeric", dtype="float32",
+                                   shape=("candidates", schema.candidate_numeric_dim),
+                                   source="numeric features of each candidate"))
     if CONTEXT in groups:
         for feature in schema.sparse_features:
             name = f"sparse.{feature.name}"
@@ -144,6 +149,8 @@ def batch_inputs(batch: JaggedBatch, schema: FeatureSchema,
         _put_ids(out, "candidate", schema.candidate_features, batch.candidate_ids)
         if schema.candidate_content:
             out["candidate_dense"] = batch.candidate_dense
+        if schema.candidate_numeric_dim:
+            out["candidate_numeric"] = batch.candidate_numeric
     if CONTEXT in groups:
         for feature in schema.sparse_features:
             bag = batch.sparse[feature.name]
@@ -203,10 +210,13 @@ def batch_from_inputs(inputs: Mapping[str, Tensor], schema: FeatureSchema,
         candidate_offsets = inputs["candidate_offsets"]
         candidate_ids = _get_ids(inputs, "candidate", schema.candidate_features)
         candidate_dense = inputs["candidate_dense"] if schema.candidate_content else None
+        candidate_numeric = inputs.get("candidate_numeric")
     else:
         candidate_offsets = no_offsets
         candidate_ids = _no_rows(schema.candidate_features, requests, device)
         candidate_dense = no_floats if schema.candidate_content else None
+        candidate_numeric = (torch.zeros(0, schema.candidate_numeric_dim, device=device)
+                             if schema.candidate_numeric_dim else None)
     return JaggedBatch(
         seq_offsets=seq_offsets, seq_timestamps=seq_timestamps, event_ids=event_ids,
         request_timestamps=(inputs["request_timestamps"] if "request_timestamps" in inputs
@@ -217,5 +227,5 @@ def batch_from_inputs(inputs: Mapping[str, Tensor], schema: FeatureSchema,
                 for f in schema.sparse_features} if CONTEXT in groups else {},
         dense=inputs["dense"] if CONTEXT in groups and schema.num_dense else None,
         seq_dense=seq_dense, candidate_dense=candidate_dense,
-        user_embedding=inputs.get("user_embedding"),
+        candidate_numeric=candidate_numeric, user_embedding=inputs.get("user_embedding"),
     )

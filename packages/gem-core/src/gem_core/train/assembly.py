@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from gem_core.compile import start_compiled_run
@@ -44,6 +45,10 @@ class RunAssembly:
                                            plugins.registry("attention").specs(), run_dir)
         seed_everything(self.tc.seed)
         self.source = build_data_source(self.backends.data, config.data, seed=self.tc.seed)
+        # [data] as the source applies it (e.g. a data set's own max_seq_len in place of a
+        # preset's): what the run records (config.toml, checkpoints) and builds the rest from.
+        self.config = config = attrs.evolve(
+            config, data=self.source.applied_config(config.data))
         # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
         self.distiller = build_distiller(config, self.source, ctx)
         if self.distiller is not None:

@@ -8,9 +8,12 @@ only in ``summary.json``. The trainer logs them after every evaluation and at th
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from gem_core.contracts import DataSource
+from gem_core.contracts import DataSource, WindowedSource
+
+if TYPE_CHECKING:
+    from gem_core.batch import JaggedBatch
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +49,40 @@ def log_data_counts(source: DataSource, when: str) -> None:
         (report.get("rows_repaired") or {}).values())
     # Dropped or repaired requests are a warning: the run trains on less or altered data.
     log.log(logging.WARNING if changed else logging.INFO, "data %s: %s", when, line)
+
+
+class CountedRequests:
+    """``batches`` passed through, counting their requests: every rank iterates every eval
+    batch (each computes its share), so the count is the evaluation's."""
+
+    def __init__(self, batches: Iterable[JaggedBatch]) -> None:
+        self.batches, self.requests = batches, 0
+
+    def __iter__(self) -> Iterator[JaggedBatch]:
+        for batch in self.batches:
+            self.requests += batch.batch_size
+            yield batch
+
+
+def evaluated_line(counted: CountedRequests, eval_rows: int | None, source: DataSource,
+                   window: int | None) -> str:
+    """How many requests an evaluation scored, and why that many: the whole eval split (or
+    time window ``window``), or ``data.eval_rows`` of the split's requests (where the source
+    says how many it has; generated data does not)."""
+    requests = counted.requests
+    if eval_rows is None:
+        return f"evaluated {requests} requests (the whole eval split)"
+    split_rows = _eval_split_rows(source, window)
+    if split_rows is None:
+        return f"evaluated {requests} requests (data.eval_rows = {eval_rows})"
+    whole = "the whole eval split; " if eval_rows >= split_rows else ""
+    return f"evaluated {requests} requests ({whole}data.eval_rows = {eval_rows} of {split_rows})"
+
+
+def _eval_split_rows(source: DataSource, window: int | None) -> int | None:
+    """Requests in the eval split (``window``: in that time window of a windowed source), as
+    far as the source says."""
+    if window is not None and isinstance(source, WindowedSource):
+        return source.windows()[window].rows
+    rows = data_report(source).get("eval_split_rows")
+    return rows if isinstance(rows, int) else None

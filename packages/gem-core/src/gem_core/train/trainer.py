@@ -34,7 +34,7 @@ from gem_core.schema import schema_to_dict
 from gem_core.train.accounting import RunAccounting
 from gem_core.train.assembly import RunAssembly
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data
-from gem_core.train.data_log import log_data_counts
+from gem_core.train.data_log import CountedRequests, evaluated_line, log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
 from gem_core.train.evaluate import evaluate, selection_ne
 from gem_core.train.guard import StepGuard
@@ -393,8 +393,9 @@ class _Trainer(RunAssembly):
         was_training = self.engine.model.training
         self.engine.train(False)
         size = self.tc.eval_batch_size
-        batches = (self.source.eval_batches(batch_size=size) if window is None else
-                   self.time_order.source.window_eval_batches(window, batch_size=size))
+        batches = CountedRequests(
+            self.source.eval_batches(batch_size=size) if window is None else
+            self.time_order.source.window_eval_batches(window, batch_size=size))
         # Evaluating must not move the training RNG, so where evaluations fall (eval_every, a
         # stop and resume) never changes training.
         with torch.random.fork_rng(devices=[]):
@@ -407,10 +408,11 @@ class _Trainer(RunAssembly):
         if self.ctx.is_main:
             self.run_dir.append_eval(entry)
             shown = {t: report[t]["ne"] for t in self.schema.tasks}
-            log.info("eval at step %d%s: %s", self.step,
+            log.info("eval at step %d%s: %s; %s", self.step,
                      f" of window {described['window']!r} before training on it"
                      if described else "",
-                     {t: round(v, 4) if v is not None else None for t, v in shown.items()})
+                     {t: round(v, 4) if v is not None else None for t, v in shown.items()},
+                     evaluated_line(batches, self.config.data.eval_rows, self.source, window))
             log_data_counts(self.source, f"at step {self.step}")
 
     # -- time order -------------------------------------------------------------------------------
