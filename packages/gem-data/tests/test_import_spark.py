@@ -208,7 +208,7 @@ def test_options_spark_cannot_apply_are_refused_in_one_line(tmp_path):
 
 
 def test_the_module_spark_submit_runs_is_gem_data_import_on_spark():
-    module = [sys.executable, "-m", "gem_data.import_spark"]
+    module = [sys.executable, "-m", "gem_data.spark_submit"]
     shown = subprocess.run([*module, "--help"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert "--impressions" in shown.stdout and "--master" in shown.stdout

@@ -1,6 +1,6 @@
 """``gem data import --engine spark``: the join, the grouping, the checks and the split in Apache
 Spark (PySpark), on this machine (``--master local[*]``, the default) or on a cluster
-(``--master spark://...``, or ``spark-submit`` of this very file: :func:`main`).
+(``--master spark://...``, or ``spark-submit`` of :mod:`gem_data.spark_submit`).
 
 It is the DuckDB engine's algorithm (:mod:`gem_data.import_duckdb`) step for step, so both
 write what the numpy path writes. The logs are first staged by :mod:`gem_data.import_stage`
@@ -41,7 +41,6 @@ On a cluster, the staged logs and Spark's results are files in the work director
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -289,20 +288,3 @@ class SparkImport:
         return {"name": "spark", "version": self.spark.version, "master": context.master,
                 "driver_memory": context.getConf().get("spark.driver.memory", "1g"),
                 "default_parallelism": int(context.defaultParallelism)}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``spark-submit .../gem_data/import_spark.py --impressions ... --out ...`` (or ``python
-    -m gem_data.import_spark``): ``gem data import --engine spark`` with these arguments, on
-    the session spark-submit starts (its ``--master``, ``--driver-memory``, ...)."""
-    from gem_data.importer import import_command
-
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if any(a == "--engine" or a.startswith("--engine=") for a in arguments):
-        sys.exit("Error: --engine: this entry point always runs --engine spark")
-    import_command.main(["--engine", "spark", *arguments],
-                        prog_name="spark-submit gem_data/import_spark.py")
-
-
-if __name__ == "__main__":
-    main()
