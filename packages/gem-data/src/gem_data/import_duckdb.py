@@ -59,7 +59,7 @@ from gem_data.import_duckdb_checks import check_requests
 from gem_data.import_duckdb_results import ResultRows, quote_identifier
 from gem_data.import_options import ImportOptions
 from gem_data.import_split import choose_cut
-from gem_data.import_stage import stage_logs
+from gem_data.import_stage import import_report, stage_logs
 
 #: The DuckDB release gem-data is tested with (``gem-data[duckdb]`` pins it).
 DUCKDB_VERSION = "1.5.6"
@@ -188,17 +188,8 @@ class DuckDBImport:
             before=lambda t: self._one("SELECT count(*) FROM req WHERE rt < ?", [t])[0],
             through=lambda t: self._one("SELECT count(*) FROM req WHERE rt <= ?", [t])[0])
         all_requests = self._one(f"SELECT count(*) FROM (SELECT DISTINCT {self.key} FROM imp)")[0]
-        s = self.staged
-        return {
-            "split": summary,
-            "requests": {"key": list(s.key), "requests": int(count),
-                         "dropped_impressions": s.rows["impressions"] - s.kept["impressions"],
-                         "dropped_events": s.rows["events"] - s.kept["events"],
-                         "dropped_requests": int(all_requests - count),
-                         "user_ids": "integers" if self.user_numbers else "text"},
-            "features": s.counts,
-            "vocabularies": s.vocabularies,
-        }
+        return import_report(self.staged, summary, requests=int(count),
+                             all_requests=int(all_requests), user_numbers=self.user_numbers)
 
     def _earlier_user_text(self) -> bool | None:
         """How the data set appended to reads its users (None: not appending)."""

@@ -50,7 +50,7 @@ from gem_data.import_spark_checks import check_requests, user_numbers
 from gem_data.import_spark_results import data_set_tables, part_files
 from gem_data.import_spark_session import spark_errors, start_session
 from gem_data.import_split import choose_cut
-from gem_data.import_stage import stage_logs
+from gem_data.import_stage import import_report, stage_logs
 
 
 class SparkImport:
@@ -149,17 +149,8 @@ class SparkImport:
             value_at=lambda i: times.filter(F.col("through") > i).agg(F.min("rt")).first()[0],
             before=lambda t: around(t)[0], through=lambda t: around(t)[1])
         all_requests = self.imp.select(*self.key).distinct().count()
-        s = self.staged
-        return {
-            "split": summary,
-            "requests": {"key": list(s.key), "requests": int(count),
-                         "dropped_impressions": s.rows["impressions"] - s.kept["impressions"],
-                         "dropped_events": s.rows["events"] - s.kept["events"],
-                         "dropped_requests": int(all_requests - count),
-                         "user_ids": "integers" if self.user_numbers else "text"},
-            "features": s.counts,
-            "vocabularies": s.vocabularies,
-        }
+        return import_report(self.staged, summary, requests=int(count),
+                             all_requests=int(all_requests), user_numbers=self.user_numbers)
 
     def _earlier_user_text(self) -> bool | None:
         """How the data set appended to reads its users (None: not appending)."""

@@ -343,3 +343,20 @@ def stage_logs(impressions: Path, events: Path, schema: Any, options: ImportOpti
     once). Raises GemDataError naming file, row and column of the first bad value found."""
     return _Stager(Path(impressions), Path(events), schema, options, Path(directory),
                    block_rows, block_bytes, side_store).run(vocabularies, users_as_text)
+
+
+def import_report(staged: Staged, split: dict[str, Any], *, requests: int, all_requests: int,
+                  user_numbers: bool) -> dict[str, Any]:
+    """The manifest's ``info`` of an import an engine ran over ``staged`` logs: the ``split``
+    summary, the requests kept (``requests`` of ``all_requests`` keys) and dropped, and the
+    per-feature counts and vocabularies staging gathered (the same on every engine)."""
+    return {
+        "split": split,
+        "requests": {"key": list(staged.key), "requests": requests,
+                     "dropped_impressions": staged.rows["impressions"] - staged.kept["impressions"],
+                     "dropped_events": staged.rows["events"] - staged.kept["events"],
+                     "dropped_requests": all_requests - requests,
+                     "user_ids": "integers" if user_numbers else "text"},
+        "features": staged.counts,
+        "vocabularies": staged.vocabularies,
+    }
