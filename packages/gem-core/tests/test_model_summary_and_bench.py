@@ -39,3 +39,34 @@ def test_every_preset_is_described_without_allocating(preset):
     per_length = summary["train_flops_per_sample_by_history_length"]
     values = [per_length[k] for k in sorted(per_length, key=int)]
     assert values == sorted(values) and values[-1] > 0
+
+
+def test_bench_step_times_subject_and_peer_side_by_side():
+    from gem_core.cli.bench_step import bench_step
+
+    shape = ["--set", "data.max_seq_len=24", "--batch-size", "6"]
+    result = CliRunner().invoke(bench_step, [
+        "--json", *shape, "--repeats", "2", "--rounds", "2",
+        "--against", "model.attribute_attention=false"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    rounds = report["rounds_detail"]
+    assert len(rounds) == 2
+    for r in rounds:
+        assert r["ratio"] == pytest.approx(r["subject_step_s"] / r["peer_step_s"])
+    assert report["time_ratio_median"] == pytest.approx(
+        sorted(r["ratio"] for r in rounds)[0] / 2 + sorted(r["ratio"] for r in rounds)[1] / 2)
+    # tiny's attribute attention costs FLOPs: the subject counts more than its peer without it
+    assert report["subject_train_flops"] > report["peer_train_flops"] > 0
+    assert report["flop_ratio"] == pytest.approx(
+        report["subject_train_flops"] / report["peer_train_flops"])
+    assert report["against"] == ["model.attribute_attention=false"]
+
+
+@pytest.mark.parametrize("against", ["data.max_seq_len=12", "train.batch_size=3", "nokey"])
+def test_bench_step_refuses_a_peer_on_other_data(against):
+    from gem_core.cli.bench_step import bench_step
+
+    result = CliRunner().invoke(bench_step, ["--against", against])
+    assert result.exit_code != 0
+    assert "--against" in result.output

@@ -229,6 +229,10 @@ def gem_register_cli_commands(register) -> None:
                                 load=lazy("gem_core.cli.bench_compile", "bench_compile"),
                                 description="Training step time eager vs compiled "
                                             "(train.compile), and the compile time."))
+    register(ImplementationSpec(name="bench.step",
+                                load=lazy("gem_core.cli.bench_step", "bench_step"),
+                                description="Training step time of the configured model "
+                                            "against a peer configuration, side by side."))
     register(ImplementationSpec(name="bench.flops",
                                 load=lazy("gem_core.cli.bench_flops", "bench_flops"),
                                 description="Analytic FLOPs of the model next to "
