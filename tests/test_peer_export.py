@@ -20,11 +20,15 @@ from gem_data.synth_options import SynthOptions
 STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64
 
 
+def _data(options, *, max_seq_len=SEQ):
+    """``[data]`` of a synthetic-ads run."""
+    return DataConfig(source="synthetic-ads", max_seq_len=max_seq_len, eval_rows=EVAL_ROWS,
+                      options=options)
+
+
 def _source_batches(options, *, seed, max_seq_len=SEQ, steps=STEPS):
     """The trainer's batches: the synthetic-ads source's own training stream and eval split."""
-    data = DataConfig(source="synthetic-ads", max_seq_len=max_seq_len, eval_rows=EVAL_ROWS,
-                      options=options)
-    source = build_plugins().data_source(data, seed=seed)
+    source = build_plugins().data_source(_data(options, max_seq_len=max_seq_len), seed=seed)
     stream = source.train_stream(batch_size=BATCH, rank=0, world_size=1,
                                  balancer=contiguous_balancer,
                                  cost_fn=lambda b: [1.0] * b.batch_size)
@@ -104,8 +108,8 @@ def _check_rows(path, batches, max_seq_len, *, multi_valued):
 
 def test_export_is_the_trainers_impressions(tmp_path):
     options = {"planted": "multi_valued"}
-    manifest = export_peer_dataset(tmp_path / "peers", options=options, seed=3, steps=STEPS,
-                                   batch_size=BATCH, eval_rows=EVAL_ROWS, max_seq_len=SEQ)
+    manifest = export_peer_dataset(tmp_path / "peers", data=_data(options), seed=3,
+                                   steps=STEPS, batch_size=BATCH)
     source, batches = _source_batches(options, seed=3)
     assert manifest["train_impressions"] == sum(b.num_candidates for b in batches)
     assert manifest["train_requests"] == STEPS * BATCH
@@ -153,8 +157,8 @@ def test_data_seed_train_start_and_history_cut(tmp_path):
     # data_seed replaces train.seed, train_start shifts the training window; a history longer
     # than max_seq_len (max_length set above it) keeps its most recent events.
     options = {"data_seed": 11, "train_start": 5, "max_length": 200, "mean_length": 80.0}
-    manifest = export_peer_dataset(tmp_path / "peers", options=options, seed=0, steps=2,
-                                   batch_size=BATCH, eval_rows=EVAL_ROWS, max_seq_len=8)
+    manifest = export_peer_dataset(tmp_path / "peers", data=_data(options, max_seq_len=8),
+                                   seed=0, steps=2, batch_size=BATCH)
     assert manifest["data_seed"] == 11
     _, batches = _source_batches(options, seed=0, max_seq_len=8, steps=2)
     generator = AdsLogGenerator(SynthOptions(**options), seed=11)

@@ -1,15 +1,33 @@
 """Peers side by side: RecBole 1.2.1's DIN, DIEN, DCNV2 and DeepFM trained and evaluated on
-exactly the impressions a ``synthetic-ads`` run of this trainer trains and evaluates on, every
-model's NE, AUC and GAUC computed by ``gem_core.metrics``.
+exactly the impressions a run of this trainer trains and evaluates on (any data source:
+``synthetic-ads`` by default, ``movielens-100k``, ``parquet``), every model's NE, AUC and GAUC
+computed by ``gem_core.metrics``.
 
     python tools/peers.py --planted multi_valued --steps 600 --batch-size 256 --seed 0 \
         --eval-rows 8192 --max-seq-len 64 --models DIN,DeepFM,DCNV2,DIEN \
         --out runs/peers-multi_valued [--ours runs/x runs/y]
+    python tools/peers.py --data movielens-100k --steps 300 --out runs/peers-movielens \
+        [--ours runs/movielens-tiny]
 
-1. Export (:mod:`gem_data.peer_export`): the training impressions of a run with
-   ``train.steps``, ``train.batch_size``, ``train.seed``, ``data.max_seq_len`` and
-   ``data.options`` (``planted`` and ``--option KEY=VALUE``) and its eval split
-   (``data.eval_rows`` requests) as RecBole atomic files in ``OUT/peers/``.
+1. Export (:mod:`gem_data.peer_export`): the training impressions of a run with ``[data]``
+   (``--data``, ``--data-path``, ``--max-seq-len``, ``--eval-rows``, ``data.options`` from
+   ``--planted`` and ``--option KEY=VALUE``), ``train.steps``, ``train.batch_size``,
+   ``train.seed`` and ``train.epochs`` (``--train-epochs``), and its eval split, as RecBole
+   atomic files in ``OUT/peers/``. The defaults are what a run would use:
+
+   - ``synthetic-ads``: ``planted = "ads"``, ``max_seq_len`` 256, ``eval_rows`` 8192 (the
+     generated eval split has no end; these are this tool's long-standing defaults).
+   - any other source: no ``data.options``; ``max_seq_len`` as ``gem train --data SOURCE``
+     applies it: the default preset's (``tiny``: 128), giving way to a data set's own cap
+     as in a run (MovieLens-100k is converted with the run's ``max_seq_len`` as its cap, so
+     128); ``eval_rows`` unset: the whole eval split, as such a run evaluates.
+     ``--planted`` is refused (it is a ``synthetic-ads`` option).
+   - ``--train-epochs`` 1 (the trainer's ``train.epochs`` default): on a file-backed data set
+     a run stops after one pass over its training split when that comes before
+     ``train.steps`` (MovieLens-100k at batch 256: after 174 steps), and so does the export.
+     Generated data has no passes.
+   - ``--tasks``: the data's first task (``click`` on ``synthetic-ads``, ``like`` on
+     MovieLens).
 2. Peers: in a venv of their own (``--peers-venv``, default ``.cache/peers-venv``, created from
    ``tools/peers-requirements.txt`` when missing or when that file changed), each model trains
    with RecBole's default sizes and optimiser for ``--epochs`` passes (default 1: the single
@@ -18,9 +36,9 @@ model's NE, AUC and GAUC computed by ``gem_core.metrics``.
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
    both classes) of every peer's predictions against the exported labels and users; with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
-   (``summary.json``), after checking that each run's data is the export's (source, options,
-   seed, steps, batch size, eval rows, history length): a run on other data is refused,
-   naming the keys that differ.
+   (``summary.json``), after checking that each run's data is the export's (source, path,
+   order, options, seed, steps trained, batch size, eval rows, history length): a run on other
+   data is refused, naming the keys that differ.
 
 Writes ``OUT/peers.md`` (a markdown table, also printed) and ``OUT/peers.json``. The export
 and each peer's predictions are kept: a second call with the same data and epochs reuses them
@@ -39,11 +57,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from gem_core.config import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "tools" / "peers-requirements.txt"
@@ -78,20 +99,56 @@ def ensure_venv(venv: Path) -> Path:
 
 # -- export --------------------------------------------------------------------------------------
 
-def _export_key(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    return {"options_given": options, "seed": args.seed, "steps": args.steps,
-            "batch_size": args.batch_size, "eval_rows": args.eval_rows,
-            "max_seq_len": args.max_seq_len}
+SYNTHETIC_ADS = "synthetic-ads"
+SYNTHETIC_ADS_DEFAULTS = {"planted": "ads", "max_seq_len": 256, "eval_rows": 8192}
+"""``synthetic-ads``'s defaults here (``--planted``, ``--max-seq-len``, ``--eval-rows``)."""
 
 
-def export(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def data_config(args: argparse.Namespace) -> DataConfig:
+    """The ``[data]`` of the run to export, from the command line and the defaults of the module
+    docstring."""
+    from gem_core.config import DataConfig, load_config
+
+    pairs = _option_pairs(args.option)
+    if args.data == SYNTHETIC_ADS:
+        def given(value: Any, key: str) -> Any:
+            return SYNTHETIC_ADS_DEFAULTS[key] if value is None else value
+
+        return DataConfig(source=args.data, path=args.data_path,
+                          max_seq_len=given(args.max_seq_len, "max_seq_len"),
+                          eval_rows=given(args.eval_rows, "eval_rows"),
+                          options={"planted": given(args.planted, "planted"), **pairs})
+    if args.planted is not None:
+        raise SystemExit(f"--planted sets data.options.planted of {SYNTHETIC_ADS}; data source "
+                         f"{args.data!r} has no planted patterns (--option KEY=VALUE sets its "
+                         "data.options)")
+    if args.max_seq_len is not None:
+        max_seq_len, data_set_wins = args.max_seq_len, ()
+    else:
+        # As `gem train --data SOURCE`: the default preset's value, which a data set's own cap
+        # replaces (the trainer marks a value the user did not choose so).
+        preset = load_config(overrides=[f"data.source={args.data}"]).data
+        max_seq_len, data_set_wins = preset.max_seq_len, ("max_seq_len",)
+    return DataConfig(source=args.data, path=args.data_path, max_seq_len=max_seq_len,
+                      eval_rows=args.eval_rows, options=pairs, data_set_wins=data_set_wins)
+
+
+def _export_key(args: argparse.Namespace, data: DataConfig) -> dict[str, Any]:
+    # As the manifest stores it (JSON: tuples read back as lists).
+    return json.loads(json.dumps({
+        "data_given": attrs.asdict(data), "seed": args.seed, "train_steps": args.steps,
+        "train_epochs": args.train_epochs, "batch_size": args.batch_size}))
+
+
+def export(args: argparse.Namespace, data: DataConfig) -> tuple[Path, dict[str, Any]]:
     """The export directory and its manifest, written anew unless an export of the same data
     is there."""
+    from gem_core.errors import GemError
     from gem_data.peer_export import FORMAT, export_peer_dataset
 
     directory = args.out / EXPORT_NAME
     manifest_file = directory / "manifest.json"
-    key = _export_key(args, options)
+    key = _export_key(args, data)
     if manifest_file.exists() and not args.fresh:
         manifest = json.loads(manifest_file.read_text())
         if manifest.get("format") == FORMAT and all(manifest.get(k) == v
@@ -100,10 +157,12 @@ def export(args: argparse.Namespace, options: dict[str, Any]) -> tuple[Path, dic
     shutil.rmtree(args.out / "runs", ignore_errors=True)  # predictions of other data
     shutil.rmtree(directory, ignore_errors=True)
     started = time.perf_counter()
-    manifest = export_peer_dataset(directory, options=options, seed=args.seed,
-                                   steps=args.steps, batch_size=args.batch_size,
-                                   eval_rows=args.eval_rows, max_seq_len=args.max_seq_len,
-                                   name=EXPORT_NAME)
+    try:
+        manifest = export_peer_dataset(directory, data=data, seed=args.seed, steps=args.steps,
+                                       batch_size=args.batch_size, epochs=args.train_epochs,
+                                       name=EXPORT_NAME)
+    except GemError as error:  # the data cannot be exported: say why, without a traceback
+        raise SystemExit(f"cannot export the {data.source} data: {error}") from None
     print(f"exported {manifest['train_impressions']} training and "
           f"{manifest['eval_impressions']} eval impressions to {directory} in "
           f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
@@ -156,17 +215,19 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray,
 
 # -- our runs ------------------------------------------------------------------------------------
 
-def _resolved_options(options: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
-    from gem_core.config import structure
-    from gem_data.synth_options import SynthOptions
-
-    return attrs.asdict(structure(SynthOptions, {"max_length": max_seq_len, **options},
-                                  "data.options"))
+READ_AHEAD_OPTIONS = ("prefetch",)
+"""``data.options`` that say how far a file-backed stream reads ahead (in a thread of its own),
+never which batches it yields: not compared."""
 
 
 def ours_differences(summary: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
     """The keys on which a run (its ``summary.json``) was trained or evaluated on other data than
-    the export, each with both values; empty when the data is the same."""
+    the export, each with both values; empty when the data is the same. A run's ``config``
+    records ``[data]`` as its source applied it (a data set's own ``max_seq_len``, an unset
+    ``eval_rows`` for its whole eval split), as the manifest does."""
+    from gem_core.config import DataConfig
+    from gem_data.peer_export import applied_options
+
     config = summary.get("config", {})
     data, train = config.get("data", {}), config.get("train", {})
     differences = []
@@ -178,20 +239,33 @@ def ours_differences(summary: dict[str, Any], manifest: dict[str, Any]) -> list[
     compare("data.source", data.get("source"), manifest["source"])
     if differences:
         return differences
+    compare("data.path", data.get("path", ""), manifest["path"])
+    compare("data.order", data.get("order", "shuffled"), manifest["order"])
     compare("data.eval_rows", data.get("eval_rows"), manifest["eval_rows"])
     compare("data.max_seq_len", data.get("max_seq_len"), manifest["max_seq_len"])
-    compare("train.steps", train.get("steps"), manifest["steps"])
     compare("train.batch_size", train.get("batch_size"), manifest["batch_size"])
-    compare("run.steps (steps trained)", summary.get("run", {}).get("steps"), manifest["steps"])
+    # The steps trained decide the training impressions: train.steps, or fewer where
+    # train.epochs passes over a data set ended first.
+    compare(f"run.steps (steps trained; train.steps = {train.get('steps')!r}, train.epochs = "
+            f"{train.get('epochs')!r})", summary.get("run", {}).get("steps"), manifest["steps"])
     try:
-        options = _resolved_options(data.get("options", {}), data.get("max_seq_len", 0))
+        options = applied_options(DataConfig(
+            source=manifest["source"], options=data.get("options", {}),
+            max_seq_len=data.get("max_seq_len") or manifest["max_seq_len"]))
     except Exception as error:  # a run of another version: say why
         return differences + [f"data.options do not read as this version's ({error})"]
+    # synthetic-ads: data.options.data_seed counts as the seed it gives (below)
+    not_data = READ_AHEAD_OPTIONS + (("data_seed",) if "data_seed" in manifest else ())
     for key in sorted(set(options) | set(manifest["options"])):
-        compare(f"data.options.{key}", options.get(key), manifest["options"].get(key))
-    data_seed = options["data_seed"] if options.get("data_seed", -1) >= 0 else train.get("seed")
-    compare("data seed (data.options.data_seed, else train.seed)", data_seed,
-            manifest["data_seed"])
+        if key not in not_data:
+            compare(f"data.options.{key}", options.get(key), manifest["options"].get(key))
+    if "data_seed" in manifest:  # synthetic-ads: the generator's seed decides the data
+        data_seed = (options["data_seed"] if options.get("data_seed", -1) >= 0
+                     else train.get("seed"))
+        compare("data seed (data.options.data_seed, else train.seed)", data_seed,
+                manifest["data_seed"])
+    else:  # a data set's training order is shuffled with train.seed
+        compare("train.seed", train.get("seed"), manifest["seed"])
     return differences
 
 
@@ -225,19 +299,41 @@ def _f(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}"
 
 
+def describe_data(manifest: dict[str, Any]) -> str:
+    """The markdown table's ``Data:`` sentence: the source, its options, what was trained on
+    and evaluated."""
+    options = ", ".join(f"{k}={v}" for k, v in manifest["options_given"].items()) or "defaults"
+    history = f"histories of at most {manifest['max_seq_len']} events"
+    if manifest["source"] == SYNTHETIC_ADS:
+        return (f"`synthetic-ads` ({options}), seed {manifest['seed']} (data seed "
+                f"{manifest['data_seed']}), {manifest['steps']} steps x {manifest['batch_size']} "
+                f"requests = {manifest['train_impressions']} training impressions; eval "
+                f"{manifest['eval_rows']} requests = {manifest['eval_impressions']} "
+                f"impressions; {history}.")
+    where = f" at `{manifest['path']}`" if manifest["path"] else ""
+    steps = f"{manifest['steps']} steps x {manifest['batch_size']} requests"
+    if manifest["steps"] < manifest["train_steps"]:  # ended by train.epochs, as a run does
+        passes = manifest["train_epochs"]
+        steps += (f" ({'one pass' if passes == 1 else f'{passes} passes'} over the training "
+                  f"split: train.epochs = {passes}, before train.steps = "
+                  f"{manifest['train_steps']})")
+    evaluated = ("the whole eval split" if manifest["eval_rows"] is None
+                 else f"the first {manifest['eval_rows']} requests")
+    return (f"`{manifest['source']}`{where} ({options}), seed {manifest['seed']} (the "
+            f"training order), {steps} = {manifest['train_requests']} requests, "
+            f"{manifest['train_impressions']} training impressions; eval {evaluated}: "
+            f"{manifest['eval_requests']} requests = {manifest['eval_impressions']} "
+            f"impressions; {history}.")
+
+
 def markdown(result: dict[str, Any], command: str) -> str:
     manifest, tasks = result["export"], result["tasks"]
-    options = ", ".join(f"{k}={v}" for k, v in manifest["options_given"].items()) or "defaults"
     history = ("with the history as bags of ids" if result["context_history"] == "bags"
                else "without the history")
     lines = [
         f"`{command}`",
         "",
-        f"Data: `synthetic-ads` ({options}), seed {manifest['seed']} (data seed "
-        f"{manifest['data_seed']}), {manifest['steps']} steps x {manifest['batch_size']} "
-        f"requests = {manifest['train_impressions']} training impressions; eval "
-        f"{manifest['eval_rows']} requests = {manifest['eval_impressions']} impressions; "
-        f"histories of at most {manifest['max_seq_len']} events. Peers: RecBole "
+        f"Data: {describe_data(manifest)} Peers: RecBole "
         f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s); DeepFM and "
         f"DCNV2 {history}. Metrics: gem_core.metrics.",
         "",
@@ -262,16 +358,18 @@ def markdown(result: dict[str, Any], command: str) -> str:
         wall = entry.get("wall_time_s")
         cells += ["-", f"{wall:.0f} (run)" if wall else "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    achievable = manifest.get("achievable_ne", {})
-    cells = ["achievable (true probabilities)"]
-    for task in tasks:
-        cells += [_f(achievable.get(task)), "-", "-"]
-    lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
+    achievable = manifest.get("achievable_ne")
+    if achievable is not None:  # generated data knows its true probabilities
+        cells = ["achievable (true probabilities)"]
+        for task in tasks:
+            cells += [_f(achievable.get(task)), "-", "-"]
+        lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _options(planted: str, pairs: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {"planted": planted}
+def _option_pairs(pairs: list[str]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` as ``data.options`` (a JSON value, else the string)."""
+    options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
@@ -286,18 +384,33 @@ def _options(planted: str, pairs: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--planted", default="ads", help="data.options.planted")
+    parser.add_argument("--data", default=SYNTHETIC_ADS,
+                        help="data.source: the run's data source (gem plugins lists them)")
+    parser.add_argument("--data-path", default="",
+                        help="data.path, for a file-backed source (parquet: the data set)")
+    parser.add_argument("--planted", default=None,
+                        help="data.options.planted of synthetic-ads (default ads); refused for "
+                             "other sources")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="another data.options key (JSON value or string); repeatable")
+                        help="a data.options key (JSON value or string); repeatable")
     parser.add_argument("--steps", type=int, default=600, help="train.steps")
     parser.add_argument("--batch-size", type=int, default=256, help="train.batch_size")
     parser.add_argument("--seed", type=int, default=0, help="train.seed")
-    parser.add_argument("--eval-rows", type=int, default=8192, help="data.eval_rows")
-    parser.add_argument("--max-seq-len", type=int, default=256, help="data.max_seq_len")
+    parser.add_argument("--train-epochs", type=int, default=1,
+                        help="train.epochs: a run on a data set stops after that many passes "
+                             "over its training split if before train.steps (0: steps alone); "
+                             "generated data has no passes")
+    parser.add_argument("--eval-rows", type=int, default=None,
+                        help="data.eval_rows (default: 8192 on synthetic-ads, else unset: the "
+                             "whole eval split)")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="data.max_seq_len (default: 256 on synthetic-ads, else as `gem "
+                             "train --data SOURCE` applies it: 128 on movielens-100k)")
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated peers among {', '.join(MODELS)} ('' for none)")
-    parser.add_argument("--tasks", default="click",
-                        help="comma-separated tasks, one peer training each (click,conversion)")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated tasks, one peer training each (default: the "
+                             "data's first: click on synthetic-ads, like on movielens-100k)")
     parser.add_argument("--epochs", type=int, default=1, help="passes of each peer")
     parser.add_argument("--recbole-seed", type=int, default=2020, help="RecBole's seed")
     parser.add_argument("--context-history", choices=("none", "bags"), default="none",
@@ -315,25 +428,26 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
-    tasks = [t for t in args.tasks.split(",") if t]
-    options = _options(args.planted, args.option)
+    data = data_config(args)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    data, manifest = export(args, options)
+    directory, manifest = export(args, data)
+    tasks = ([t for t in args.tasks.split(",") if t] if args.tasks is not None
+             else manifest["tasks"][:1])
     unknown = sorted(set(tasks) - set(manifest["tasks"]))
     if unknown:
         parser.error(f"unknown tasks {unknown}; the data has {manifest['tasks']}")
     # Our runs are checked before hours of peer training.
     ours = {run.name: our_figures(run, manifest, tasks) for run in args.ours}
 
-    keys = np.load(data / "eval_keys.npz")
+    keys = np.load(directory / "eval_keys.npz")
     peers: dict[str, dict[str, Any]] = {}
     recbole = None
     if models:
         python = ensure_venv(args.peers_venv)
         for model in models:
             for task in tasks:
-                probabilities, report = run_peer(python, data, model, task, args)
+                probabilities, report = run_peer(python, directory, model, task, args)
                 recbole = report.get("recbole")
                 peers.setdefault(model, {})[task] = {
                     "metrics": peer_metrics(probabilities, keys[task], keys["user_ids"]),

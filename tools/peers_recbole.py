@@ -14,22 +14,37 @@ split, nothing is filtered or re-ordered), and scores the eval impressions in fi
 writes ``OUT_DIR/predictions.npy`` (float64 probabilities, one per eval impression, in the
 export's order, checked against the export's labels and users) and ``OUT_DIR/run.json``.
 
+Nothing here names a data source's columns: the user, item and history fields
+(``user_field``, ``item_field``, ``item_list_field``), the tasks, the ``.inter`` and ``.item``
+columns all come from the export's manifest; ``--task`` defaults to its first task. The item
+is the source's item feature (``item_feature``: ``ad_id`` on ``synthetic-ads``, ``movie`` on
+``movielens-100k``).
+
 What each model reads:
 
-- DeepFM, DCNV2 (RecBole's context-aware models): the user and ad ids, the candidate's
-  attributes (multi-valued topics as a token_seq, mean-pooled), the request's features
-  (token_seq) and the dense floats (as ``numerical_features``: value times a learned vector).
-  With ``--history-bags`` also the history columns, each a bag of ids: mean-pooled in the
-  embeddings, but *summed* in RecBole's first-order term (``FMFirstOrderLinear``), where a bag
-  of 64 events over a 3-token vocabulary (actions) with xavier-initialised weights starts at
-  logits of +-60, which one pass at RecBole's learning rate does not undo; so by default they
-  are left out.
-- DIN, DIEN (RecBole's sequential CTR models): the user id, the candidate's ad id and the history
-  ``item_id_list``; an ad's attributes (advertiser, category, topics) come from ``<name>.item``
-  for the candidate and every history event alike. RecBole's DIN feeds the DNN only the
+- DeepFM, DCNV2 (RecBole's context-aware models): every ``.inter`` column but the other tasks'
+  labels and the history columns: the user and item ids, the candidate's other attributes
+  (multi-valued ones as a token_seq, mean-pooled), the request's context features (token_seq)
+  and the dense floats (as ``numerical_features``: value times a learned vector). On
+  ``synthetic-ads``: advertiser, category, topics; user_segment, context; 4 dense. On
+  MovieLens: genres (token_seq), decade; age_bucket, gender, occupation; the 2 dense history
+  statistics. With ``--history-bags`` also the history columns (``item_id_list`` and each
+  ``<event feature>_list``: on MovieLens ``rating_list``, ``genres_list``, ``decade_list``),
+  each a bag of ids: mean-pooled in the embeddings, but *summed* in RecBole's first-order term
+  (``FMFirstOrderLinear``), where a bag of 64 events over a 3-token vocabulary (actions; on
+  MovieLens the 5 ratings) with xavier-initialised weights starts at logits of +-60, which one
+  pass at RecBole's learning rate does not undo; so by default they are left out.
+- DIN, DIEN (RecBole's sequential CTR models): the user id, the candidate's item id and the
+  history ``item_id_list``; an item's attributes (the ``.item`` columns: advertiser, category,
+  topics on ``synthetic-ads``; genres, decade on MovieLens) come from ``<name>.item`` for the
+  candidate and every history event alike. RecBole's DIN feeds the DNN only the
   attention-pooled history and the candidate (its ``user_feat_list`` is unused); DIEN adds the
-  user's features (here: the user id). Neither reads the request's features, the dense floats
-  or the history's actions.
+  user's features (here: the user id). Neither reads the request's context features (on
+  MovieLens: age_bucket, gender, occupation), the dense floats, or the per-event attributes
+  that are not the item's (``action_list``; on MovieLens ``rating_list``, the user's rating of
+  each history movie): RecBole's DIN and DIEN take the history as item ids only, every other
+  history feature looked up per item in the ``.item`` file, and a rating belongs to the event,
+  not to the movie.
 - DIEN: RecBole builds its negative history (``neg_item_id_list``, for the auxiliary loss) only
   in its own sequence augmentation, which benchmark mode skips; it is sampled here the same way
   (uniform over the items, not the positive one) for the padded positions of
@@ -54,12 +69,14 @@ CONTEXT = ("DeepFM", "DCNV2")
 
 def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: int,
                  seed: int, out: Path, history_bags: bool = False) -> dict:
+    user, item = manifest["user_field"], manifest["item_field"]
+    item_list = manifest["item_list_field"]
     columns = [c.split(":")[0] for c in manifest["columns"]]
     other_tasks = set(manifest["tasks"]) - {task}
     if not history_bags:
         other_tasks |= {c for c in columns if c.endswith("_list")}
     if model in SEQUENTIAL:
-        inter = ["user_id", "item_id", "item_id_list", task]
+        inter = [user, item, item_list, task]
         load_col = {"inter": inter,
                     "item": [c.split(":")[0] for c in manifest["item_columns"]]}
         numerical = []
@@ -70,15 +87,15 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
         "data_path": str(export.parent),
         "checkpoint_dir": str(out / "saved"),
         "benchmark_filename": ["train", "valid", "test"],
-        "USER_ID_FIELD": "user_id",
-        "ITEM_ID_FIELD": "item_id",
+        "USER_ID_FIELD": user,
+        "ITEM_ID_FIELD": item,
         "RATING_FIELD": None,
         "TIME_FIELD": None,
         "LABEL_FIELD": task,
         "threshold": None,
         "load_col": load_col,
         "numerical_features": numerical,
-        "alias_of_item_id": ["item_id_list"] if "item_id_list" in load_col["inter"] else None,
+        "alias_of_item_id": [item_list] if item_list in load_col["inter"] else None,
         "MAX_ITEM_LIST_LENGTH": int(manifest["max_seq_len"]),
         "filter_inter_by_user_or_item": False,
         "eval_args": {"split": {"RS": [0.8, 0.1, 0.1]}, "order": "TO", "group_by": None,
@@ -126,7 +143,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="The export directory.")
     parser.add_argument("--model", required=True, choices=SEQUENTIAL + CONTEXT)
-    parser.add_argument("--task", default="click")
+    parser.add_argument("--task", default=None,
+                        help="the label to train on (default: the export's first task)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=2020, help="RecBole's seed (its default).")
     parser.add_argument("--eval-batch-size", type=int, default=4096)
@@ -139,6 +157,11 @@ def main() -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((export / "manifest.json").read_text())
+    if "item_field" not in manifest:
+        sys.exit(f"{export}: an export of format {manifest.get('format')!r}, without the "
+                 "RecBole fields in its manifest; export it anew (tools/peers.py --fresh)")
+    if args.task is None:
+        args.task = manifest["tasks"][0]
     if export.name != manifest["name"]:
         sys.exit(f"{export}: the directory must be named after the export "
                  f"({manifest['name']!r}), as RecBole looks for its files")
@@ -177,7 +200,8 @@ def main() -> None:
         if got != expected:
             sys.exit(f"RecBole loaded {got} {part} impressions, the export has {expected}")
     labels = test_set.inter_feat[args.task].numpy()
-    users = dataset.id2token("user_id", test_set.inter_feat["user_id"].numpy())
+    user_field = manifest["user_field"]
+    users = dataset.id2token(user_field, test_set.inter_feat[user_field].numpy())
     if not (np.array_equal(labels, keys[args.task])
             and np.array_equal(users.astype(str), keys["user_ids"].astype(str))):
         sys.exit("RecBole's eval impressions are not the export's, row for row")

@@ -1,0 +1,251 @@
+"""``gem_data.peer_export`` on ``movielens-100k``: the RecBole files of ``tools/peers.py`` hold
+exactly the impressions a MovieLens run trains and evaluates on, and ``tools/peers.py`` refuses
+our runs on other data (no RecBole needed here). The data is the small MovieLens directory of
+``gem_data.testing`` in GroupLens's formats, as in tests/test_presets_on_sources.py: no
+download."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from gem_core.config import DataConfig
+from gem_core.data.api import contiguous_balancer
+from gem_core.errors import GemDataError
+from gem_core.jagged import Jagged
+from gem_core.plugins import build_plugins
+from gem_data.movielens_source import MovieLensOptions
+from gem_data.peer_export import export_peer_dataset, item_feature, read_atomic
+from gem_data.testing import write_movielens_sample
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, BATCH, SEQ, SEED = 3, 16, 8, 5
+COLUMNS = ["user_id:token", "item_id:token", "genres:token_seq", "decade:token",
+           "age_bucket:token_seq", "gender:token_seq", "occupation:token_seq",
+           "dense_0:float", "dense_1:float", "item_id_list:token_seq", "rating_list:token_seq",
+           "genres_list:token_seq", "decade_list:token_seq", "like:float"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("movielens")
+    write_movielens_sample(root / "ml-100k", users=40)  # histories up to 24 ratings
+    return root
+
+
+def _data(root: Path, **changes) -> DataConfig:
+    """``[data]`` of a MovieLens run on the sample (its conversion cached under ``root``)."""
+    data = DataConfig(source="movielens-100k", path=str(root / "ml-100k"), max_seq_len=SEQ,
+                      eval_rows=None, options={"cache_dir": str(root / "cache")})
+    return attrs.evolve(data, **changes)
+
+
+def _train(data: DataConfig, *, steps: int, batch_size: int = BATCH):
+    """The trainer's batches: the source's own stream, and the source."""
+    source = build_plugins().data_source(data, seed=SEED)
+    stream = source.train_stream(batch_size=batch_size, rank=0, world_size=1,
+                                 balancer=contiguous_balancer,
+                                 cost_fn=lambda b: [1.0] * b.batch_size)
+    batches = [next(stream) for _ in range(steps)]
+    stream.close()
+    return source, batches
+
+
+def _ids(ids, index) -> str:
+    if isinstance(ids, Jagged):
+        a, b = int(ids.offsets[index]), int(ids.offsets[index + 1])
+        return " ".join(str(v) for v in ids.values[a:b].tolist())
+    return str(int(ids[index]))
+
+
+def _history(batch, name, start, end) -> str:
+    ids = batch.event_ids[name]
+    if isinstance(ids, Jagged):
+        start, end = int(ids.offsets[start]), int(ids.offsets[end])
+        ids = ids.values
+    return " ".join(str(v) for v in ids[start:end].tolist())
+
+
+def _expected_rows(batch) -> list[dict]:
+    """Each impression's fields, computed here from the batch (not by the exporter)."""
+    rows = []
+    for r in range(batch.batch_size):
+        start, end = int(batch.seq_offsets[r]), int(batch.seq_offsets[r + 1])
+        user = str(int(batch.user_ids[r]))
+        # MovieLens's context feature user_id is the request's user: one column, user_id.
+        assert _ids(batch.sparse["user_id"], r) == user
+        for c in range(int(batch.candidate_offsets[r]), int(batch.candidate_offsets[r + 1])):
+            rows.append({
+                "user_id": user,
+                "item_id": _ids(batch.candidate_ids["movie"], c),
+                "genres": _ids(batch.candidate_ids["genres"], c),
+                "decade": _ids(batch.candidate_ids["decade"], c),
+                **{f: _ids(batch.sparse[f], r) for f in ("age_bucket", "gender", "occupation")},
+                "item_id_list": _history(batch, "movie", start, end),
+                "rating_list": _history(batch, "rating", start, end),
+                "genres_list": _history(batch, "genres", start, end),
+                "decade_list": _history(batch, "decade", start, end),
+                "like": float(batch.labels["like"][c]),
+                "dense": [float(v) for v in batch.dense[r].tolist()]})
+    return rows
+
+
+def _check_rows(path: Path, batches) -> list[list[str]]:
+    header, rows = read_atomic(path)
+    assert header == COLUMNS
+    names = [h.split(":")[0] for h in header]
+    expected = [row for batch in batches for row in _expected_rows(batch)]
+    assert len(rows) == len(expected) == sum(b.num_candidates for b in batches)
+    for got, want in zip(rows, expected):
+        got = dict(zip(names, got))
+        for key, value in want.items():
+            if key == "dense":  # exact: the float32 value, no rounding
+                assert [float(got["dense_0"]), float(got["dense_1"])] == value
+            elif key == "like":
+                assert float(got[key]) == value
+            else:
+                assert got[key] == value, key
+    return rows
+
+
+def test_export_is_a_movielens_runs_impressions(root, tmp_path):
+    data = _data(root)
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=SEED, steps=STEPS,
+                                   batch_size=BATCH)
+    source, batches = _train(data, steps=STEPS)
+    assert manifest["train_requests"] == STEPS * BATCH and manifest["steps"] == STEPS
+    train_rows = _check_rows(tmp_path / "peers" / "peers.train.inter", batches)
+    # the histories are cut at max_seq_len (the conversion's cap): some reach it
+    assert max(len(row[COLUMNS.index("item_id_list:token_seq")].split())
+               for row in train_rows) == SEQ
+
+    # eval_rows unset: the whole eval split, in file order (any batch size gives those rows)
+    evals = list(source.eval_batches(batch_size=7))
+    assert sum(b.batch_size for b in evals) == source.report()["eval_split_rows"]
+    assert manifest["eval_requests"] == source.report()["eval_split_rows"]
+    _check_rows(tmp_path / "peers" / "peers.test.inter", evals)
+    keys = np.load(tmp_path / "peers" / "eval_keys.npz")
+    users = torch.cat([b.user_ids[b.candidate_rows()] for b in evals]).numpy()
+    assert np.array_equal(keys["user_ids"], users)
+    assert np.array_equal(keys["like"], torch.cat([b.labels["like"] for b in evals]).numpy())
+    _, valid = read_atomic(tmp_path / "peers" / "peers.valid.inter")
+    _, test = read_atomic(tmp_path / "peers" / "peers.test.inter")
+    assert valid == test[:len(valid)]
+
+    # Every movie, with the genres and decade candidates and events give it.
+    item_header, items = read_atomic(tmp_path / "peers" / "peers.item")
+    assert item_header == ["item_id:token", "genres:token_seq", "decade:token"]
+    table = {row[0]: row[1:] for row in items}
+    assert len(table) == len(items)
+    for batch in batches + evals:
+        for store in (batch.candidate_ids, batch.event_ids):
+            for i in range(store["movie"].numel()):
+                assert table[_ids(store["movie"], i)] == [_ids(store["genres"], i),
+                                                          _ids(store["decade"], i)]
+
+    saved = json.loads((tmp_path / "peers" / "manifest.json").read_text())
+    assert saved == manifest
+    assert manifest["source"] == "movielens-100k" and manifest["tasks"] == ["like"]
+    assert manifest["eval_rows"] is None and manifest["max_seq_len"] == SEQ
+    assert manifest["item_feature"] == "movie" and manifest["item_field"] == "item_id"
+    assert manifest["options"] == attrs.asdict(MovieLensOptions(cache_dir=str(root / "cache")))
+    assert "achievable_ne" not in manifest and "data_seed" not in manifest
+
+
+def test_a_pass_over_the_data_ends_the_export_as_it_ends_a_run(root, tmp_path):
+    # train.epochs = 1: the run stops after the step whose batch completes the first pass
+    # (that batch runs on into the second), before train.steps.
+    data = _data(root)
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=SEED, steps=1000,
+                                   batch_size=64, epochs=1)
+    source, batches = _train(data, steps=manifest["steps"], batch_size=64)
+    assert manifest["steps"] == math.ceil(source.report()["train_split_rows"] / 64)
+    assert manifest["train_steps"] == 1000 and manifest["train_requests"] == 64 * len(batches)
+    _check_rows(tmp_path / "peers" / "peers.train.inter", batches)
+
+
+def test_the_data_sets_own_max_seq_len_applies_as_in_a_run(root, tmp_path):
+    # data_set_wins (a value the user did not choose): the converted data set's cap, which
+    # follows data.max_seq_len on MovieLens; the manifest records the value applied.
+    data = _data(root, max_seq_len=6, data_set_wins=("max_seq_len",))
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=SEED, steps=1,
+                                   batch_size=BATCH)
+    assert manifest["max_seq_len"] == 6
+    assert manifest["data_given"]["data_set_wins"] == ["max_seq_len"]
+
+
+@pytest.fixture(scope="module")
+def peers():
+    """``tools/peers.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("_peers_tool", REPO / "tools" / "peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(manifest: dict, data: DataConfig, **train) -> dict:
+    """A run's ``summary.json`` as far as the check reads it: ``[data]`` as the source applied
+    it (a run records that), ``[train]`` and the steps it trained."""
+    train = {"seed": SEED, "steps": manifest["steps"], "batch_size": manifest["batch_size"],
+             "epochs": 1, **train}
+    config = {"data": json.loads(json.dumps(attrs.asdict(data))), "train": train}
+    return {"config": config, "run": {"steps": train["steps"]}}
+
+
+def test_our_run_on_other_data_is_refused(root, tmp_path, peers):
+    data = _data(root)
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=SEED, steps=STEPS,
+                                   batch_size=BATCH)
+    assert peers.ours_differences(_summary(manifest, data), manifest) == []
+    # how far a stream reads ahead is not data
+    same = _data(root, options={**data.options, "prefetch": 0})
+    assert peers.ours_differences(_summary(manifest, same), manifest) == []
+
+    other_source = _summary(manifest, DataConfig(source="synthetic-ads", max_seq_len=SEQ))
+    assert peers.ours_differences(other_source, manifest) == [
+        "data.source = 'synthetic-ads' (the export: 'movielens-100k')"]
+    differences = peers.ours_differences(_summary(manifest, _data(root, eval_rows=20)),
+                                         manifest)
+    assert differences == ["data.eval_rows = 20 (the export: None)"]
+    split = _data(root, options={**data.options, "eval_fraction": 0.2})
+    assert peers.ours_differences(_summary(manifest, split), manifest) == [
+        "data.options.eval_fraction = 0.2 (the export: 0.1)"]
+    differences = peers.ours_differences(
+        _summary(manifest, _data(root, max_seq_len=16), seed=1, steps=STEPS + 1), manifest)
+    assert [d.split(" = ")[0] for d in differences] == [
+        "data.max_seq_len", "run.steps (steps trained; train.steps", "train.seed"]
+
+
+def test_our_synthetic_ads_run_on_other_data_is_refused(tmp_path, peers):
+    data = DataConfig(source="synthetic-ads", max_seq_len=16, eval_rows=24,
+                      options={"planted": "ads"})
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=3, steps=2,
+                                   batch_size=BATCH)
+    assert peers.ours_differences(_summary(manifest, data, seed=3), manifest) == []
+    # train.seed is the data seed unless data.options.data_seed is set
+    pinned = attrs.evolve(data, options={"planted": "ads", "data_seed": 3})
+    assert peers.ours_differences(_summary(manifest, pinned, seed=9), manifest) == []
+    assert peers.ours_differences(_summary(manifest, data, seed=9), manifest) == [
+        "data seed (data.options.data_seed, else train.seed) = 9 (the export: 3)"]
+    other = attrs.evolve(data, eval_rows=8192, options={"planted": "multi_valued"})
+    assert peers.ours_differences(_summary(manifest, other, seed=3), manifest) == [
+        "data.eval_rows = 8192 (the export: 24)",
+        "data.options.planted = 'multi_valued' (the export: 'ads')"]
+    assert peers.ours_differences(
+        _summary(manifest, attrs.evolve(data, source="movielens-100k"), seed=3), manifest) == [
+        "data.source = 'movielens-100k' (the export: 'synthetic-ads')"]
+
+
+def test_the_item_feature_must_be_in_the_history(root, tmp_path):
+    source = build_plugins().data_source(_data(root), seed=SEED)
+    assert item_feature(source.schema).name == "movie"
+    without = attrs.evolve(source.schema, event_features=source.schema.event_features[1:])
+    with pytest.raises(GemDataError, match="item feature 'movie'.*not an event feature"):
+        item_feature(without)
