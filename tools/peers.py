@@ -72,6 +72,8 @@ RUNNER = ROOT / "tools" / "peers_recbole.py"
 DEFAULT_VENV = ROOT / ".cache" / "peers-venv"
 MODELS = ("DIN", "DIEN", "DCNV2", "DeepFM")
 EXPORT_NAME = "peers"
+RECBOLE_TRAIN_BATCH_SIZE = 2048
+"""RecBole 1.2.1's ``train_batch_size`` (``overall.yaml``), the peers' default here."""
 PROBABILITY_EPS = 1e-7
 """Predicted probabilities are clipped to ``[eps, 1 - eps]`` before they become logits for
 ``gem_core.metrics`` (RecBole's models output float32 probabilities)."""
@@ -180,7 +182,10 @@ def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Nam
         report = json.loads(report_file.read_text())
         bags = args.context_history == "bags" and model in ("DeepFM", "DCNV2")
         if (report.get("epochs") == args.epochs and report.get("seed") == args.recbole_seed
-                and report.get("history_bags") == bags):
+                and report.get("history_bags") == bags
+                # runs from before the option all trained at RecBole's default
+                and report.get("train_batch_size", RECBOLE_TRAIN_BATCH_SIZE)
+                == (args.peer_batch_size or RECBOLE_TRAIN_BATCH_SIZE)):
             return np.load(predictions_file), report
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -190,6 +195,8 @@ def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Nam
                "--out", str(out.resolve())]
     if args.context_history == "bags":
         command.append("--history-bags")
+    if args.peer_batch_size:
+        command += ["--train-batch-size", str(args.peer_batch_size)]
     print(f"training {model} on {task} (log: {out / 'recbole.log'})", file=sys.stderr)
     with (out / "recbole.log").open("w") as log:
         result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -334,7 +341,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"`{command}`",
         "",
         f"Data: {describe_data(manifest)} Peers: RecBole "
-        f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s); DeepFM and "
+        f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s) of "
+        f"{result.get('peer_batch_size') or RECBOLE_TRAIN_BATCH_SIZE} impressions a step; "
+        f"DeepFM and "
         f"DCNV2 {history}. Metrics: gem_core.metrics.",
         "",
     ]
@@ -412,6 +421,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated tasks, one peer training each (default: the "
                              "data's first: click on synthetic-ads, like on movielens-100k)")
     parser.add_argument("--epochs", type=int, default=1, help="passes of each peer")
+    parser.add_argument("--peer-batch-size", type=int, default=None,
+                        help="impressions per training step of every peer (default: RecBole's "
+                             f"{RECBOLE_TRAIN_BATCH_SIZE}; one pass at 2048 is few updates)")
     parser.add_argument("--recbole-seed", type=int, default=2020, help="RecBole's seed")
     parser.add_argument("--context-history", choices=("none", "bags"), default="none",
                         help="DeepFM, DCNV2: without the history, or with its columns as bags "
@@ -454,7 +466,8 @@ def main(argv: list[str] | None = None) -> None:
                     "run": report}
 
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
-    result = {"tasks": tasks, "epochs": args.epochs, "recbole": recbole,
+    result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
+              "recbole": recbole,
               "context_history": args.context_history,
               "export": export_summary, "peers": peers, "ours": ours}
     command = "python tools/peers.py " + " ".join(sys.argv[1:] if argv is None else argv)

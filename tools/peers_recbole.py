@@ -68,7 +68,8 @@ CONTEXT = ("DeepFM", "DCNV2")
 
 
 def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: int,
-                 seed: int, out: Path, history_bags: bool = False) -> dict:
+                 seed: int, out: Path, history_bags: bool = False,
+                 train_batch_size: int | None = None) -> dict:
     user, item = manifest["user_field"], manifest["item_field"]
     item_list = manifest["item_list_field"]
     columns = [c.split(":")[0] for c in manifest["columns"]]
@@ -104,6 +105,8 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
         "metrics": ["AUC", "LogLoss"],
         "valid_metric": "AUC",
         "epochs": epochs,
+        # None: RecBole's default (overall.yaml: 2048)
+        **({"train_batch_size": train_batch_size} if train_batch_size else {}),
         "seed": seed,
         "reproducibility": True,
         "show_progress": False,
@@ -147,6 +150,8 @@ def main() -> None:
                         help="the label to train on (default: the export's first task)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=2020, help="RecBole's seed (its default).")
+    parser.add_argument("--train-batch-size", type=int, default=None,
+                        help="impressions per training step (default: RecBole's, 2048)")
     parser.add_argument("--eval-batch-size", type=int, default=4096)
     parser.add_argument("--history-bags", action="store_true",
                         help="DeepFM, DCNV2: read the history columns too, as bags of ids")
@@ -183,7 +188,8 @@ def main() -> None:
     config = Config(model=args.model, dataset=manifest["name"],
                     config_dict=_config_dict(manifest, export, args.model, args.task,
                                              args.epochs, args.seed, out,
-                                             history_bags=args.history_bags))
+                                             history_bags=args.history_bags,
+                                             train_batch_size=args.train_batch_size))
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
     dataset = create_dataset(config)
@@ -231,6 +237,7 @@ def main() -> None:
         "model": args.model,
         "task": args.task,
         "epochs": args.epochs,
+        "train_batch_size": config["train_batch_size"],
         "seed": args.seed,
         "history_bags": args.history_bags and args.model in CONTEXT,
         "recbole": recbole.__version__,
