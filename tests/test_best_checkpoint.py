@@ -11,6 +11,7 @@ import json
 import statistics
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
@@ -146,6 +147,26 @@ def test_epochs_end_the_run_at_the_end_of_the_passes(data, tmp_path):
     assert "train.epochs = 2 passes over the training data done" in (
         summary["run"]["stopped"]["message"])
     assert summary["run"]["finished"]
+    # The learning-rate schedule decays over the 8 steps the passes take, not train.steps = 16.
+    from gem_core.config import TrainConfig
+    from gem_core.train.optim import learning_rate
+
+    config = TrainConfig(steps=16, epochs=2, batch_size=32, lr=0.05, warmup_steps=1)
+    lrs = [json.loads(line)["lr"] for line in
+           (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([learning_rate(config, step, last_step=8) for step in range(8)])
+    assert lrs[-1] < 0.2 * 0.05 < learning_rate(config, 7)  # over 16 steps it would be 0.7 lr
+
+
+def test_the_schedule_ends_where_the_passes_end():
+    from gem_core.config import TrainConfig
+    from gem_core.train.optim import schedule_steps
+
+    train = TrainConfig(steps=300, epochs=1, batch_size=256)
+    assert schedule_steps(train, 44_495) == 174  # MovieLens-100k: ceil(44495 / 256)
+    assert schedule_steps(attrs.evolve(train, epochs=2), 44_495) == 300  # 348 > train.steps
+    assert schedule_steps(attrs.evolve(train, epochs=0), 44_495) == 300  # steps decide
+    assert schedule_steps(train, None) == 300  # generated data: no passes
 
 
 def test_one_pass_is_the_default_on_file_backed_data_and_the_run_says_so(gem, data, tmp_path):

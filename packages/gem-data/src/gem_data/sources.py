@@ -110,6 +110,14 @@ class ParquetSource(WindowedSource):
                 "sharding = 'global'")
         self.train_units, self.eval_units = self._plan_splits()
 
+    def requests_per_pass(self) -> int | None:
+        # Known where every rank reads the same global batches of whole requests: not with a
+        # token budget (requests per batch vary), not with row-group sharding (each rank's
+        # pass is its own), not in time order (one pass over windows, planned by the trainer).
+        if self.time_order or self.options.token_budget or self.options.sharding != "global":
+            return None
+        return sum(unit.rows for unit in self.train_units)
+
     def _plan_splits(self) -> tuple[list[Unit], list[Unit]]:
         train = split_units(self.manifest, "train")
         if self.time_order:  # every window trains; each is evaluated before it is trained on

@@ -88,6 +88,14 @@ class TrainConfig:
     lr: float = attrs.field(default=3e-3, validator=greater_than(0))
     """Peak learning rate of AdamW (dense) and of the embedding tables."""
 
+    embedding_lr_scale: float = attrs.field(default=1.0, validator=greater_than(0))
+    """Multiplier of ``lr`` (and of its schedule) for the embedding tables the dense optimizer
+    trains (``nn.Embedding``/``nn.EmbeddingBag`` weights under AdamW). A row appears in few
+    batches, so pooled rows learn slowly at a rate the attention layers tolerate (on
+    MovieLens-100k ``dlrm-baseline`` learns best at 0.01, ``tiny``'s layers at 0.002;
+    docs/results.md). Embeddings with an optimizer of their own (FBGEMM TBE, TorchRec fused)
+    follow ``model.embedding_options.lr`` instead."""
+
     weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
     """AdamW weight decay on dense matrices (not on embeddings, norms or biases)."""
 

@@ -86,6 +86,15 @@ class DataSource(abc.ABC):
         that list emptied."""
         return attrs.evolve(given, data_set_wins=())
 
+    def requests_per_pass(self) -> int | None:
+        """Training requests in one pass over the training data, where global batches of
+        ``train.batch_size`` requests run on from one pass into the next (so ``train.epochs``
+        passes end in step ``ceil(epochs * requests / batch_size)``); None where that is not
+        known before training: generated data (no passes), batches cut by a token budget,
+        ranks reading data of their own. The trainer ends its learning-rate schedule with the
+        last pass where that comes before ``train.steps``. This default: None."""
+        return None
+
     def report(self) -> dict[str, Any]:
         """Counts for ``summary.json`` under ``data`` and the log (``rows_checked``,
         ``rows_dropped``, ``rows_repaired`` per check, ``histories_truncated``: see

@@ -26,7 +26,7 @@ from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
 from gem_core.train.loss import mean_loss
-from gem_core.train.optim import lr_schedule, make_adamw
+from gem_core.train.optim import lr_schedule, make_adamw, schedule_steps
 from gem_core.train.random_state import seed_everything
 from gem_core.train.time_order import TimeOrder, check_time_order
 
@@ -49,6 +49,9 @@ class RunAssembly:
         # preset's): what the run records (config.toml, checkpoints) and builds the rest from.
         self.config = config = attrs.evolve(
             config, data=self.source.applied_config(config.data))
+        # Where the data's passes end the run before train.steps (train.epochs), the
+        # learning-rate schedule ends with them (read before distillation wraps the source).
+        self.schedule_steps = schedule_steps(self.tc, self.source.requests_per_pass())
         # Distillation: batches carry the teacher's signals; the loss adds the soft labels.
         self.distiller = build_distiller(config, self.source, ctx)
         if self.distiller is not None:

@@ -14,17 +14,29 @@ def make_adamw(config: TrainConfig):
     """An optimizer factory for strategies: AdamW, weight decay on dense matrices only."""
 
     def build(module: nn.Module) -> torch.optim.Optimizer:
-        no_decay_ids = set()
+        no_decay_ids, embedding_ids = set(), set()
         for sub in module.modules():
-            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.RMSNorm)):
+            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
+                embedding_ids.update(id(p) for p in sub.parameters(recurse=False))
+            if isinstance(sub, (nn.LayerNorm, nn.RMSNorm)):
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
-        decay, no_decay = [], []
+        decay, no_decay, embeddings = [], [], []
         for param in module.parameters():
             if not param.requires_grad:
                 continue
-            (no_decay if id(param) in no_decay_ids or param.dim() < 2 else decay).append(param)
+            # At scale 1 embeddings stay in the no-decay group: the optimizer's groups (and so
+            # its checkpointed state) are those of runs from before the option.
+            if id(param) in embedding_ids and config.embedding_lr_scale != 1.0:
+                embeddings.append(param)
+            elif id(param) in embedding_ids:
+                no_decay.append(param)
+            else:
+                (no_decay if id(param) in no_decay_ids or param.dim() < 2 else decay).append(param)
+        # Engines set each group's lr to the schedule's times its ``lr_scale``.
         groups = [{"params": decay, "weight_decay": config.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+                  {"params": no_decay, "weight_decay": 0.0},
+                  {"params": embeddings, "weight_decay": 0.0,
+                   "lr_scale": config.embedding_lr_scale}]
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
                                  betas=(0.9, 0.98), eps=1e-8)
 
@@ -39,13 +51,26 @@ def lr_schedule(config: GemConfig) -> str:
     return "constant" if config.data.order == "time" else "cosine"
 
 
-def learning_rate(config: TrainConfig, step: int, schedule: str = "cosine") -> float:
-    """Linear warm-up to ``lr``, then (``cosine``) cosine decay to 10 % of it at the last step,
-    or (``constant``) ``lr``."""
+def schedule_steps(config: TrainConfig, requests_per_pass: int | None) -> int:
+    """The step the learning-rate schedule ends at: ``train.steps``, or, where the data knows
+    its pass length (:meth:`gem_core.contracts.DataSource.requests_per_pass`), the step whose
+    batch completes the last of ``train.epochs`` passes when that comes first. Without this a
+    run that one pass ends early (MovieLens-100k at batch 256: step 174 of 300) would stop
+    with its learning rate still near half of ``lr``."""
+    if not config.epochs or not requests_per_pass:
+        return config.steps
+    return min(config.steps, math.ceil(config.epochs * requests_per_pass / config.batch_size))
+
+
+def learning_rate(config: TrainConfig, step: int, schedule: str = "cosine",
+                  last_step: int | None = None) -> float:
+    """Linear warm-up to ``lr``, then (``cosine``) cosine decay to 10 % of it at the last step
+    (``last_step``, default ``train.steps``; see :func:`schedule_steps`), or (``constant``)
+    ``lr``."""
     if config.warmup_steps and step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     if schedule == "constant":
         return config.lr
-    span = max(config.steps - config.warmup_steps, 1)
+    span = max((config.steps if last_step is None else last_step) - config.warmup_steps, 1)
     progress = min((step - config.warmup_steps) / span, 1.0)
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -38,10 +38,12 @@ def epochs_done(train: TrainConfig, passes: int | None, step: int) -> dict[str, 
 
 
 def log_epochs_plan(train: TrainConfig, source: str, passes: int | None, *,
-                    time_order: bool) -> None:
+                    time_order: bool, schedule_steps: int | None = None) -> None:
     """The start-up line on ``train.epochs``: that the run ends after its passes (a stream with
-    passes), or a warning that a value above 1 is ignored (generated data, which has none).
-    The default, 1, on generated data is no mistake and is not warned about."""
+    passes), and at which step they end where the data knows (``schedule_steps`` below
+    ``train.steps``: the learning-rate schedule ends there too), or a warning that a value
+    above 1 is ignored (generated data, which has none). The default, 1, on generated data is
+    no mistake and is not warned about."""
     if time_order or not train.epochs:
         return  # time order is one pass by construction; 0: train.steps alone decides
     if passes is None:
@@ -54,6 +56,9 @@ def log_epochs_plan(train: TrainConfig, source: str, passes: int | None, *,
              "train.steps = %d if that comes first (train.epochs = 0: train.steps alone "
              "decides)", train.epochs,
              "one pass" if train.epochs == 1 else f"{train.epochs} passes", train.steps)
+    if schedule_steps is not None and schedule_steps < train.steps:
+        log.info("the passes end at step %d: the learning-rate schedule decays to its end "
+                 "there, not at train.steps = %d", schedule_steps, train.steps)
 
 
 def early_stop(train: TrainConfig, history: list[tuple[int, float]],

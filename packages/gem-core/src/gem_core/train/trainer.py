@@ -295,7 +295,7 @@ class _Trainer(RunAssembly):
     def _start(self, stop: int) -> Progress:
         """Say what runs, set the model training and find whether there is anything left to
         train before ``stop``; the progress bar (or lines) of the steps to come."""
-        total = self.tc.steps
+        total = self.schedule_steps  # train.steps, or where train.epochs passes end
         if self.time_order is not None:  # one pass over the windows, if shorter
             planned = self.time_order.planned_steps(
                 self.tc.batch_size, bool(self.config.data.options.get("token_budget")))
@@ -311,7 +311,8 @@ class _Trainer(RunAssembly):
         self.passes_done = self._passes()
         if self.ctx.is_main:
             log_epochs_plan(self.tc, self.config.data.source, self.passes_done,
-                            time_order=self.time_order is not None)
+                            time_order=self.time_order is not None,
+                            schedule_steps=self.schedule_steps)
         if self.time_order is not None:
             self._start_windows(stop)
         self.ending = self._ending()  # a resumed run that had already stopped early
@@ -367,7 +368,7 @@ class _Trainer(RunAssembly):
     def _follow_schedule(self) -> dict[str, float]:
         """Set this step's learning rate; ``lr`` and, where a module has an optimizer of its own
         (TorchRec's fused sparse one), its ``sparse_lr``."""
-        lr = learning_rate(self.tc, self.step, self.lr_schedule)
+        lr = learning_rate(self.tc, self.step, self.lr_schedule, last_step=self.schedule_steps)
         self.engine.set_lr(lr)
         # They see the schedule's factor through ``follow_learning_rate(factor) -> lr | None``.
         sparse_lr = [m.follow_learning_rate(lr / self.tc.lr) for m in self._lr_followers]

@@ -1,0 +1,49 @@
+"""``gem_core.train.optim.make_adamw``: which parameters decay, and the embedding tables' own
+learning-rate scale (``train.embedding_lr_scale``) through the engine's ``set_lr``."""
+
+import pytest
+from torch import nn
+
+from gem_core.config import TrainConfig
+from gem_core.engine import Engine
+from gem_core.train.optim import make_adamw
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+        self.bag = nn.EmbeddingBag(10, 4)
+        self.norm = nn.LayerNorm(4)
+        self.linear = nn.Linear(4, 4)
+
+
+def _groups(optimizer):
+    return [{id(p) for p in g["params"]} for g in optimizer.param_groups]
+
+
+def test_at_scale_one_the_groups_are_those_of_before():
+    model = _Model()
+    optimizer = make_adamw(TrainConfig(weight_decay=0.1))(model)
+    decay, no_decay = _groups(optimizer)
+    assert decay == {id(model.linear.weight)}
+    assert no_decay == {id(p) for p in (model.table.weight, model.bag.weight, model.norm.weight,
+                                        model.norm.bias, model.linear.bias)}
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_embedding_tables_follow_the_schedule_times_their_scale():
+    model = _Model()
+    optimizer = make_adamw(TrainConfig(lr=0.002, embedding_lr_scale=5.0))(model)
+    decay, no_decay, embeddings = _groups(optimizer)
+    assert embeddings == {id(model.table.weight), id(model.bag.weight)}
+    assert id(model.norm.weight) in no_decay and id(model.linear.weight) in decay
+    assert optimizer.param_groups[2]["weight_decay"] == 0.0
+    engine = Engine(model, optimizer)
+    engine.set_lr(0.001)  # the schedule's value at some step
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.001, 0.001, 0.005])
+
+
+def test_the_scale_must_be_positive():
+    with pytest.raises(ValueError):
+        TrainConfig(embedding_lr_scale=0.0)
