@@ -1,6 +1,8 @@
 """The GEM model's parts: key gathering, ESMM, PMA independence from the candidate, cross- and
 Wukong blocks, and every switch training end to end (forward and backward)."""
 
+import math
+
 import attrs
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from gem_core.attention.reference import ReferenceAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.heads import product_logit
+from gem_core.model.interaction import log_magnitude
 from gem_core.model.target_attention import gather_keys
 from gem_core.model.wukong import WukongInteraction
 from gem_core.testing.models import small_model, synthetic_batch
@@ -88,6 +91,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(cross_attention=True, target_queries="all", target_history=4, normalization="silu"),
     dict(num_layers=0, target_attention=False),
     dict(target_attention=False, pma_queries=1),
+    dict(target_match=8, attribute_attention=True, match_token_scale="log"),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data
@@ -101,6 +105,42 @@ def test_every_switch_trains(data, switches):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     if switches.get("multitask") == "esmm":
         assert (torch.sigmoid(out["conversion"]) <= torch.sigmoid(out["click"]) + 1e-6).all()
+
+
+def test_log_magnitude_keeps_direction_and_compresses_size():
+    torch.manual_seed(0)
+    # Rows from tiny to large, as target match and attribute attention produce them.
+    tokens = torch.randn(6, 32, dtype=torch.float64) * torch.tensor(
+        [1e-3, 0.1, 1.0, 13.0, 26.0, 500.0], dtype=torch.float64).unsqueeze(1)
+    out = log_magnitude(tokens)
+    for row, scaled in zip(tokens, out):
+        rms = float(row.pow(2).mean().sqrt())
+        assert float(scaled.pow(2).mean().sqrt()) == pytest.approx(math.log1p(rms),
+                                                                  rel=1e-9)
+        assert float(torch.nn.functional.cosine_similarity(row, scaled, dim=0)) == \
+            pytest.approx(1.0, abs=1e-12)
+    # The order of sizes survives; the range shrinks (26 -> 3.3, 500 -> 6.2).
+    sizes = out.pow(2).mean(dim=1).sqrt()
+    assert torch.all(sizes[1:] > sizes[:-1]) and float(sizes[-1]) < 7
+    assert torch.equal(log_magnitude(torch.zeros(2, 4)), torch.zeros(2, 4))
+
+
+def test_match_token_scale_rescales_the_match_tokens_only(data):
+    schema, batch = data
+    linear = _model(schema, target_match=8, attribute_attention=True)
+    logged = _model(schema, target_match=8, attribute_attention=True, match_token_scale="log")
+    seen = {}
+    for name, model in (("linear", linear), ("log", logged)):
+        model.interaction.register_forward_pre_hook(
+            lambda mod, args, name=name: seen.__setitem__(name, args[0].detach()))
+        model(batch)
+    a, b = seen["linear"], seen["log"]
+    # Tokens: candidate, target attention, target match, attribute attention, history mean, ...
+    matched = [2, 3]
+    others = [i for i in range(a.shape[1]) if i not in matched]
+    assert torch.equal(a[:, others], b[:, others])
+    assert torch.allclose(log_magnitude(a[:, matched].reshape(-1, a.shape[2])),
+                          b[:, matched].reshape(-1, a.shape[2]))
 
 
 def test_esmm_and_cross_attention_say_what_they_need(data):

@@ -195,6 +195,13 @@ class ModelConfig:
     """The search of ``attribute_attention_retrieve`` keeps engaged events only (those whose
     ``action_feature`` id is not ``view_action``)."""
 
+    match_token_scale: str = attrs.field(default="linear", validator=choice("linear", "log"))
+    """The size of the target-match and attribute-attention tokens, sums over up to
+    ``target_match`` / ``attribute_attention_history`` events: ``linear``, as summed; ``log``,
+    each token rescaled to an RMS of ``log(1 + rms)`` (its direction and the order of its size
+    kept). On MovieLens-100k their RMS grew to 13 and 26 against 0.07-0.9 for every other token,
+    and their products then dominated the interaction's LayerNorm (docs/results.md)."""
+
     target_match: int = attrs.field(default=0, validator=at_least(0))
     """Each candidate also gets a token from its exact attribute matches among the most recent
     ``target_match`` events of its history (ad id, advertiser, category, genres: every

@@ -28,7 +28,7 @@ from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import retrieve_matching_events
-from gem_core.model.interaction import DotInteractionMLP
+from gem_core.model.interaction import DotInteractionMLP, log_magnitude
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTower, SwiGLU
@@ -309,14 +309,17 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             summary, context = self._target_attention(candidate, context, history, requests,
                                                       user_tokens, candidates)
             tokens.append(summary)
+        # Sums over a variable number of events (match_token_scale).
+        scale = log_magnitude if self.config.match_token_scale == "log" else (lambda x: x)
         if self.target_match is not None:
-            tokens.append(self.target_match(history, requests.offsets, owner,
-                                            batch.candidate_ids, batch.event_ids,
-                                            candidate_offsets=candidate_offsets,
-                                            max_candidates=max_candidates,
-                                            ages=requests.ages))
+            tokens.append(scale(self.target_match(history, requests.offsets, owner,
+                                                  batch.candidate_ids, batch.event_ids,
+                                                  candidate_offsets=candidate_offsets,
+                                                  max_candidates=max_candidates,
+                                                  ages=requests.ages)))
         if self.attribute_attention is not None:
-            tokens.append(self._attribute_attention(batch, looked_up, requests, history, owner))
+            tokens.append(scale(self._attribute_attention(batch, looked_up, requests, history,
+                                                          owner)))
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
                 0, requests.rows, history)

@@ -8,6 +8,17 @@ from torch import Tensor, nn
 from gem_core.flops import linear_layer_flops
 
 
+def log_magnitude(tokens: Tensor) -> Tensor:
+    """``tokens`` ``(N, d)`` each rescaled from RMS ``r`` to RMS ``log(1 + r)``: the same
+    direction, a size that still grows with ``r`` but no longer by orders of magnitude.
+
+    For tokens that sum a variable number of events (target match, attribute attention): the
+    interaction's LayerNorm normalises all tokens and their pairwise products together, and
+    one token a hundred times larger than the others leaves them near zero after it."""
+    rms = tokens.pow(2).mean(dim=-1, keepdim=True).add(1e-12).sqrt()
+    return tokens * (torch.log1p(rms) / rms)
+
+
 class DotInteractionMLP(nn.Module):
     """DLRM-style: the upper triangle of the token Gram matrix, concatenated with the tokens."""
 
