@@ -16,7 +16,7 @@ VARIANTS = {
     "pma-wukong-cross": dict(pma_queries=3, interaction="wukong", cross_attention=True,
                              wukong_fmb_tokens=3, wukong_lcb_tokens=2),
     "target-all-recent-esmm": dict(pma_queries=2, target_queries="all", target_history=8,
-                                   multitask="esmm", window=8),
+                                   multitask="esmm", window=8, candidate_bias=True),
     "dlrm-baseline": dict(num_layers=0, target_attention=False),
     "attention-gate-multistage": dict(attention_gate=True, pma_queries=2,
                                       downstream_history="events"),

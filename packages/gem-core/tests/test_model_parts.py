@@ -92,6 +92,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(num_layers=0, target_attention=False),
     dict(target_attention=False, pma_queries=1),
     dict(target_match=8, attribute_attention=True, match_token_scale="log"),
+    dict(candidate_bias=True, multitask="esmm"),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data
@@ -141,6 +142,24 @@ def test_match_token_scale_rescales_the_match_tokens_only(data):
     assert torch.equal(a[:, others], b[:, others])
     assert torch.allclose(log_magnitude(a[:, matched].reshape(-1, a.shape[2])),
                           b[:, matched].reshape(-1, a.shape[2]))
+
+
+def test_candidate_bias_adds_a_first_order_logit_per_task(data):
+    schema, batch = data
+    model = _model(schema, candidate_bias=True)
+    seen = {}
+    model.interaction.register_forward_pre_hook(
+        lambda mod, args: seen.__setitem__("candidate", args[0][:, 0].detach()))
+    with_bias = model(batch)
+    # The same model with the first-order weights at zero gives the interaction's logits alone.
+    expected = model.candidate_bias(seen["candidate"])
+    with torch.no_grad():
+        model.candidate_bias.weight.zero_()
+        model.candidate_bias.bias.zero_()
+    without = model(batch)
+    for i, task in enumerate(schema.tasks):
+        assert torch.allclose(with_bias[task] - without[task], expected[:, i], atol=1e-6)
+    assert model.candidate_bias in model.output_heads()  # kept in full precision by FP8
 
 
 def test_esmm_and_cross_attention_say_what_they_need(data):

@@ -218,6 +218,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 "= 'independent'")
         self.heads = nn.ModuleDict({t: nn.Linear(self.interaction.out_dim, 1)
                                     for t in schema.tasks})
+        # One first-order logit per task straight from the candidate's token (candidate_bias).
+        self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
+                               else None)
 
     def user_embedding(self, batch: JaggedBatch) -> Tensor:
         """The upstream output alone: ``(R, pma_queries * embedding_dim)`` flattened PMA user
@@ -249,6 +252,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
+        if self.candidate_bias is not None:
+            first_order = self.candidate_bias(tokens[0])
+            logits = {task: logit + first_order[:, i]
+                      for i, (task, logit) in enumerate(logits.items())}
         if self.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
@@ -399,7 +406,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         return list(moe_layers(self))
 
     def output_heads(self) -> list[nn.Module]:
-        return list(self.heads.values())
+        heads = list(self.heads.values())
+        return heads + [self.candidate_bias] if self.candidate_bias is not None else heads
 
     def stash_points(self) -> dict[str, list[nn.Module]]:
         return modules_of(self, STASH_CLASSES)
@@ -470,6 +478,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
         counts["interaction"] = self.interaction.flops(impressions)
         counts["heads"] = linear_layer_flops(self.heads, impressions)
+        if self.candidate_bias is not None:
+            counts["candidate_bias"] = linear_layer_flops(self.candidate_bias, impressions)
         return counts
 
     def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
