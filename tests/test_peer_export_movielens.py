@@ -249,3 +249,23 @@ def test_the_item_feature_must_be_in_the_history(root, tmp_path):
     without = attrs.evolve(source.schema, event_features=source.schema.event_features[1:])
     with pytest.raises(GemDataError, match="item feature 'movie'.*not an event feature"):
         item_feature(without)
+
+
+def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path, peers):
+    header = "user_id:token\titem_id:token\tgenres:token_seq\tlike:float\n"
+    (tmp_path / "peers.train.inter").write_text(
+        header + "1\t5\t1 2\t1.0\n2\t5\t\t0.0\n3\t-7\t3\t1.0\n")
+    (tmp_path / "peers.test.inter").write_text(
+        header + "1\t5\t1 2\t1.0\n1\t-7\t3\t0.0\n2\t9\t\t1.0\n2\t5\t\t0.0\n")
+    keys = {"like": np.array([1.0, 0.0, 1.0, 0.0]), "user_ids": np.array([1, 1, 2, 2])}
+    got = peers.item_rate_reference(tmp_path, "like", keys)
+    overall, prior = 2 / 3, peers.ITEM_RATE_PRIOR
+    item5 = (1 + prior * overall) / (2 + prior)
+    item7 = (1 + prior * overall) / (1 + prior)
+    # item 9 was never trained on: the overall rate
+    expected = peers.peer_metrics(np.array([item5, item7, overall, item5]), keys["like"],
+                                  keys["user_ids"])
+    assert got == expected and got["ne"] > 0
+    keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
+    with pytest.raises(SystemExit, match="labels"):
+        peers.item_rate_reference(tmp_path, "like", keys)

@@ -75,6 +75,9 @@ EXPORT_NAME = "peers"
 RECBOLE_TRAIN_BATCH_SIZE = 2048
 """RecBole 1.2.1's ``train_batch_size`` (``overall.yaml``), the peers' default here."""
 PROBABILITY_EPS = 1e-7
+ITEM_RATE_PRIOR = 5
+"""Pseudo-impressions at the overall positive rate added to every item's count in the item-rate
+reference (an item seen once is not scored 0 or 1)."""
 """Predicted probabilities are clipped to ``[eps, 1 - eps]`` before they become logits for
 ``gem_core.metrics`` (RecBole's models output float32 probabilities)."""
 
@@ -218,6 +221,44 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray,
     logits = torch.from_numpy(np.log(p) - np.log1p(-p))
     return task_report(logits, torch.from_numpy(labels.astype(np.float64)),
                        torch.from_numpy(users.astype(np.int64)))
+
+
+def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``item_id`` and ``task`` columns of an exported ``.inter`` file."""
+    import csv
+
+    with path.open(newline="") as handle:
+        rows = csv.reader(handle, delimiter="\t")
+        header = [name.split(":")[0] for name in next(rows)]
+        item, label = header.index("item_id"), header.index(task)
+        items, labels = [], []
+        for row in rows:
+            items.append(int(row[item]))
+            labels.append(float(row[label]))
+    return np.asarray(items, dtype=np.int64), np.asarray(labels, dtype=np.float64)
+
+
+def item_rate_reference(directory: Path, task: str, keys: Any) -> dict[str, float]:
+    """No model: every eval impression scored by its item's positive rate among the exported
+    training impressions (with :data:`ITEM_RATE_PRIOR` pseudo-impressions at the overall
+    rate; an item never trained on gets the overall rate). What an item's own effect is worth:
+    within-user ranking (GAUC) on data where users mostly differ in which items they are shown
+    is largely this, and a model that learns less than it has not learnt the items."""
+    train_items, train_labels = _item_and_label_columns(
+        directory / f"{EXPORT_NAME}.train.inter", task)
+    eval_items, eval_labels = _item_and_label_columns(
+        directory / f"{EXPORT_NAME}.test.inter", task)
+    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
+        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
+    known, index = np.unique(train_items, return_inverse=True)
+    counts = np.bincount(index, minlength=known.size).astype(np.float64)
+    positives = np.bincount(index, weights=train_labels, minlength=known.size)
+    overall = float(train_labels.mean())
+    where = np.searchsorted(known, eval_items).clip(max=known.size - 1)
+    seen = known[where] == eval_items
+    rate = np.where(seen, (positives[where] + ITEM_RATE_PRIOR * overall)
+                    / (counts[where] + ITEM_RATE_PRIOR), overall)
+    return peer_metrics(rate, keys[task], keys["user_ids"])
 
 
 # -- our runs ------------------------------------------------------------------------------------
@@ -367,6 +408,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
         wall = entry.get("wall_time_s")
         cells += ["-", f"{wall:.0f} (run)" if wall else "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    for name, entry in result.get("references", {}).items():
+        cells = [f"reference: {name} (no model: the item's training positive rate)"]
+        for task in tasks:
+            m = entry[task]
+            cells += [_f(m.get("ne")), _f(m.get("auc")), _f(m.get("gauc"))]
+        lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
     achievable = manifest.get("achievable_ne")
     if achievable is not None:  # generated data knows its true probabilities
         cells = ["achievable (true probabilities)"]
@@ -465,9 +512,11 @@ def main(argv: list[str] | None = None) -> None:
                     "metrics": peer_metrics(probabilities, keys[task], keys["user_ids"]),
                     "run": report}
 
+    references = {"item rate": {task: item_rate_reference(directory, task, keys)
+                                for task in tasks}}
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
-              "recbole": recbole,
+              "recbole": recbole, "references": references,
               "context_history": args.context_history,
               "export": export_summary, "peers": peers, "ours": ours}
     command = "python tools/peers.py " + " ".join(sys.argv[1:] if argv is None else argv)
