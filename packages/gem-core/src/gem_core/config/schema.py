@@ -94,7 +94,7 @@ class TrainConfig:
     batches, so pooled rows learn slowly at a rate the attention layers tolerate (on
     MovieLens-100k ``dlrm-baseline`` learns best at 0.01, ``tiny``'s layers at 0.002;
     docs/results.md). Embeddings with an optimizer of their own (FBGEMM TBE, TorchRec fused)
-    follow ``model.embedding_options.lr`` instead."""
+    follow ``[model.embedding_optimizer]`` (row-wise Adagrad at its own ``lr``) instead."""
 
     weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
     """AdamW weight decay on dense matrices (not on embeddings, norms or biases)."""
