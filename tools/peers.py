@@ -75,11 +75,11 @@ EXPORT_NAME = "peers"
 RECBOLE_TRAIN_BATCH_SIZE = 2048
 """RecBole 1.2.1's ``train_batch_size`` (``overall.yaml``), the peers' default here."""
 PROBABILITY_EPS = 1e-7
+"""Predicted probabilities are clipped to ``[eps, 1 - eps]`` before they become logits for
+``gem_core.metrics`` (RecBole's models output float32 probabilities)."""
 ITEM_RATE_PRIOR = 5
 """Pseudo-impressions at the overall positive rate added to every item's count in the item-rate
 reference (an item seen once is not scored 0 or 1)."""
-"""Predicted probabilities are clipped to ``[eps, 1 - eps]`` before they become logits for
-``gem_core.metrics`` (RecBole's models output float32 probabilities)."""
 
 
 # -- the peers venv ------------------------------------------------------------------------------
@@ -225,17 +225,13 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray,
 
 def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarray]:
     """The ``item_id`` and ``task`` columns of an exported ``.inter`` file."""
-    import csv
+    from gem_data.peer_export import read_atomic
 
-    with path.open(newline="") as handle:
-        rows = csv.reader(handle, delimiter="\t")
-        header = [name.split(":")[0] for name in next(rows)]
-        item, label = header.index("item_id"), header.index(task)
-        items, labels = [], []
-        for row in rows:
-            items.append(int(row[item]))
-            labels.append(float(row[label]))
-    return np.asarray(items, dtype=np.int64), np.asarray(labels, dtype=np.float64)
+    header, rows = read_atomic(path)
+    names = [field.split(":")[0] for field in header]
+    item, label = names.index("item_id"), names.index(task)
+    return (np.asarray([int(row[item]) for row in rows], dtype=np.int64),
+            np.asarray([float(row[label]) for row in rows], dtype=np.float64))
 
 
 def item_rate_reference(directory: Path, task: str, keys: Any) -> dict[str, float]:
