@@ -47,3 +47,21 @@ def test_embedding_tables_follow_the_schedule_times_their_scale():
 def test_the_scale_must_be_positive():
     with pytest.raises(ValueError):
         TrainConfig(embedding_lr_scale=0.0)
+
+
+def test_a_run_whose_tables_train_under_adamw_says_nothing_about_the_scale(tmp_path, caplog):
+    """The start-up warning of :mod:`gem_core.train.assembly` is for runs whose tables have an
+    optimizer of their own (tested with ``fbgemm-tbe`` in gem-kernels); the reference tables
+    take the scale, so nothing is said."""
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+    from gem_core.train.trainer import train
+
+    config = load_config(preset="tiny", overrides=[
+        "train.steps=1", "train.batch_size=8", "data.eval_rows=16", "train.eval_every=0",
+        "train.checkpoint_every=0", "data.max_seq_len=8", "model.interaction_dims=[16]",
+        "model.num_layers=1"])
+    assert config.train.embedding_lr_scale != 1.0
+    with caplog.at_level("WARNING", logger="gem_core.train.assembly"):
+        train(config, build_plugins(), tmp_path / "run", progress=False)
+    assert "embedding_lr_scale" not in caplog.text

@@ -231,12 +231,18 @@ def _losses(run_dir):
     return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
 
 
-def test_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path):
+def test_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, caplog):
     config = load_config(preset="tiny", overrides=RUN)
     plugins = build_plugins()
     assert "fused_optimizer" in plugins.registry("embedding").get("fbgemm-tbe").capabilities
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    train(config, plugins, whole, progress=False)
+    with caplog.at_level("WARNING", logger="gem_core.train.assembly"):
+        train(config, plugins, whole, progress=False)
+    # the preset's embedding_lr_scale reaches no table here, and the start-up log says so
+    assert config.train.embedding_lr_scale != 1.0
+    assert ("train.embedding_lr_scale = 5 applies to none of this run's feature tables: the "
+            "embedding backend 'fbgemm-tbe' trains them with [model.embedding_optimizer] "
+            "(rowwise_adagrad, lr 0.02)") in caplog.text
     # The interrupted run saves in the background (the fused state is staged to CPU too).
     background = load_config(preset="tiny", overrides=RUN + ["train.async_checkpoint=true"])
     train(background, plugins, parts, progress=False, until_step=2)

@@ -93,8 +93,9 @@ class TrainConfig:
     trains (``nn.Embedding``/``nn.EmbeddingBag`` weights under AdamW). A row appears in few
     batches, so pooled rows learn slowly at a rate the attention layers tolerate (on
     MovieLens-100k ``dlrm-baseline`` learns best at 0.01, ``tiny``'s layers at 0.002;
-    docs/results.md). Embeddings with an optimizer of their own (FBGEMM TBE, TorchRec fused)
-    follow ``[model.embedding_optimizer]`` (row-wise Adagrad at its own ``lr``) instead."""
+    docs/results.md). Tables with an optimizer of their own do not take it: the
+    ``fbgemm-tbe`` backend's follow ``[model.embedding_optimizer]``, TorchRec's sharded tables
+    ``[parallel.embedding]`` ``optimizer`` and ``lr`` (the start-up log says so)."""
 
     weight_decay: float = attrs.field(default=0.0, validator=at_least(0))
     """AdamW weight decay on dense matrices (not on embeddings, norms or biases)."""

@@ -5,12 +5,15 @@ training stream. The trainer (:mod:`gem_core.train.trainer`) is such a run with 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+from torch import nn
 
+from gem_core.capabilities import FUSED_OPTIMIZER
 from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig
 from gem_core.contracts import LearningRateFollower
@@ -30,6 +33,7 @@ from gem_core.train.optim import lr_schedule, make_adamw, schedule_steps
 from gem_core.train.random_state import seed_everything
 from gem_core.train.time_order import TimeOrder, check_time_order
 
+log = logging.getLogger(__name__)
 
 class RunAssembly:
     """The parts, built in this order: the random state is seeded before the data source and
@@ -86,11 +90,38 @@ class RunAssembly:
         )
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
                               if isinstance(m, LearningRateFollower)]
+        self._say_where_embedding_lr_scale_applies()
         self.stream = self.source.train_stream(**self.stream_args)
         # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
         self.steps = self.backends.embedding_sharding.impl.step_runner(
             self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
             options=self.backends.embedding_sharding.options)
+
+    def _say_where_embedding_lr_scale_applies(self) -> None:
+        """``train.embedding_lr_scale`` shapes the tables the dense AdamW trains. Where the run's
+        feature tables train with an optimizer of their own (an embedding backend with the fused
+        optimizer, TorchRec's sharded tables), the scale reaches none of them: a preset's tuned
+        scale would be inert without a word, so the start-up log says which learning rate they
+        follow instead."""
+        scale = self.tc.embedding_lr_scale
+        if scale == 1.0:
+            return
+        tables = self.model.embeddings
+        under_adamw = sum(p.numel() for m in tables.modules()
+                          if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+                          for p in m.parameters(recurse=False) if p.requires_grad)
+        if under_adamw:
+            return
+        embedding = self.backends.embedding.spec
+        if FUSED_OPTIMIZER in embedding.capabilities:
+            chosen = self.config.model.embedding_optimizer
+            instead = (f"the embedding backend {embedding.name!r} trains them with "
+                       f"[model.embedding_optimizer] ({chosen.name}, lr {chosen.lr:g})")
+        else:
+            instead = (f"the embedding sharding {self.backends.embedding_sharding.spec.name!r} "
+                       "trains them with its own optimizer ([parallel.embedding] optimizer and lr)")
+        log.warning("train.embedding_lr_scale = %g applies to none of this run's feature tables: "
+                    "%s, not AdamW at train.lr x %g", scale, instead, scale)
 
     def _calibrate_precision(self) -> None:
         """Recipes that choose by measuring (automatic FP8 selection) see a few training
