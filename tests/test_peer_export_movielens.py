@@ -269,3 +269,23 @@ def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path, pee
     keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
     with pytest.raises(SystemExit, match="labels"):
         peers.item_rate_reference(tmp_path, "like", keys)
+
+
+def test_our_runs_are_read_at_their_last_evaluation(tmp_path, peers):
+    # A peer reports its model as its training ended; a run's headline ``eval`` may be an
+    # earlier checkpoint picked by its NE on these very impressions, so the table reads
+    # ``eval_last``.
+    data = DataConfig(source="synthetic-ads", max_seq_len=16, eval_rows=24,
+                      options={"planted": "ads"})
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=3, steps=2,
+                                   batch_size=BATCH)
+    samples = manifest["eval_impressions"]
+    summary = {**_summary(manifest, data, seed=3),
+               "eval": {"click": {"ne": 0.80, "samples": samples}},
+               "eval_last": {"click": {"ne": 0.85, "samples": samples}}}
+    summary["run"]["name"] = "tiny"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(summary))
+    figures = peers.our_figures(run, manifest, ["click"])
+    assert figures["eval"]["click"]["ne"] == 0.85

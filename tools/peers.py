@@ -36,7 +36,9 @@ computed by ``gem_core.metrics``.
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
    both classes) of every peer's predictions against the exported labels and users; with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
-   (``summary.json``), after checking that each run's data is the export's (source, path,
+   (``summary.json``'s ``eval_last``: the model as its training ended, as every peer's is, not
+   the checkpoint a run picks by its eval NE, which would be chosen on the very impressions
+   reported), after checking that each run's data is the export's (source, path,
    order, options, seed, steps trained, batch size, eval rows, history length): a run on other
    data is refused, naming the keys that differ.
 
@@ -323,8 +325,11 @@ def our_figures(run_dir: Path, manifest: dict[str, Any], tasks: list[str]) -> di
         raise SystemExit(f"{run_dir} was not trained and evaluated on the exported impressions; "
                          "it differs in:\n  " + "\n  ".join(differences))
     figures: dict[str, Any] = {}
+    # The last evaluation: a peer reports its model at the end of training; a run's headline
+    # (``eval``) may be an earlier checkpoint, the best on these very eval impressions.
+    last = summary.get("eval_last", summary["eval"])
     for task in tasks:
-        report = summary["eval"].get(task)
+        report = last.get(task)
         if report is None:
             raise SystemExit(f"{run_dir} has no eval figures for {task}")
         if report.get("samples") != manifest["eval_impressions"]:
@@ -381,7 +386,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s) of "
         f"{result.get('peer_batch_size') or RECBOLE_TRAIN_BATCH_SIZE} impressions a step; "
         f"DeepFM and "
-        f"DCNV2 {history}. Metrics: gem_core.metrics.",
+        f"DCNV2 {history}. Ours: each run's last evaluation (its model as training ended, "
+        f"as the peers'). Metrics: gem_core.metrics.",
         "",
     ]
     head = ["model", *[f"{t} {m}" for t in tasks for m in ("NE", "AUC", "GAUC")],
