@@ -35,6 +35,7 @@ from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
 
+
 class RunAssembly:
     """The parts, built in this order: the random state is seeded before the data source and
     the model draw from it, and a precision recipe calibrates before the model is
