@@ -327,7 +327,10 @@ def our_figures(run_dir: Path, manifest: dict[str, Any], tasks: list[str]) -> di
     figures: dict[str, Any] = {}
     # The last evaluation: a peer reports its model at the end of training; a run's headline
     # (``eval``) may be an earlier checkpoint, the best on these very eval impressions.
-    last = summary.get("eval_last", summary["eval"])
+    last = summary.get("eval_last")
+    if last is None:
+        raise SystemExit(f"{summary_file} has no eval_last (the last evaluation); a run of "
+                         "this version writes it")
     for task in tasks:
         report = last.get(task)
         if report is None:

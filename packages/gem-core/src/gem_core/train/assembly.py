@@ -108,10 +108,9 @@ class RunAssembly:
         if scale == 1.0:
             return
         tables = self.model.embeddings
-        under_adamw = sum(p.numel() for m in tables.modules()
-                          if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
-                          for p in m.parameters(recurse=False) if p.requires_grad)
-        if under_adamw:
+        if any(p.requires_grad for m in tables.modules()
+               if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+               for p in m.parameters(recurse=False)):
             return
         embedding = self.backends.embedding.spec
         if FUSED_OPTIMIZER in embedding.capabilities:
