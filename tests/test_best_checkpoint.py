@@ -203,3 +203,29 @@ def test_generated_data_is_warned_only_about_more_than_one_pass(caplog):
     assert epochs_done(TrainConfig(steps=8), 1, 8) is None
     assert epochs_done(TrainConfig(steps=8), 1, 7)["reason"] == "epochs"
     assert epochs_done(TrainConfig(steps=8, epochs=0), 5, 7) is None
+
+
+def test_a_validation_part_chooses_the_checkpoint_and_is_not_reported(data, tmp_path):
+    """``train.validation_share``: checkpoints ranked by the NE of a share of the eval split's
+    users, evaluations reported on the others; every reader says which part chose."""
+    from gem_core.checkpoint.layout import read_info
+    from gem_core.trained_run import choose_checkpoint
+
+    summary = _train(data, tmp_path / "run", "train.validation_share=0.5")
+    history = summary["eval_history"]
+    held = {e["step"]: _mean_ne(e["validation"]) for e in history}
+    best = min(held, key=held.get)
+    used = summary["checkpoint_used"]
+    assert used["step"] == best and f"best validation NE {held[best]:.4f}" in used["reason"]
+    entry = next(e for e in history if e["step"] == best)
+    # The headline is the rest of the split at the chosen step; the validation part is beside.
+    assert summary["eval"] == {t: entry[t] for t in TASKS}
+    assert summary["eval_validation"] == {t: entry["validation"][t] for t in TASKS}
+    assert all(e[t]["samples"] + e["validation"][t]["samples"] == history[0][t]["samples"]
+               + history[0]["validation"][t]["samples"] for e in history for t in TASKS)
+    assert 0 < summary["eval"]["click"]["samples"] and 0 < entry["validation"]["click"]["samples"]
+    for step, path in complete_checkpoints(tmp_path / "run"):
+        info = read_info(path)
+        assert info["ne_of"] == "validation" and info["ne"] == pytest.approx(held[step])
+    assert choose_checkpoint(tmp_path / "run").step == best
+

@@ -289,3 +289,40 @@ def test_our_runs_are_read_at_their_last_evaluation(tmp_path, peers):
     (run / "summary.json").write_text(json.dumps(summary))
     figures = peers.our_figures(run, manifest, ["click"])
     assert figures["eval"]["click"]["ne"] == 0.85
+
+
+def test_with_a_validation_part_every_figure_is_of_the_rest(tmp_path, peers):
+    # train.validation_share: the run's headline was chosen on a share of the users, so it is
+    # what the table reads, and the peers and the reference are scored on the same other users.
+    import torch
+
+    from gem_core.train.evaluate import in_validation
+
+    data = DataConfig(source="synthetic-ads", max_seq_len=16, eval_rows=24,
+                      options={"planted": "ads"})
+    manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=3, steps=2,
+                                   batch_size=BATCH)
+    users = np.load(tmp_path / "peers" / "eval_keys.npz")["user_ids"]
+    keep = peers.reported_part(users, 0.5)
+    assert np.array_equal(keep, ~in_validation(torch.from_numpy(users), 0.5).numpy())
+    assert 0 < keep.sum() < keep.size
+    assert peers.reported_part(users, 0.0).all()
+    reported = int(keep.sum())
+    summary = {**_summary(manifest, data, seed=3),
+               "eval": {"click": {"ne": 0.80, "samples": reported}},
+               "eval_last": {"click": {"ne": 0.85, "samples": reported}}}
+    summary["config"]["train"]["validation_share"] = 0.5
+    summary["run"]["name"] = "tiny"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(summary))
+    figures = peers.our_figures(run, manifest, ["click"], validation_share=0.5,
+                                reported=reported)
+    assert figures["eval"]["click"]["ne"] == 0.80
+    with pytest.raises(SystemExit, match="train.validation_share = 0.5; this table is of "
+                                         "--validation-share 0.0"):
+        peers.our_figures(run, manifest, ["click"])
+    labels = np.arange(users.size) % 2
+    probabilities = np.linspace(0.1, 0.9, users.size)
+    assert peers.peer_metrics(probabilities, labels, users, keep) == peers.peer_metrics(
+        probabilities[keep], labels[keep], users[keep])

@@ -131,6 +131,8 @@ def _refusal(tmp_path, data: Path, *overrides: str) -> str:
     (("train.lr_schedule=cosine",), "train.lr_schedule = 'cosine' decays towards train.steps"),
     (("train.early_stopping_patience=2",), "train.early_stopping_patience"),
     (("train.epochs=2",), "train.epochs = 2: time order is one pass over the windows"),
+    (("train.validation_share=0.5",), "train.validation_share = 0.5: each evaluation is of "
+                                      "another window"),
     (('data.options={sharding = "row_groups"}',), "sharding = 'global'"),
     (("data.source=synthetic",), "data source 'synthetic' has none"),
 ])

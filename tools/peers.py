@@ -41,6 +41,11 @@ computed by ``gem_core.metrics``.
    reported), after checking that each run's data is the export's (source, path,
    order, options, seed, steps trained, batch size, eval rows, history length): a run on other
    data is refused, naming the keys that differ.
+4. ``--validation-share S``: for runs trained with ``train.validation_share = S``. Every figure
+   (peers, references, ours) is then of the eval impressions outside that validation part
+   (the same users, by the same hash: ``gem_core.train.evaluate.in_validation``), and ours
+   are each run's headline ``eval``: the checkpoint chosen on the validation part, which no
+   reported impression decided. Runs with another share are refused.
 
 Writes ``OUT/peers.md`` (a markdown table, also printed) and ``OUT/peers.json``. The export
 and each peer's predictions are kept: a second call with the same data and epochs reuses them
@@ -212,13 +217,26 @@ def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Nam
     return np.load(predictions_file), json.loads(report_file.read_text())
 
 
-def peer_metrics(probabilities: np.ndarray, labels: np.ndarray,
-                 users: np.ndarray) -> dict[str, float]:
-    """``gem_core.metrics.task_report`` of predicted probabilities (as logits)."""
+def reported_part(users: np.ndarray, share: float) -> np.ndarray:
+    """Which eval impressions a run with ``train.validation_share = share`` reports: those whose
+    user is outside its validation part (all of them for 0)."""
+    from gem_core.train.evaluate import in_validation
+
+    if not share:
+        return np.ones(users.shape, dtype=bool)
+    return ~in_validation(torch.from_numpy(users.astype(np.int64)), share).numpy()
+
+
+def peer_metrics(probabilities: np.ndarray, labels: np.ndarray, users: np.ndarray,
+                 keep: np.ndarray | None = None) -> dict[str, float]:
+    """``gem_core.metrics.task_report`` of predicted probabilities (as logits), over the
+    impressions ``keep`` (None: all)."""
     from gem_core.metrics import task_report
 
     if probabilities.shape != labels.shape:
         raise SystemExit(f"{probabilities.size} predictions for {labels.size} eval impressions")
+    if keep is not None:
+        probabilities, labels, users = probabilities[keep], labels[keep], users[keep]
     p = np.clip(probabilities.astype(np.float64), PROBABILITY_EPS, 1 - PROBABILITY_EPS)
     logits = torch.from_numpy(np.log(p) - np.log1p(-p))
     return task_report(logits, torch.from_numpy(labels.astype(np.float64)),
@@ -236,7 +254,8 @@ def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarr
             np.asarray([float(row[label]) for row in rows], dtype=np.float64))
 
 
-def item_rate_reference(directory: Path, task: str, keys: Any) -> dict[str, float]:
+def item_rate_reference(directory: Path, task: str, keys: Any,
+                        keep: np.ndarray | None = None) -> dict[str, float]:
     """No model: every eval impression scored by its item's positive rate among the exported
     training impressions (with :data:`ITEM_RATE_PRIOR` pseudo-impressions at the overall
     rate; an item never trained on gets the overall rate). What an item's own effect is worth:
@@ -256,7 +275,7 @@ def item_rate_reference(directory: Path, task: str, keys: Any) -> dict[str, floa
     seen = known[where] == eval_items
     rate = np.where(seen, (positives[where] + ITEM_RATE_PRIOR * overall)
                     / (counts[where] + ITEM_RATE_PRIOR), overall)
-    return peer_metrics(rate, keys[task], keys["user_ids"])
+    return peer_metrics(rate, keys[task], keys["user_ids"], keep)
 
 
 # -- our runs ------------------------------------------------------------------------------------
@@ -315,7 +334,11 @@ def ours_differences(summary: dict[str, Any], manifest: dict[str, Any]) -> list[
     return differences
 
 
-def our_figures(run_dir: Path, manifest: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
+def our_figures(run_dir: Path, manifest: dict[str, Any], tasks: list[str], *,
+                validation_share: float = 0.0, reported: int | None = None) -> dict[str, Any]:
+    """A run's figures on the export's eval impressions: its last evaluation, or with
+    ``validation_share`` its headline (the checkpoint chosen on the validation part) over the
+    ``reported`` impressions outside that part."""
     summary_file = run_dir / "summary.json"
     if not summary_file.exists():
         raise SystemExit(f"{run_dir} is not a finished run: {summary_file} is missing")
@@ -324,20 +347,27 @@ def our_figures(run_dir: Path, manifest: dict[str, Any], tasks: list[str]) -> di
     if differences:
         raise SystemExit(f"{run_dir} was not trained and evaluated on the exported impressions; "
                          "it differs in:\n  " + "\n  ".join(differences))
+    share = summary.get("config", {}).get("train", {}).get("validation_share", 0.0)
+    if share != validation_share:
+        raise SystemExit(f"{run_dir} was trained with train.validation_share = {share}; this "
+                         f"table is of --validation-share {validation_share}")
     figures: dict[str, Any] = {}
     # The last evaluation: a peer reports its model at the end of training; a run's headline
-    # (``eval``) may be an earlier checkpoint, the best on these very eval impressions.
-    last = summary.get("eval_last")
-    if last is None:
-        raise SystemExit(f"{summary_file} has no eval_last (the last evaluation); a run of "
-                         "this version writes it")
+    # (``eval``) may be an earlier checkpoint, the best on these very eval impressions, unless
+    # a validation part (other users) chose it.
+    key = "eval" if validation_share else "eval_last"
+    chosen = summary.get(key)
+    if chosen is None:
+        raise SystemExit(f"{summary_file} has no {key}; a run of this version writes it")
+    expected = manifest["eval_impressions"] if reported is None else reported
     for task in tasks:
-        report = last.get(task)
+        report = chosen.get(task)
         if report is None:
             raise SystemExit(f"{run_dir} has no eval figures for {task}")
-        if report.get("samples") != manifest["eval_impressions"]:
-            raise SystemExit(f"{run_dir} evaluated {report.get('samples')} impressions, the "
-                             f"export has {manifest['eval_impressions']}")
+        if report.get("samples") != expected:
+            raise SystemExit(f"{run_dir} reports {report.get('samples')} eval impressions; "
+                             f"{expected} of the export's {manifest['eval_impressions']} are "
+                             f"outside the validation part of share {validation_share}")
         figures[task] = report
     return {"run_dir": str(run_dir), "preset": summary["run"].get("name"),
             "wall_time_s": summary["run"].get("wall_time_s"), "eval": figures}
@@ -380,6 +410,12 @@ def describe_data(manifest: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any], command: str) -> str:
     manifest, tasks = result["export"], result["tasks"]
+    share = result.get("validation_share") or 0.0
+    ours_note = ("Ours: each run's last evaluation (its model as training ended, as the "
+                 "peers')." if not share else
+                 f"Every figure is of the {result['reported_impressions']} eval impressions "
+                 f"outside the validation part (train.validation_share = {share}, by user); "
+                 "ours: each run's checkpoint chosen on that validation part.")
     history = ("with the history as bags of ids" if result["context_history"] == "bags"
                else "without the history")
     lines = [
@@ -389,8 +425,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"{result['recbole'] or '-'}, default sizes, {result['epochs']} epoch(s) of "
         f"{result.get('peer_batch_size') or RECBOLE_TRAIN_BATCH_SIZE} impressions a step; "
         f"DeepFM and "
-        f"DCNV2 {history}. Ours: each run's last evaluation (its model as training ended, "
-        f"as the peers'). Metrics: gem_core.metrics.",
+        f"DCNV2 {history}. {ours_note} Metrics: gem_core.metrics.",
         "",
     ]
     head = ["model", *[f"{t} {m}" for t in tasks for m in ("NE", "AUC", "GAUC")],
@@ -421,7 +456,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
     achievable = manifest.get("achievable_ne")
     if achievable is not None:  # generated data knows its true probabilities
-        cells = ["achievable (true probabilities)"]
+        cells = ["achievable (true probabilities" + (", whole eval split)" if share else ")")]
         for task in tasks:
             cells += [_f(achievable.get(task)), "-", "-"]
         lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
@@ -480,6 +515,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-history", choices=("none", "bags"), default="none",
                         help="DeepFM, DCNV2: without the history, or with its columns as bags "
                              "of ids (see tools/peers_recbole.py)")
+    parser.add_argument("--validation-share", type=float, default=0.0,
+                        help="train.validation_share of the --ours runs: every figure is then "
+                             "of the eval impressions outside that validation part")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ours", type=Path, nargs="+", default=[], metavar="RUN_DIR",
                         help="this trainer's finished runs on the same data")
@@ -501,10 +539,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(tasks) - set(manifest["tasks"]))
     if unknown:
         parser.error(f"unknown tasks {unknown}; the data has {manifest['tasks']}")
-    # Our runs are checked before hours of peer training.
-    ours = {run.name: our_figures(run, manifest, tasks) for run in args.ours}
-
     keys = np.load(directory / "eval_keys.npz")
+    keep = reported_part(keys["user_ids"], args.validation_share)
+    # Our runs are checked before hours of peer training.
+    ours = {run.name: our_figures(run, manifest, tasks, validation_share=args.validation_share,
+                                  reported=int(keep.sum()))
+            for run in args.ours}
     peers: dict[str, dict[str, Any]] = {}
     recbole = None
     if models:
@@ -514,15 +554,17 @@ def main(argv: list[str] | None = None) -> None:
                 probabilities, report = run_peer(python, directory, model, task, args)
                 recbole = report.get("recbole")
                 peers.setdefault(model, {})[task] = {
-                    "metrics": peer_metrics(probabilities, keys[task], keys["user_ids"]),
+                    "metrics": peer_metrics(probabilities, keys[task], keys["user_ids"],
+                                            keep),
                     "run": report}
 
-    references = {"item rate": {task: item_rate_reference(directory, task, keys)
+    references = {"item rate": {task: item_rate_reference(directory, task, keys, keep)
                                 for task in tasks}}
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
               "recbole": recbole, "references": references,
               "context_history": args.context_history,
+              "validation_share": args.validation_share, "reported_impressions": int(keep.sum()),
               "export": export_summary, "peers": peers, "ours": ours}
     command = "python tools/peers.py " + " ".join(sys.argv[1:] if argv is None else argv)
     table = markdown(result, command)

@@ -60,6 +60,11 @@ def choose_checkpoint(run_dir: Path, step: int | None = None) -> CheckpointChoic
     by_step = dict(checkpoints)
     last_step, last_path = checkpoints[-1]
     last_ne = read_info(last_path).get("ne")
+
+    def of(path: Path) -> str:
+        """Which part of the evaluation a checkpoint's NE is of (train.validation_share)."""
+        return read_info(path).get("ne_of", "eval")
+
     last = (f"the last, step {last_step}, had {last_ne:.4f}"
             if isinstance(last_ne, (int, float)) else f"the last is step {last_step}")
     best = best_checkpoint(run_dir)
@@ -68,8 +73,9 @@ def choose_checkpoint(run_dir: Path, step: int | None = None) -> CheckpointChoic
             raise GemConfigError(f"{run_dir} has no complete checkpoint of step {step}; it has "
                                  f"{sorted(by_step)}")
         ne = read_info(by_step[step]).get("ne")
-        shown = f" (eval NE {ne:.4f})" if isinstance(ne, (int, float)) else ""
-        versus = (f"; the best is step {best[0]} with eval NE {best[1]:.4f}"
+        shown = (f" ({of(by_step[step])} NE {ne:.4f})" if isinstance(ne, (int, float))
+                 else "")
+        versus = (f"; the best is step {best[0]} with {of(by_step[best[0]])} NE {best[1]:.4f}"
                   if best is not None and best[0] != step else "")
         return CheckpointChoice(step=step, path=by_step[step], best=bool(best and best[0] == step),
                                 reason=f"step {step} as asked{shown}{versus}")
@@ -79,11 +85,11 @@ def choose_checkpoint(run_dir: Path, step: int | None = None) -> CheckpointChoic
                                        "evaluation NE)")
     if best[0] == last_step:
         return CheckpointChoice(step=last_step, path=last_path, best=True,
-                                reason=f"best eval NE {best[1]:.4f} ({BEST_BY}) at step "
-                                       f"{last_step}, the last checkpoint")
+                                reason=f"best {of(last_path)} NE {best[1]:.4f} ({BEST_BY}) "
+                                       f"at step {last_step}, the last checkpoint")
     return CheckpointChoice(step=best[0], path=by_step[best[0]], best=True,
-                            reason=f"best eval NE {best[1]:.4f} ({BEST_BY}) at step {best[0]}; "
-                                   f"{last} (use --step {last_step} for it)")
+                            reason=f"best {of(by_step[best[0]])} NE {best[1]:.4f} ({BEST_BY}) "
+                                   f"at step {best[0]}; {last} (use --step {last_step} for it)")
 
 
 @attrs.frozen(kw_only=True)

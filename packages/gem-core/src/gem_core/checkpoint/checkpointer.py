@@ -91,9 +91,11 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------------
 
-    def save(self, step: int, trainer_state: dict[str, Any], *, ne: float | None) -> None:
+    def save(self, step: int, trainer_state: dict[str, Any], *, ne: float | None,
+             ne_of: str = "eval") -> None:
         """Write ``step``: every rank its engine shards, rank 0 ``trainer_state`` (plain data:
-        positions, RNG, counters, config) and ``ne`` (for keep-best retention). Synchronous
+        positions, RNG, counters, config) and ``ne`` (for keep-best retention; ``ne_of``: the
+        part of the evaluation it is of, ``eval`` or ``validation``). Synchronous
         saves are published before returning; background ones by :meth:`poll` or :meth:`wait`
         once the write has finished on every rank."""
         started = time.perf_counter()
@@ -131,7 +133,7 @@ class Checkpointer:
             checkpoint_io.write_trainer_state(
                 {**trainer_state, "format": self.format, "sharded_modules": layouts},
                 staging / TRAINER_FILE, staging / TRAINER_TENSORS_FILE)
-            write_info(staging, step=step, format=self.format, ne=ne)
+            write_info(staging, step=step, format=self.format, ne=ne, ne_of=ne_of)
         if future is None:
             self._barrier()  # every rank's shards are on disk
             if self.ctx.is_main:

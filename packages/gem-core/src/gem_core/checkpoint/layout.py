@@ -93,8 +93,13 @@ def prepare_staging(run_dir: Path, step: int) -> Path:
     return staging
 
 
-def write_info(staging: Path, *, step: int, format: str, ne: float | None) -> None:
-    (staging / INFO_FILE).write_text(json.dumps({"step": step, "format": format, "ne": ne}))
+def write_info(staging: Path, *, step: int, format: str, ne: float | None,
+               ne_of: str = "eval") -> None:
+    """``info.json``: the step, the engine's format and the NE checkpoints are ranked by, with
+    the part of the evaluation it is of (``ne_of``: ``eval``, or ``validation`` under
+    ``train.validation_share``)."""
+    (staging / INFO_FILE).write_text(json.dumps({"step": step, "format": format, "ne": ne,
+                                                 "ne_of": ne_of}))
 
 
 def read_info(path: Path) -> dict[str, Any]:

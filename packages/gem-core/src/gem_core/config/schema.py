@@ -125,6 +125,16 @@ class TrainConfig:
     """Also keep the checkpoint with the best evaluation NE (the mean over tasks, at a step that
     both evaluated and checkpointed); the keep-last rotation never deletes it."""
 
+    validation_share: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
+    """Share of the eval split held out as a validation part, by a hash of each impression's
+    user (of its request where the data names no users): checkpoints are ranked by the
+    validation part's NE (the best checkpoint that readers load, ``keep_best``, early stopping,
+    the overfitting warning) and every evaluation reports the rest. 0 (the default): no
+    validation part; checkpoints are ranked by the NE of the evaluation they report, which
+    flatters the headline figure of a run that picks among many checkpoints (epochs). The
+    reported part then holds ``1 - share`` of the users, so its figures are not those of the
+    whole split. Not with ``data.order = "time"`` (no checkpoint is ranked there)."""
+
     epochs: int = attrs.field(default=1, validator=at_least(0))
     """Passes over a file-backed data set's train split: the run stops at the end of that many
     (or at ``steps``, whichever comes first). The default is one pass, as production CTR

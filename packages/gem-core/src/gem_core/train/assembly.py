@@ -28,6 +28,7 @@ from gem_core.plugins import GemPlugins, build_data_source
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
+from gem_core.train.evaluate import check_validation_parts
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_adamw, schedule_steps
 from gem_core.train.random_state import seed_everything
@@ -67,6 +68,14 @@ class RunAssembly:
         if config.data.order == "time":
             self.time_order = TimeOrder(
                 check_time_order(config, self.backends.data.spec, self.source), self.schema.tasks)
+        if self.tc.validation_share:
+            # Every rank divides the same split the same way: all refuse together, before a
+            # step is trained, when a part would be empty.
+            divided = check_validation_parts(
+                self.source.eval_batches(batch_size=self.tc.eval_batch_size),
+                self.tc.validation_share)
+            if ctx.is_main:
+                log.info("%s", divided)
         self.lr_schedule = lr_schedule(config)
         check_managed_ids(self.schema, embedding=self.backends.embedding.spec,
                           embedding_sharding=self.backends.embedding_sharding.spec,

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from gem_core.config import GemConfig
 from gem_core.distributed import ParallelContext
+from gem_core.train.evaluate import VALIDATION
 from gem_core.train.time_order import TimeOrder
 
 WARMUP_STEPS_EXCLUDED = 3
@@ -105,14 +106,18 @@ def headline(run_dir: Path, history: Sequence[Mapping[str, Any]], *, step: int,
 def evaluation_summary(run_dir: Path, history: Sequence[Mapping[str, Any]],
                        tasks: Sequence[str], *, step: int, time_order: TimeOrder | None,
                        windows_trained: int | None) -> dict[str, Any]:
-    """``summary.json``'s ``eval`` (:func:`headline`), ``eval_last``, in time order
-    ``progressive`` (``windows_trained``: windows trained on), and ``checkpoint_used``."""
+    """``summary.json``'s ``eval`` (:func:`headline`), ``eval_last``, with
+    ``train.validation_share`` ``eval_validation`` (the validation part of the headline's
+    evaluation, which ranked the checkpoints), in time order ``progressive``
+    (``windows_trained``: windows trained on), and ``checkpoint_used``."""
     final, used = headline(run_dir, history, step=step, time_order=time_order)
     return {
         # The headline: the evaluation of the checkpoint readers use by default (the best),
         # or in time order the windows' mean.
         "eval": {task: final[task] for task in tasks},
         "eval_last": {task: history[-1][task] for task in tasks} if history else final,
+        **({"eval_validation": {task: final[VALIDATION][task] for task in tasks}}
+           if VALIDATION in final else {}),
         **({"progressive": time_order.summary(history, windows_trained)}
            if time_order is not None else {}),
         "checkpoint_used": used,

@@ -60,6 +60,10 @@ def check_time_order(config: GemConfig, spec: ImplementationSpec,
         (train.epochs > 1,
          f"train.epochs = {train.epochs}: time order is one pass over the windows; set it to 1 "
          "(the default) or 0"),
+        (train.validation_share > 0,
+         f"train.validation_share = {train.validation_share}: each evaluation is of another "
+         "window and no checkpoint is ranked, so there is nothing to choose on a validation "
+         "part; set it to 0"),
     ]
     for bad, why in refused:
         if bad:

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import attrs
 import torch
@@ -36,7 +36,7 @@ from gem_core.train.assembly import RunAssembly
 from gem_core.train.data_fingerprint import STATE_KEY, check_same_data
 from gem_core.train.data_log import CountedRequests, evaluated_line, log_data_counts
 from gem_core.train.environment import WRITE_ONLY_ERRNOS, write_errors_named
-from gem_core.train.evaluate import evaluate, selection_ne
+from gem_core.train.evaluate import VALIDATION, evaluate, selection_ne
 from gem_core.train.guard import StepGuard
 from gem_core.train.loss import task_loss_sums
 from gem_core.train.optim import learning_rate
@@ -204,7 +204,8 @@ class _Trainer(RunAssembly):
         }
         with write_errors_named(f"the checkpoint of step {self.step}",
                                 self.run_dir.path / "checkpoints"):
-            self.checkpointer.save(self.step, state, ne=ne)
+            self.checkpointer.save(self.step, state, ne=ne,
+                                   ne_of=VALIDATION if self.tc.validation_share else "eval")
         self.saved_step = self.step
 
     def _stop(self, *, saved: bool) -> None:
@@ -401,18 +402,21 @@ class _Trainer(RunAssembly):
         # stop and resume) never changes training.
         with torch.random.fork_rng(devices=[]):
             report = evaluate(self.engine, batches, self.schema.tasks, self.ctx,
-                              precision=self.backends.precision.impl)
+                              precision=self.backends.precision.impl,
+                              validation_share=0.0 if window is not None
+                              else self.tc.validation_share)
         self.engine.train(was_training)
         described = self.time_order.describe(window) if window is not None else {}
         entry = {"step": self.step, **described, **report}
         self.eval_history.append(entry)
         if self.ctx.is_main:
             self.run_dir.append_eval(entry)
-            shown = {t: report[t]["ne"] for t in self.schema.tasks}
-            log.info("eval at step %d%s: %s; %s", self.step,
+            log.info("eval at step %d%s: %s%s; %s", self.step,
                      f" of window {described['window']!r} before training on it"
-                     if described else "",
-                     {t: round(v, 4) if v is not None else None for t, v in shown.items()},
+                     if described else "", _rounded_ne(report, self.schema.tasks),
+                     f" (validation part, which ranks checkpoints: "
+                     f"{_rounded_ne(report[VALIDATION], self.schema.tasks)})"
+                     if VALIDATION in report else "",
                      evaluated_line(batches, self.config.data.eval_rows, self.source, window))
             log_data_counts(self.source, f"at step {self.step}")
 
@@ -495,3 +499,8 @@ def _gather_objects(obj: Any, ctx: ParallelContext) -> list[Any]:
     return gathered
 
 
+
+
+def _rounded_ne(report: dict[str, Any], tasks: Sequence[str]) -> dict[str, float | None]:
+    """Each task's NE of an evaluation report, rounded for the log."""
+    return {t: round(v, 4) if (v := report[t]["ne"]) is not None else None for t in tasks}
