@@ -228,4 +228,8 @@ def test_a_validation_part_chooses_the_checkpoint_and_is_not_reported(data, tmp_
         info = read_info(path)
         assert info["ne_of"] == "validation" and info["ne"] == pytest.approx(held[step])
     assert choose_checkpoint(tmp_path / "run").step == best
+    # Resuming with another share would rank the checkpoints by two measures: refused.
+    from gem_core.errors import GemConfigError
 
+    with pytest.raises(GemConfigError, match="train.validation_share = 0.5 and this run has 0.25"):
+        _train(data, tmp_path / "run", "train.validation_share=0.25", "train.steps=20")

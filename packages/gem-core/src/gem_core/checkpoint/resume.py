@@ -60,6 +60,15 @@ def check_compatible(state: dict[str, Any], path: Path, *, config: GemConfig, st
                 + ("" if section == "model" else
                    ", or --allow-data-change to continue on the new data on purpose")
             )
+    share = current["train"]["validation_share"]
+    saved_share = saved["train"].get("validation_share", 0.0)
+    if saved_share != share:
+        # The checkpoints so far are ranked by one part of the eval split; a new share would
+        # rank the rest by another and report other users.
+        raise GemConfigError(
+            f"{path} was trained with train.validation_share = {saved_share} and this run has "
+            f"{share}: its checkpoints are ranked, and its evaluations reported, on other "
+            "users. Resume with the same share, or use --fresh or another --out")
     saved_strategy, saved_format = state["dense_sharding"], state["format"]
     if saved_format != engine_format:
         raise GemConfigError(
