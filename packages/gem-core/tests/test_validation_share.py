@@ -124,6 +124,6 @@ def test_a_share_that_leaves_a_part_empty_is_refused_before_training():
         check_validation_parts(batches, 1e-6)
     said = check_validation_parts(_batches(), 0.5)
     assert "checkpoints are ranked on" in said and "hash of their users" in said
-    with pytest.raises(ValueError, match="validation part of this evaluation empty"):
+    with pytest.raises(GemConfigError, match="leaves the validation part of the eval split"):
         evaluate(_ScoringEngine(), batches, TASKS, ParallelContext(), precision=_Precision(),
                  validation_share=1e-6)

@@ -54,14 +54,21 @@ def check_validation_parts(batches: Iterable[JaggedBatch], share: float) -> str:
     every = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.int64)
     held = int(in_validation(every, share).sum())
     rest = every.numel() - held
-    if not held or not rest:
-        raise GemConfigError(
-            f"train.validation_share = {share} leaves the {'reported' if held else 'validation'} "
-            f"part of the eval split empty ({held} of {every.numel()} impressions in "
-            "validation): evaluate on more requests (data.eval_rows) or choose another share")
+    _refuse_an_empty_part(share, held, every.numel())
     return (f"train.validation_share = {share}: checkpoints are ranked on {held} of the eval "
             f"split's {every.numel()} impressions (divided by a hash of their "
             f"{'users' if by_user else 'requests'}); evaluations report the other {rest}")
+
+
+def _refuse_an_empty_part(share: float, held: int, total: int) -> None:
+    """A ``GemConfigError`` when ``held`` of ``total`` eval impressions in the validation part
+    leave either part empty."""
+    if held and held < total:
+        return
+    raise GemConfigError(
+        f"train.validation_share = {share} leaves the {'reported' if held else 'validation'} "
+        f"part of the eval split empty ({held} of {total} impressions in validation): evaluate "
+        "on more requests (data.eval_rows) or choose another share")
 
 
 @torch.no_grad()
@@ -77,7 +84,8 @@ def evaluate(engine, batches: Iterable[JaggedBatch], tasks: Sequence[str], ctx: 
     request where the data names no users; :func:`in_validation`): the tasks' reports are of
     the rest, and ``report[VALIDATION]`` holds the tasks' reports of that share, the figures
     checkpoints are ranked by (:func:`selection_ne`), so that the reported figures are not
-    those the best checkpoint was picked on. Raises ``ValueError`` when either part is empty.
+    those the best checkpoint was picked on. Raises ``GemConfigError`` when either part is
+    empty.
     """
     logits: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
     labels: dict[str, list[torch.Tensor]] = {t: [] for t in tasks}
@@ -110,14 +118,7 @@ def evaluate(engine, batches: Iterable[JaggedBatch], tasks: Sequence[str], ctx: 
         return _reports(gathered, groups, None)
     local_keys = torch.cat(part_keys) if part_keys else torch.zeros(0, dtype=torch.int64)
     validation = in_validation(torch.cat(all_gather_tensors(local_keys, ctx)), validation_share)
-    held, rest = int(validation.sum()), int((~validation).sum())
-    if not held or not rest:
-        unit = "users" if groups.numel() == validation.numel() > 0 else "requests"
-        raise ValueError(
-            f"train.validation_share = {validation_share} leaves the "
-            f"{'validation' if not held else 'reported'} part of this evaluation empty "
-            f"({held} of {validation.numel()} impressions in validation, divided by their "
-            f"{unit}): evaluate on more requests (data.eval_rows) or choose another share")
+    _refuse_an_empty_part(validation_share, int(validation.sum()), validation.numel())
     return {**_reports(gathered, groups, ~validation),
             VALIDATION: _reports(gathered, groups, validation)}
 
