@@ -205,7 +205,7 @@ def test_generated_data_is_warned_only_about_more_than_one_pass(caplog):
     assert epochs_done(TrainConfig(steps=8, epochs=0), 5, 7) is None
 
 
-def test_a_validation_part_chooses_the_checkpoint_and_is_not_reported(data, tmp_path):
+def test_a_validation_part_chooses_the_checkpoint_and_is_not_reported(data, tmp_path, capsys):
     """``train.validation_share``: checkpoints ranked by the NE of a share of the eval split's
     users, evaluations reported on the others; every reader says which part chose."""
     from gem_core.checkpoint.layout import read_info
@@ -228,6 +228,13 @@ def test_a_validation_part_chooses_the_checkpoint_and_is_not_reported(data, tmp_
         info = read_info(path)
         assert info["ne_of"] == "validation" and info["ne"] == pytest.approx(held[step])
     assert choose_checkpoint(tmp_path / "run").step == best
+    from gem_core.cli.train import _print_result
+
+    _print_result(tmp_path / "run")
+    printed = capsys.readouterr().out
+    assert f"click NE {summary['eval']['click']['ne']:.4f}" in printed
+    assert "(the users outside the validation part, which chose the checkpoint)" in printed
+    assert f"best validation NE {held[best]:.4f}" in printed
     # Resuming with another share would rank the checkpoints by two measures: refused.
     from gem_core.errors import GemConfigError
 

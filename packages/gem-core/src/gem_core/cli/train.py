@@ -129,6 +129,8 @@ def _print_result(run_dir: Path) -> None:
     for warning in summary.get("warnings", ()):
         click.echo(f"warning: {warning}")
     used = summary.get("checkpoint_used")
+    if "eval_validation" in summary:  # train.validation_share: not the whole eval split
+        tasks += " (the users outside the validation part, which chose the checkpoint)"
     progressive = summary.get("progressive")
     if progressive is not None:  # time order: the headline is the windows' mean
         evaluated = len(progressive["windows"])
