@@ -499,8 +499,6 @@ def _gather_objects(obj: Any, ctx: ParallelContext) -> list[Any]:
     return gathered
 
 
-
-
 def _rounded_ne(report: dict[str, Any], tasks: Sequence[str]) -> dict[str, float | None]:
     """Each task's NE of an evaluation report, rounded for the log."""
     return {t: round(v, 4) if (v := report[t]["ne"]) is not None else None for t in tasks}
