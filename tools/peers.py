@@ -32,7 +32,10 @@ computed by ``gem_core.metrics``.
    ``tools/peers-requirements.txt`` when missing or when that file changed), each model trains
    with RecBole's default sizes and optimiser for ``--epochs`` passes (default 1: the single
    pass this trainer makes) and scores the eval impressions (``tools/peers_recbole.py``, which
-   says what each model reads), in ``OUT/runs/<model>-<task>/``.
+   says what each model reads), in ``OUT/runs/<model>-<task>/``. ``--history-keep
+   FEATURE=ID,...`` gives DIN and DIEN only the history events whose ``FEATURE`` has one of
+   these raw ids (``action=1,2``: the clicked and converted ones, DIN's behaviour sequence);
+   their predictions are kept apart (``OUT/runs/<model>-<task>-keep-.../``).
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
    both classes) of every peer's predictions against the exported labels and users; with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
@@ -78,6 +81,8 @@ REQUIREMENTS = ROOT / "tools" / "peers-requirements.txt"
 RUNNER = ROOT / "tools" / "peers_recbole.py"
 DEFAULT_VENV = ROOT / ".cache" / "peers-venv"
 MODELS = ("DIN", "DIEN", "DCNV2", "DeepFM")
+SEQUENTIAL = ("DIN", "DIEN")
+"""The peers that read the history as a sequence (``--history-keep`` filters theirs)."""
 EXPORT_NAME = "peers"
 RECBOLE_TRAIN_BATCH_SIZE = 2048
 """RecBole 1.2.1's ``train_batch_size`` (``overall.yaml``), the peers' default here."""
@@ -186,13 +191,17 @@ def export(args: argparse.Namespace, data: DataConfig) -> tuple[Path, dict[str, 
 def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Namespace
              ) -> tuple[np.ndarray, dict[str, Any]]:
     """One peer's eval probabilities and its ``run.json``, trained unless already there."""
-    out = args.out / "runs" / f"{model}-{task}"
+    keep = args.history_keep if model in SEQUENTIAL else None
+    # a filtered history is another peer: its predictions are kept beside the full one's
+    suffix = "-keep-" + keep.replace("=", "-").replace(",", "-") if keep else ""
+    out = args.out / "runs" / f"{model}-{task}{suffix}"
     report_file, predictions_file = out / "run.json", out / "predictions.npy"
     if report_file.exists() and predictions_file.exists() and not args.fresh:
         report = json.loads(report_file.read_text())
         bags = args.context_history == "bags" and model in ("DeepFM", "DCNV2")
         if (report.get("epochs") == args.epochs and report.get("seed") == args.recbole_seed
                 and report.get("history_bags") == bags
+                and (report.get("history_keep") or {}).get("option") == keep
                 # runs from before the option all trained at RecBole's default
                 and report.get("train_batch_size", RECBOLE_TRAIN_BATCH_SIZE)
                 == (args.peer_batch_size or RECBOLE_TRAIN_BATCH_SIZE)):
@@ -205,6 +214,8 @@ def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Nam
                "--out", str(out.resolve())]
     if args.context_history == "bags":
         command.append("--history-bags")
+    if keep:
+        command += ["--history-keep", keep]
     if args.peer_batch_size:
         command += ["--train-batch-size", str(args.peer_batch_size)]
     print(f"training {model} on {task} (log: {out / 'recbole.log'})", file=sys.stderr)
@@ -418,6 +429,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
                  "ours: each run's checkpoint chosen on that validation part.")
     history = ("with the history as bags of ids" if result["context_history"] == "bags"
                else "without the history")
+    keep = result.get("history_keep")
+    if keep:
+        feature, _, ids = keep.partition("=")
+        history += (f"; DIN and DIEN with the history events whose {feature} is "
+                    f"{' or '.join(ids.split(','))} only")
     lines = [
         f"`{command}`",
         "",
@@ -515,6 +531,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-history", choices=("none", "bags"), default="none",
                         help="DeepFM, DCNV2: without the history, or with its columns as bags "
                              "of ids (see tools/peers_recbole.py)")
+    parser.add_argument("--history-keep", default=None, metavar="FEATURE=ID,...",
+                        help="DIN, DIEN: only the history events whose FEATURE has one of "
+                             "these raw ids, e.g. action=1,2 (clicks and conversions: DIN's "
+                             "behaviour sequence) or rating=3,4 on MovieLens (4 and 5 stars)")
     parser.add_argument("--validation-share", type=float, default=0.0,
                         help="train.validation_share of the --ours runs: every figure is then "
                              "of the eval impressions outside that validation part")
@@ -563,7 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
               "recbole": recbole, "references": references,
-              "context_history": args.context_history,
+              "context_history": args.context_history, "history_keep": args.history_keep,
               "validation_share": args.validation_share, "reported_impressions": int(keep.sum()),
               "export": export_summary, "peers": peers, "ours": ours}
     command = "python tools/peers.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -45,6 +45,12 @@ What each model reads:
   each history movie): RecBole's DIN and DIEN take the history as item ids only, every other
   history feature looked up per item in the ``.item`` file, and a rating belongs to the event,
   not to the movie.
+- ``--history-keep FEATURE=ID,...`` (DIN, DIEN): the history keeps only the events whose
+  ``FEATURE`` (an event feature with a ``<FEATURE>_list`` column: ``action`` on
+  ``synthetic-ads``, ``rating`` on MovieLens) has one of these raw ids, in their order: DIN's
+  paper feeds it the user's behaviours (clicked goods), not every impression, and a per-event
+  action is otherwise out of these models' reach. The filter runs on the loaded data before
+  training; ``run.json`` counts the events kept.
 - DIEN: RecBole builds its negative history (``neg_item_id_list``, for the auxiliary loss) only
   in its own sequence augmentation, which benchmark mode skips; it is sampled here the same way
   (uniform over the items, not the positive one) for the padded positions of
@@ -69,7 +75,7 @@ CONTEXT = ("DeepFM", "DCNV2")
 
 def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: int,
                  seed: int, out: Path, history_bags: bool = False,
-                 train_batch_size: int | None = None) -> dict:
+                 train_batch_size: int | None = None, keep_field: str | None = None) -> dict:
     user, item = manifest["user_field"], manifest["item_field"]
     item_list = manifest["item_list_field"]
     columns = [c.split(":")[0] for c in manifest["columns"]]
@@ -77,7 +83,7 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
     if not history_bags:
         other_tasks |= {c for c in columns if c.endswith("_list")}
     if model in SEQUENTIAL:
-        inter = [user, item, item_list, task]
+        inter = [user, item, item_list, task] + ([keep_field] if keep_field else [])
         load_col = {"inter": inter,
                     "item": [c.split(":")[0] for c in manifest["item_columns"]]}
         numerical = []
@@ -115,6 +121,70 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
         "log_wandb": False,
         "worker": 0,
     }
+
+
+def parse_history_keep(value: str, columns: list[str]) -> tuple[str, list[str]]:
+    """``FEATURE=ID,...`` as the list column to read and the raw ids to keep; a feature
+    without a ``<FEATURE>_list`` column in the export is refused, naming those there are."""
+    feature, sep, ids = value.partition("=")
+    raw_ids = [i.strip() for i in ids.split(",") if i.strip()]
+    if not sep or not feature or not raw_ids:
+        raise ValueError(f"--history-keep {value!r}: expected FEATURE=ID[,ID...], "
+                         "e.g. action=1,2")
+    field = f"{feature}_list"
+    names = [c.split(":")[0] for c in columns]
+    if field not in names:
+        lists = sorted(n[:-len("_list")] for n in names if n.endswith("_list")
+                       and n != "item_id_list")
+        raise ValueError(f"--history-keep {value!r}: the export has no {field!r} column; "
+                         f"its event features: {', '.join(lists) or 'none'}")
+    return field, raw_ids
+
+
+def keep_history_events(histories, values, wanted) -> tuple[list, int, int]:
+    """Each history with only the events whose value is in ``wanted``, order kept; and the
+    events kept and seen. A history whose values are not one per event is refused."""
+    import numpy as np
+
+    wanted = np.asarray(sorted(wanted), dtype=np.int64)
+    kept, kept_events, events = [], 0, 0
+    for row, (history, value) in enumerate(zip(histories, values)):
+        history = np.asarray(history, dtype=np.int64)
+        value = np.asarray(value, dtype=np.int64)
+        if history.shape != value.shape:
+            raise ValueError(f"impression {row}: {history.size} history events but "
+                             f"{value.size} values to filter them by")
+        mask = np.isin(value, wanted)
+        kept.append(history[mask])
+        kept_events += int(mask.sum())
+        events += history.size
+    return kept, kept_events, events
+
+
+def _keep_history(dataset, field: str, raw_ids: list[str]) -> dict:
+    """``--history-keep`` on the loaded DataFrame (train, valid and test alike), before RecBole
+    turns it into tensors; the filtering column is dropped after."""
+    known = dataset.field2token_id[field]
+    missing = [raw for raw in raw_ids if raw not in known]
+    if missing:
+        sys.exit(f"--history-keep: {field} never takes the ids {missing}; it takes "
+                 f"{sorted(t for t in known if t != '[PAD]')}")
+    feat = dataset.inter_feat
+    list_field, length_field = dataset.item_id_list_field, dataset.item_list_length_field
+    try:
+        kept, kept_events, events = keep_history_events(
+            feat[list_field].values, feat[field].values, {known[raw] for raw in raw_ids})
+    except ValueError as error:
+        sys.exit(f"--history-keep: {error}")
+    longest = max((history.size for history in kept), default=0)
+    if longest == 0:
+        sys.exit(f"--history-keep: no history event has {field} in {raw_ids}")
+    feat[list_field] = kept
+    feat[length_field] = [history.size for history in kept]
+    # RecBole pads the lists to the longest one present and sizes DIN's mask by this width
+    dataset.field2seqlen[list_field] = longest
+    dataset._del_col(feat, field)
+    return {"field": field, "raw_ids": raw_ids, "events_kept": kept_events, "events": events}
 
 
 def _dien_presets(dataset) -> None:
@@ -155,6 +225,9 @@ def main() -> None:
     parser.add_argument("--eval-batch-size", type=int, default=4096)
     parser.add_argument("--history-bags", action="store_true",
                         help="DeepFM, DCNV2: read the history columns too, as bags of ids")
+    parser.add_argument("--history-keep", default=None, metavar="FEATURE=ID,...",
+                        help="DIN, DIEN: keep only the history events whose FEATURE has one "
+                             "of these raw ids (e.g. action=1,2: the engaged ones)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -172,6 +245,14 @@ def main() -> None:
                  f"({manifest['name']!r}), as RecBole looks for its files")
     if args.task not in manifest["tasks"]:
         sys.exit(f"task {args.task!r} is not one of the export's: {manifest['tasks']}")
+    keep = None
+    if args.history_keep is not None:
+        if args.model not in SEQUENTIAL:
+            sys.exit(f"--history-keep is for {', '.join(SEQUENTIAL)}, not {args.model}")
+        try:
+            keep = parse_history_keep(args.history_keep, manifest["columns"])
+        except ValueError as error:
+            sys.exit(str(error))
     os.chdir(out)  # RecBole writes log/ and log_tensorboard/ into the working directory
 
     started = time.perf_counter()
@@ -189,10 +270,13 @@ def main() -> None:
                     config_dict=_config_dict(manifest, export, args.model, args.task,
                                              args.epochs, args.seed, out,
                                              history_bags=args.history_bags,
-                                             train_batch_size=args.train_batch_size))
+                                             train_batch_size=args.train_batch_size,
+                                             keep_field=keep[0] if keep else None))
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
     dataset = create_dataset(config)
+    history_keep = ({"option": args.history_keep, **_keep_history(dataset, *keep)} if keep
+                    else None)
     if args.model in SEQUENTIAL:
         # RecBole sizes DIN's and DIEN's history mask by MAX_ITEM_LIST_LENGTH: the loaded width.
         config["MAX_ITEM_LIST_LENGTH"] = int(dataset.field2seqlen[dataset.item_id_list_field])
@@ -240,6 +324,7 @@ def main() -> None:
         "train_batch_size": config["train_batch_size"],
         "seed": args.seed,
         "history_bags": args.history_bags and args.model in CONTEXT,
+        "history_keep": history_keep,
         "recbole": recbole.__version__,
         "torch": torch.__version__,
         "numpy": np.__version__,
