@@ -448,7 +448,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
             "params", "train s"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, entry in result["peers"].items():
-        cells = [name]
+        kept = next(iter(entry.values()))["run"].get("history_keep")
+        cells = [name + (f" ({kept['events_kept']:,} of {kept['events']:,} history events)"
+                         if kept else "")]
         for task in tasks:
             m = entry.get(task, {}).get("metrics", {})
             cells += [_f(m.get("ne")), _f(m.get("auc")), _f(m.get("gauc"))]
