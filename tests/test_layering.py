@@ -57,8 +57,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plugins", (
         "gem_core.__init__", "gem_core.kinds", "gem_core.hookspecs", "gem_core.registry",
         "gem_core.plugins", "gem_core.builtin_plugin", "gem_core.attention", "gem_core.norm",
-        "gem_core.embedding", "gem_core.ids", "gem_core.precision", "gem_core.data",
-        "gem_core.single_process",
+        "gem_core.embedding", "gem_core.embedding_fused", "gem_core.ids", "gem_core.precision",
+        "gem_core.data", "gem_core.single_process",
     )),
     # The GEM model, built from injected backends.
     ("model", ("gem_core.model",)),

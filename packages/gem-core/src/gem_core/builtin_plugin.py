@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.capabilities import RELATIVE_BIAS, SILU, SOFTMAX, TORCH_COMPILE, TORCH_EXPORT
+from gem_core.capabilities import (
+    FUSED_OPTIMIZER,
+    RELATIVE_BIAS,
+    SILU,
+    SOFTMAX,
+    TORCH_COMPILE,
+    TORCH_EXPORT,
+)
 from gem_core.contracts import ActivationCheckpointing, EmbeddingSharding
 from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
@@ -70,6 +77,12 @@ def _reference_embedding():
     return ReferenceEmbeddingBackend()
 
 
+def _reference_fused_embedding():
+    from gem_core.embedding_fused import ReferenceFusedEmbeddingBackend
+
+    return ReferenceFusedEmbeddingBackend()
+
+
 @hookimpl
 def gem_register_models(register) -> None:
     register(ImplementationSpec(
@@ -84,6 +97,13 @@ def gem_register_embedding_backends(register) -> None:
     register(ImplementationSpec(
         name="reference", load=_reference_embedding,
         description="torch.nn.Embedding per table; embedding_bag for pooled features",
+    ))
+    register(ImplementationSpec(
+        name="reference-fused", load=_reference_fused_embedding,
+        dtypes=("float32", "bfloat16", "float16"),  # tables float32; lookups under autocast
+        capabilities=(FUSED_OPTIMIZER,),
+        description="reference's lookups with fbgemm-tbe's fused row-wise Adagrad / SGD step "
+                    "in the backward, in PyTorch ([model.embedding_optimizer]; no FBGEMM)",
     ))
 
 

@@ -14,7 +14,8 @@ from gem_core.config.validators import at_least, between, choice, each, greater_
 class EmbeddingOptimizerConfig:
     """``[model.embedding_optimizer]``: the optimizer of embedding tables that their backend
     trains itself, inside the backward (backends declaring the ``fused_optimizer`` capability,
-    :data:`gem_core.embedding.FUSED_OPTIMIZER`: ``fbgemm-tbe``). Those tables are not parameters
+    :data:`gem_core.embedding.FUSED_OPTIMIZER`: ``fbgemm-tbe``, and ``reference-fused``, its
+    plain-PyTorch reference). Those tables are not parameters
     of the dense AdamW optimizer. With any other embedding backend the tables train with AdamW at
     ``train.lr``, and a run that changes this section is refused at start-up."""
 
