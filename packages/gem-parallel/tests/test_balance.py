@@ -34,6 +34,14 @@ def test_lpt_evens_out_heavy_tailed_costs_better_than_contiguous():
     assert balanced < 1.02, balanced
 
 
+@pytest.mark.parametrize("costs", [[0.0, 0.0], [0.0] * 9, [5.0, 0.0, 0.0, 0.0]])
+def test_zero_costs_still_reach_every_rank(costs):
+    # Found by hypothesis on a CI run: [0.0, 0.0] on 2 ranks left rank 1 empty (ties on load
+    # went to the lower rank, whatever it already held).
+    shares = lpt_balancer(costs, 4 if len(costs) >= 4 else 2)
+    assert all(shares) and sorted(i for s in shares for i in s) == list(range(len(costs)))
+
+
 def test_lpt_is_deterministic_and_rejects_zero_ranks():
     costs = [5, 1, 5, 3, 3, 0]
     assert lpt_balancer(costs, 2) == lpt_balancer(costs, 2)

@@ -8,17 +8,19 @@ from typing import Any, Sequence
 
 def lpt_balancer(costs: Sequence[float], num_ranks: int) -> list[list[int]]:
     """Longest processing time first: the costliest remaining sample goes to the least loaded
-    rank (ties to the lower rank, so the result is deterministic). Within 4/3 of the optimal
-    makespan; with at least ``num_ranks`` samples every rank gets one."""
+    rank (ties to the rank with fewer samples, then to the lower rank, so the result is
+    deterministic). Within 4/3 of the optimal makespan; with at least ``num_ranks`` samples
+    every rank gets one, zero costs included (an empty rank ties with a rank holding only
+    zero-cost samples on load, and wins on count)."""
     if num_ranks < 1:
         raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
     order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    heap = [(0.0, rank) for rank in range(num_ranks)]
+    heap = [(0.0, 0, rank) for rank in range(num_ranks)]
     shares: list[list[int]] = [[] for _ in range(num_ranks)]
     for index in order:
-        load, rank = heapq.heappop(heap)
+        load, count, rank = heapq.heappop(heap)
         shares[rank].append(index)
-        heapq.heappush(heap, (load + float(costs[index]), rank))
+        heapq.heappush(heap, (load + float(costs[index]), count + 1, rank))
     return [sorted(share) for share in shares]
 
 
