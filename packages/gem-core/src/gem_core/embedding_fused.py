@@ -55,8 +55,8 @@ from gem_core.embedding_tables import EmbeddingTableConfig, check_ids
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
 
-__all__ = ["FusedEmbeddingCollection", "LAYOUT_KIND", "ReferenceFusedEmbeddingBackend",
-           "rowwise_update"]
+__all__ = ["FusedEmbeddingCollection", "FusedOptimizerCheckpoints", "LAYOUT_KIND",
+           "ReferenceFusedEmbeddingBackend", "rowwise_update"]
 
 LAYOUT_KIND = "reference-fused"
 """``checkpoint_layout()["kind"]``: what a resume must agree on."""
@@ -148,8 +148,43 @@ class _FusedTable(nn.Module):
         return self._buffers.get("momentum1")
 
 
-class FusedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
+class FusedOptimizerCheckpoints(ShardedModule):
+    """The checkpoint side of an embedding backend with a fused optimizer (``reference-fused``,
+    ``fbgemm-tbe``): no weights here (they are buffers in the model's state dict), row-wise
+    Adagrad's ``momentum1`` per table as live tensors DCP writes and loads into in place, and a
+    layout that a resume with another backend or optimizer is refused by. A subclass sets
+    ``layout_kind`` and has ``options`` and ``momenta()``."""
+
+    layout_kind: str
+    options: EmbeddingOptimizerConfig
+
+    def momenta(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
+        return {"model": {},
+                "optimizer": {f"tables.{name}.weight": {"momentum1": state}
+                              for name, state in self.momenta().items()}}
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"kind": self.layout_kind, "optimizer": self.options.name,
+                "selected_by": f"backends.embedding={self.layout_kind}"}
+
+    def check_checkpoint_layout(self, saved: dict[str, Any]) -> None:
+        if saved.get("kind") != self.layout_kind:
+            raise GemConfigError(f"the checkpoint's embedding tables were saved as "
+                                 f"{saved.get('kind')!r}, not by {self.layout_kind}; use --fresh")
+        if saved.get("optimizer") != self.options.name:
+            raise GemConfigError(
+                f"the checkpoint's tables were trained by the fused {saved.get('optimizer')!r} "
+                f"and this run's model.embedding_optimizer.name is {self.options.name!r}: that "
+                "optimizer's state does not carry over; use --fresh")
+
+
+class FusedEmbeddingCollection(nn.Module, FusedOptimizerCheckpoints, LearningRateFollower):
     """``model.embeddings`` of the ``reference-fused`` backend (see the module docstring)."""
+
+    layout_kind = LAYOUT_KIND
 
     def __init__(self, tables: Sequence[EmbeddingTableConfig], init_std: float = 0.05) -> None:
         super().__init__()
@@ -219,27 +254,6 @@ class FusedEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
         schedule's factor) with ``lr_schedule = "dense"``."""
         self.lr = self.options.lr * (factor if self.options.lr_schedule == "dense" else 1.0)
         return self.lr
-
-    def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
-        """No weights (they are in the model's state dict as buffers); the fused optimizer's
-        state per table, the live buffers DCP writes and loads into in place."""
-        return {"model": {},
-                "optimizer": {f"tables.{name}.weight": {"momentum1": state}
-                              for name, state in self.momenta().items()}}
-
-    def checkpoint_layout(self) -> dict[str, Any]:
-        return {"kind": LAYOUT_KIND, "optimizer": self.options.name,
-                "selected_by": "backends.embedding=reference-fused"}
-
-    def check_checkpoint_layout(self, saved: dict[str, Any]) -> None:
-        if saved.get("kind") != LAYOUT_KIND:
-            raise GemConfigError(f"the checkpoint's embedding tables were saved as "
-                                 f"{saved.get('kind')!r}, not by reference-fused; use --fresh")
-        if saved.get("optimizer") != self.options.name:
-            raise GemConfigError(
-                f"the checkpoint's tables were trained by the fused {saved.get('optimizer')!r} "
-                f"and this run's model.embedding_optimizer.name is {self.options.name!r}: that "
-                "optimizer's state does not carry over; use --fresh")
 
     def checkpoint_loaded(self) -> None:
         """Nothing to do: DCP loaded into the buffers in place."""

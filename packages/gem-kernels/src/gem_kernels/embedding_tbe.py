@@ -41,8 +41,9 @@ from torch import Tensor, nn
 
 from gem_core.capabilities import MANAGED_IDS, WHO_DECLARES
 from gem_core.config import EmbeddingOptimizerConfig
-from gem_core.contracts import EmbeddingBackend, LearningRateFollower, ShardedModule
+from gem_core.contracts import EmbeddingBackend, LearningRateFollower
 from gem_core.embedding import EmbeddingTableConfig, ReferenceEmbeddingCollection, check_ids
+from gem_core.embedding_fused import FusedOptimizerCheckpoints
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
 
@@ -117,8 +118,10 @@ def _optimizer_kwargs(options: EmbeddingOptimizerConfig, fb: Mapping[str, Any]) 
             "weight_decay_mode": mode}
 
 
-class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
+class TbeEmbeddingCollection(nn.Module, FusedOptimizerCheckpoints, LearningRateFollower):
     """``model.embeddings`` of the ``fbgemm-tbe`` backend (see the module docstring)."""
+
+    layout_kind = LAYOUT_KIND
 
     def __init__(self, tables: Sequence[EmbeddingTableConfig], init_std: float = 0.05) -> None:
         super().__init__()
@@ -275,27 +278,6 @@ class TbeEmbeddingCollection(nn.Module, ShardedModule, LearningRateFollower):
                 operator.set_learning_rate(lr)
             self._lr = lr
         return lr
-
-    def sharded_checkpoint_state(self) -> dict[str, dict[str, Any]]:
-        """No weights (they are in the model's state dict as buffers); the fused optimizer's
-        state per table, as live views DCP writes and loads into in place."""
-        return {"model": {},
-                "optimizer": {f"tables.{name}.weight": {"momentum1": state}
-                              for name, state in self.momenta().items()}}
-
-    def checkpoint_layout(self) -> dict[str, Any]:
-        return {"kind": LAYOUT_KIND, "optimizer": self.options.name,
-                "selected_by": "backends.embedding=fbgemm-tbe"}
-
-    def check_checkpoint_layout(self, saved: dict[str, Any]) -> None:
-        if saved.get("kind") != LAYOUT_KIND:
-            raise GemConfigError(f"the checkpoint's embedding tables were saved as "
-                                 f"{saved.get('kind')!r}, not by fbgemm-tbe; use --fresh")
-        if saved.get("optimizer") != self.options.name:
-            raise GemConfigError(
-                f"the checkpoint's tables were trained by the fused {saved.get('optimizer')!r} "
-                f"and this run's model.embedding_optimizer.name is {self.options.name!r}: that "
-                "optimizer's state does not carry over; use --fresh")
 
     def checkpoint_loaded(self) -> None:
         """Nothing to do: DCP loaded into views of the operators' own tensors."""
