@@ -87,6 +87,55 @@ def test_sharded_run_matches_one_process(gem, tmp_path, single_process, sharding
         assert summary["eval"][task]["ne"] == pytest.approx(report["ne"], rel=1e-4)
 
 
+TABLE_ATOL = 1e-4
+"""Tables under row-wise Adagrad, after 6 steps: see the test."""
+
+ROW_WISE_TABLES = ["--set", "model.embedding_optimizer.dense_tables=same",
+                   "--set", "model.embedding_optimizer.lr=0.1"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("sharding, ranks, extra", [
+    ("fsdp2", 2, []),
+    # HSDP's tables are DTensors on a 2-D mesh (replicated x sharded): the per-row state too.
+    pytest.param("hsdp", 4, HSDP_2X2, marks=pytest.mark.slow),
+])
+def test_row_wise_tables_on_sharded_ranks_match_one_process(gem, tmp_path, sharding, ranks,
+                                                            extra):
+    """``dense_tables = "same"``: the tables' row-wise Adagrad runs in the dense step on FSDP2's
+    dim-0 shards, with its per-row state a DTensor that DCP saves and loads back (the run stops
+    at step 3 and resumes), and follows the one-process trajectory."""
+    single = tmp_path / "single"
+    result = gem("train", "--out", str(single), *SMALL, *ROW_WISE_TABLES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / sharding
+    command = ["train", "--out", str(out), "--nproc-per-node", str(ranks), "--sharding", sharding,
+               *extra, *SMALL, *ROW_WISE_TABLES]
+    result = gem(*command, "--until-step", "3", env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = gem(*command, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stderr
+    assert _losses(out) == pytest.approx(_losses(single), rel=LOSS_RTOL)
+    reference, sharded = _final_weights(single), _final_weights(out)
+    tables = [k for k in reference if k.startswith("embeddings.tables.")]
+    assert tables
+    for name, value in reference.items():
+        # Row-wise Adagrad divides a row's gradient by the root of its own sum of squares, so a
+        # row seen with tiny gradients still takes a step of about lr whose relative error is
+        # the gradient's (the reduce-scatter's order of sums): measured 1.4e-5 at most.
+        atol = TABLE_ATOL if name in tables else WEIGHT_ATOL
+        torch.testing.assert_close(sharded[name], value, rtol=0, atol=atol, msg=name)
+    from gem_core.checkpoint.checkpointer import read_checkpoint
+
+    states = [read_checkpoint(run / "checkpoints" / "step-00000006")["engine"]["optimizer"]["state"]
+              for run in (single, out)]
+    for name in tables:  # the per-row state, whole, under the one process's names
+        assert states[1][name]["momentum1"].shape == (reference[name].shape[0],)
+        torch.testing.assert_close(states[1][name]["momentum1"], states[0][name]["momentum1"],
+                                   rtol=1e-4, atol=1e-9, msg=name)
+
+
 def test_hsdp_mesh_shape_comes_from_options_and_must_cover_the_ranks():
     from gem_core.distributed import ParallelContext
     from gem_core.errors import GemConfigError

@@ -19,7 +19,7 @@ from gem_core.embedding_fused import FusedEmbeddingCollection
 from gem_core.errors import GemConfigError
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
-from gem_core.train.optim import make_adamw
+from gem_core.train.optim import make_optimizer
 
 DIM = 4
 DEFAULT_OPTIMIZER = EmbeddingOptimizerConfig()
@@ -250,7 +250,7 @@ def test_out_of_range_ids_and_managed_tables_are_refused():
 def test_tables_are_not_dense_parameters():
     fused, _ = _pair()
     model = torch.nn.ModuleDict({"embeddings": fused, "head": torch.nn.Linear(DIM, 1)})
-    optimizer = make_adamw(TrainConfig())(model)
+    optimizer = make_optimizer(TrainConfig())(model)
     owned = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
     assert owned == {p.data_ptr() for p in model["head"].parameters()}
     assert not list(fused.parameters())

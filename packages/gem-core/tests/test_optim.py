@@ -1,4 +1,4 @@
-"""``gem_core.train.optim.make_adamw``: which parameters decay, and the embedding tables' own
+"""``gem_core.train.optim.make_optimizer``: which parameters decay, and the embedding tables' own
 learning-rate scale (``train.embedding_lr_scale``) through the engine's ``set_lr``."""
 
 import pytest
@@ -6,7 +6,7 @@ from torch import nn
 
 from gem_core.config import TrainConfig
 from gem_core.engine import Engine
-from gem_core.train.optim import make_adamw
+from gem_core.train.optim import make_optimizer
 
 
 class _Model(nn.Module):
@@ -24,7 +24,7 @@ def _groups(optimizer):
 
 def test_at_scale_one_the_groups_are_those_of_before():
     model = _Model()
-    optimizer = make_adamw(TrainConfig(weight_decay=0.1))(model)
+    optimizer = make_optimizer(TrainConfig(weight_decay=0.1))(model)
     decay, no_decay = _groups(optimizer)
     assert decay == {id(model.linear.weight)}
     assert no_decay == {id(p) for p in (model.table.weight, model.bag.weight, model.norm.weight,
@@ -34,7 +34,7 @@ def test_at_scale_one_the_groups_are_those_of_before():
 
 def test_embedding_tables_follow_the_schedule_times_their_scale():
     model = _Model()
-    optimizer = make_adamw(TrainConfig(lr=0.002, embedding_lr_scale=5.0))(model)
+    optimizer = make_optimizer(TrainConfig(lr=0.002, embedding_lr_scale=5.0))(model)
     decay, no_decay, embeddings = _groups(optimizer)
     assert embeddings == {id(model.table.weight), id(model.bag.weight)}
     assert id(model.norm.weight) in no_decay and id(model.linear.weight) in decay

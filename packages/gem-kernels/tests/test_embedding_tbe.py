@@ -23,7 +23,7 @@ from gem_core.errors import GemConfigError  # noqa: E402
 from gem_core.jagged import Jagged  # noqa: E402
 from gem_core.plugins import build_plugins  # noqa: E402
 from gem_core.registry import ImplementationSpec  # noqa: E402
-from gem_core.train.optim import make_adamw  # noqa: E402
+from gem_core.train.optim import make_optimizer  # noqa: E402
 from gem_core.train.trainer import train  # noqa: E402
 from gem_core.trained_run import load_run  # noqa: E402
 from gem_kernels.embedding_tbe import TbeEmbeddingCollection  # noqa: E402
@@ -189,7 +189,7 @@ def test_out_of_range_id_raises_the_reference_error():
 def test_tables_are_not_dense_parameters_and_keep_the_reference_names():
     tbe, reference = _pair()
     model = torch.nn.ModuleDict({"embeddings": tbe, "head": torch.nn.Linear(DIM, 1)})
-    optimizer = make_adamw(TrainConfig())(model)
+    optimizer = make_optimizer(TrainConfig())(model)
     owned = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
     assert owned == {p.data_ptr() for p in model["head"].parameters()}
     assert not list(tbe.parameters())

@@ -8,6 +8,7 @@ from gem_core.capabilities import (
     RELATIVE_BIAS,
     SILU,
     SOFTMAX,
+    TABLE_OPTIMIZER,
     TORCH_COMPILE,
     TORCH_EXPORT,
 )
@@ -117,6 +118,7 @@ def _single_process():
 def gem_register_dense_sharding(register) -> None:
     register(ImplementationSpec(
         name="none", load=_single_process,
+        capabilities=(TABLE_OPTIMIZER,),
         description="one process, no wrapping (the reference for every parallel strategy)",
     ))
 

@@ -43,6 +43,14 @@ optimizer never sees them, no dense strategy reduces their gradients) and the mo
 its optimizer state as a :class:`gem_core.contracts.ShardedModule` (checked at start-up by
 :func:`gem_core.embedding.check_fused_optimizer`)."""
 
+TABLE_OPTIMIZER = "table_optimizer"
+"""Capability of a dense sharding whose engine steps the optimizer that ``make_optimizer`` built,
+on the parameters as the module holds them (whole tensors, or dim-0 shards as DTensors), after
+reducing their gradients: a parameter group may then keep one state value per table row, sharded
+with the rows. What ``[model.embedding_optimizer] dense_tables = "same"`` needs (checked at
+start-up by :func:`gem_core.train.table_optimizer.check_table_optimizer`); DeepSpeed, which
+flattens parameters into partitions of its own, does not declare it."""
+
 TORCH_COMPILE = "torch_compile"
 """``torch.compile`` traces the backend whole (``fullgraph``: no graph break, no data-dependent
 Python control flow; custom ops with fake implementations are fine) with dynamic token and batch
@@ -58,8 +66,8 @@ ATTENTION_CAPABILITIES: tuple[str, ...] = (*NORMALIZATIONS, RELATIVE_BIAS, TORCH
 """Every capability an attention backend may declare: the normalisations it computes and its
 optional features."""
 
-DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, *ATTENTION_CAPABILITIES,
-                                          TIME_WINDOWS)
+DECLARED_CAPABILITIES: tuple[str, ...] = (MANAGED_IDS, FUSED_OPTIMIZER, TABLE_OPTIMIZER,
+                                          *ATTENTION_CAPABILITIES, TIME_WINDOWS)
 """Every capability name gem-core checks."""
 
 WHO_DECLARES = "gem plugins lists what each implementation declares"

@@ -37,12 +37,15 @@ def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
     copies drift apart), and another embedding sharding would replace the module with its own
     tables and optimizer."""
     fused = FUSED_OPTIMIZER in embedding.capabilities
-    if not fused and config.embedding_optimizer != EmbeddingOptimizerConfig():
+    chosen = config.embedding_optimizer
+    if (not fused and chosen.dense_tables == "adamw"
+            and chosen != EmbeddingOptimizerConfig()):
         raise GemConfigError(
             f"model.embedding_optimizer is set, but the embedding backend {embedding.name!r} "
-            f"trains its tables with the dense optimizer (AdamW at train.lr); use an embedding "
-            f"backend that declares {FUSED_OPTIMIZER} ({WHO_DECLARES}; --set backends.embedding="
-            "NAME) or leave [model.embedding_optimizer] at its defaults")
+            f"trains its tables with the dense optimizer (AdamW at train.lr); set "
+            f"model.embedding_optimizer.dense_tables = 'same' for this optimizer in the dense "
+            f"step, use an embedding backend that declares {FUSED_OPTIMIZER} ({WHO_DECLARES}; "
+            "--set backends.embedding=NAME) or leave [model.embedding_optimizer] at its defaults")
     if not fused:
         return
     if world_size > 1:

@@ -190,7 +190,8 @@ class DeepSpeedEngine(Engine):
         raise RuntimeError(
             "deepspeed-zero engines cannot skip an optimizer step: the reduced gradients live "
             "in DeepSpeed's ZeRO partitions until its step(). Lower the learning rate or use "
-            "fsdp2/ddp for runs that need step skipping"
+            "the fsdp2 dense sharding (or another that is not DeepSpeed's) for runs that need "
+            "step skipping"
         )
 
     def set_lr(self, lr: float) -> None:

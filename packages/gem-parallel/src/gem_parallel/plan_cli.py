@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 @click.option("--hsdp-shard", type=click.IntRange(min=1), default=None,
               help="HSDP: ranks per shard group (the dense option dp_shard).")
 @click.option("--ep-size", type=click.IntRange(min=1), default=None,
-              help="ep, deepspeed-moe: ranks per expert-parallel group (default: all).")
+              help="Expert parallelism (the ep dense sharding, deepspeed-moe's too): ranks per "
+                   "expert-parallel group (default: all).")
 @click.option("--expert-fsdp", is_flag=True,
               help="ep: experts FSDP-sharded over their copies.")
 @click.option("--sharding-group-size", type=click.IntRange(min=1), default=None,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gem_core import hookimpl
-from gem_core.capabilities import MANAGED_IDS
+from gem_core.capabilities import MANAGED_IDS, TABLE_OPTIMIZER
 from gem_core.registry import AutoContext, ImplementationSpec, lazy
 
 
@@ -81,14 +81,17 @@ def _kk():
 def gem_register_dense_sharding(register) -> None:
     register(ImplementationSpec(
         name="ddp", load=_ddp,
+        capabilities=(TABLE_OPTIMIZER,),
         description="torch DistributedDataParallel: replicated dense parameters, all-reduced grads",
     ))
     register(ImplementationSpec(
         name="fsdp2", load=_fsdp2, options=lazy("gem_parallel.fsdp", "FsdpOptions"),
+        capabilities=(TABLE_OPTIMIZER,),
         description="FSDP2 fully_shard per sequence block + root over a 1-D mesh (ZeRO-3 like)",
     ))
     register(ImplementationSpec(
         name="hsdp", load=_hsdp, options=lazy("gem_parallel.fsdp", "HsdpOptions"),
+        capabilities=(TABLE_OPTIMIZER,),
         description="FSDP2 hybrid: 2-D mesh (dp_replicate, dp_shard) from [parallel.dense]",
     ))
     for stage, what in ((1, "optimizer state"), (2, "optimizer state and gradients"),

@@ -40,7 +40,7 @@ from gem_core.model import build_model
 from gem_core.plugins import build_plugins
 from gem_core.registry import AutoContext
 from gem_core.train.loss import mean_loss
-from gem_core.train.optim import make_adamw
+from gem_core.train.optim import make_optimizer
 
 
 class _Row:
@@ -48,7 +48,8 @@ class _Row:
 
     def __init__(self, model: torch.nn.Module, config) -> None:
         self.model = model
-        self.optimizer = make_adamw(config.train)(model)
+        self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
+                                        feature_tables=model.embeddings)(model)
         self.times: list[float] = []
         self.losses: list[float] = []
         # Compile seconds and frames compiled during the first step, and during the later ones.

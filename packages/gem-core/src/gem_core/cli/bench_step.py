@@ -37,7 +37,7 @@ from gem_core.model import build_model
 from gem_core.plugins import build_plugins
 from gem_core.registry import AutoContext
 from gem_core.train.loss import mean_loss
-from gem_core.train.optim import make_adamw
+from gem_core.train.optim import make_optimizer
 
 DATA_KEYS = ("data.", "train.batch_size")
 """Override keys that would give the peer other batches than the subject (refused)."""
@@ -62,7 +62,8 @@ class _Trainee:
         torch.manual_seed(config.train.seed)
         self.model = build_model(config.model, schema, attention=attention,
                                  embedding_backend=ReferenceEmbeddingBackend())
-        self.optimizer = make_adamw(config.train)(self.model)
+        self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
+                                        feature_tables=self.model.embeddings)(self.model)
         self.times: list[float] = []
 
     def step(self, batch, tasks) -> None:

@@ -12,12 +12,17 @@ from gem_core.config.validators import at_least, between, choice, each, greater_
 
 @attrs.frozen(kw_only=True)
 class EmbeddingOptimizerConfig:
-    """``[model.embedding_optimizer]``: the optimizer of embedding tables that their backend
-    trains itself, inside the backward (backends declaring the ``fused_optimizer`` capability,
-    :data:`gem_core.embedding.FUSED_OPTIMIZER`: ``fbgemm-tbe``, and ``reference-fused``, its
-    plain-PyTorch reference). Those tables are not parameters
-    of the dense AdamW optimizer. With any other embedding backend the tables train with AdamW at
-    ``train.lr``, and a run that changes this section is refused at start-up."""
+    """``[model.embedding_optimizer]``: the optimizer of the embedding tables.
+
+    Embedding backends declaring the ``fused_optimizer`` capability
+    (:data:`gem_core.capabilities.FUSED_OPTIMIZER`: ``fbgemm-tbe``, and ``reference-fused``, its
+    plain-PyTorch reference) apply it themselves, inside the backward, in one process. Tables
+    that are parameters of the model (the ``reference`` backend) train with the dense AdamW at
+    ``train.lr x train.embedding_lr_scale``, unless ``dense_tables = "same"`` gives them this
+    optimizer too, stepped with the dense optimizer after the dense strategy has reduced the
+    gradients, so on any number of ranks (:mod:`gem_core.train.table_optimizer`). With
+    ``dense_tables = "adamw"`` and such a backend, a run that changes this section is refused at
+    start-up: it would change nothing."""
 
     name: str = attrs.field(default="rowwise_adagrad", validator=choice("rowwise_adagrad", "sgd"))
     """``rowwise_adagrad`` (one sum of squared gradients per row, the usual choice for sparse
@@ -39,6 +44,17 @@ class EmbeddingOptimizerConfig:
     weight_decay_mode: str = attrs.field(default="l2", validator=choice("l2", "decoupled"))
     """``l2``: ``weight_decay * w`` is added to the gradient before the Adagrad sums;
     ``decoupled``: ``w -= lr * weight_decay * w`` beside the Adagrad step."""
+
+    dense_tables: str = attrs.field(default="adamw", validator=choice("adamw", "same"))
+    """Tables that are parameters of the model (embedding backends without the fused
+    optimizer): ``adamw``, the dense AdamW at ``train.lr x train.embedding_lr_scale``; ``same``,
+    this section's optimizer (``name``, ``lr``, ``lr_schedule``, ``eps``, ``weight_decay``) as
+    its own parameter group of the dense optimizer, stepped after DDP or FSDP2 reduced the
+    gradients, with its state (one float per row) sharded like the rows. A row is stepped when
+    its gradient is not all zeros (the rows the batch looked up), as the fused backends step the
+    rows they looked up; unlike them, ``train.grad_clip`` covers the tables too. Needs a dense
+    sharding that declares the ``table_optimizer`` capability and the tables left to the dense
+    strategy (``--embedding-sharding replicated``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.name == "sgd" and self.weight_decay:
@@ -293,8 +309,9 @@ class ModelConfig:
 
     embedding_optimizer: EmbeddingOptimizerConfig = attrs.field(
         factory=EmbeddingOptimizerConfig)
-    """The fused optimizer of embedding backends that train their tables themselves
-    (``fbgemm-tbe``); must stay at its defaults with the others."""
+    """The optimizer of the embedding tables where it is not the dense AdamW: the fused one of
+    backends that train their tables themselves (``fbgemm-tbe``, ``reference-fused``), or, with
+    ``dense_tables = "same"``, a parameter group of the dense optimizer."""
 
     teacher_embedding_dim: int = attrs.field(default=0, validator=at_least(0))
     """Width of a distillation teacher's user embedding (``JaggedBatch.teacher_embedding``)

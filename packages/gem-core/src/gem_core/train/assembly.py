@@ -30,8 +30,9 @@ from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
 from gem_core.train.evaluate import check_validation_parts
 from gem_core.train.loss import mean_loss
-from gem_core.train.optim import lr_schedule, make_adamw, schedule_steps
+from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
+from gem_core.train.table_optimizer import check_table_optimizer
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class RunAssembly:
         check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
                               embedding_sharding=self.backends.embedding_sharding.spec,
                               world_size=ctx.world_size)
+        check_table_optimizer(config.model.embedding_optimizer,
+                              embedding=self.backends.embedding.spec,
+                              embedding_sharding=self.backends.embedding_sharding.spec,
+                              dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
         self.model = build_run_model(self.backends, config.model, self.schema)
         window = config.model.window or None
         self.stream_args = dict(
@@ -96,7 +101,9 @@ class RunAssembly:
             embedding_sharding=self.backends.embedding_sharding,
             activation_checkpointing=self.backends.activation_checkpointing,
             dense_sharding=self.backends.dense_sharding,
-            make_optimizer=make_adamw(self.tc), config=config,
+            make_optimizer=make_optimizer(self.tc, config.model.embedding_optimizer,
+                                          feature_tables=self.model.embeddings),
+            config=config,
         )
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
                               if isinstance(m, LearningRateFollower)]
@@ -116,14 +123,20 @@ class RunAssembly:
         scale = self.tc.embedding_lr_scale
         if scale == 1.0:
             return
+        chosen = self.config.model.embedding_optimizer
+        embedding = self.backends.embedding.spec
+        if chosen.dense_tables == "same" and FUSED_OPTIMIZER not in embedding.capabilities:
+            log.warning("train.embedding_lr_scale = %g applies to none of this run's feature "
+                        "tables: [model.embedding_optimizer] dense_tables = 'same' steps them with "
+                        "%s at lr %g, not AdamW at train.lr x %g", scale, chosen.name, chosen.lr,
+                        scale)
+            return
         tables = self.model.embeddings
         if any(p.requires_grad for m in tables.modules()
                if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
                for p in m.parameters(recurse=False)):
             return
-        embedding = self.backends.embedding.spec
         if FUSED_OPTIMIZER in embedding.capabilities:
-            chosen = self.config.model.embedding_optimizer
             instead = (f"the embedding backend {embedding.name!r} trains them with "
                        f"[model.embedding_optimizer] ({chosen.name}, lr {chosen.lr:g})")
         else:

@@ -8,25 +8,44 @@ import torch
 from torch import nn
 
 from gem_core.config import GemConfig, TrainConfig
+from gem_core.config.model_schema import EmbeddingOptimizerConfig
+from gem_core.train.table_optimizer import AdamWWithTables, table_group
 
 
-def make_adamw(config: TrainConfig):
-    """An optimizer factory for strategies: AdamW, weight decay on dense matrices only."""
+def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None = None, *,
+                   feature_tables: nn.Module | None = None):
+    """An optimizer factory for strategies: AdamW, weight decay on dense matrices only, embedding
+    weights (``nn.Embedding``/``nn.EmbeddingBag``) at ``train.embedding_lr_scale``. With
+    ``tables.dense_tables = "same"``, the weights of ``feature_tables`` (the model's
+    ``embeddings``, the feature tables of ``[model.embedding_optimizer]``; the model's other
+    embeddings, such as the age and position buckets, stay with AdamW) are stepped row-wise by
+    ``tables`` instead (:mod:`gem_core.train.table_optimizer`). Strategies call the factory after
+    wrapping, so modules are matched by identity: wrapping (DDP, FSDP2, compile) keeps the module
+    objects while FSDP2 replaces their parameters."""
+    row_wise = tables is not None and tables.dense_tables == "same"
+    if row_wise and feature_tables is None:
+        raise ValueError("make_optimizer: dense_tables = 'same' needs the feature tables' module")
 
     def build(module: nn.Module) -> torch.optim.Optimizer:
-        no_decay_ids, embedding_ids = set(), set()
+        no_decay_ids, embedding_ids, table_ids = set(), set(), set()
+        if row_wise:
+            table_ids = {id(p) for sub in feature_tables.modules()
+                         if isinstance(sub, (nn.Embedding, nn.EmbeddingBag))
+                         for p in sub.parameters(recurse=False)}
         for sub in module.modules():
             if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
                 embedding_ids.update(id(p) for p in sub.parameters(recurse=False))
             if isinstance(sub, (nn.LayerNorm, nn.RMSNorm)):
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
-        decay, no_decay, embeddings = [], [], []
+        decay, no_decay, embeddings, rows = [], [], [], []
         for param in module.parameters():
             if not param.requires_grad:
                 continue
             # At scale 1 embeddings stay in the no-decay group: the optimizer's groups (and so
             # its checkpointed state) are those of runs from before the option.
-            if id(param) in embedding_ids and config.embedding_lr_scale != 1.0:
+            if id(param) in table_ids:
+                rows.append(param)
+            elif id(param) in embedding_ids and config.embedding_lr_scale != 1.0:
                 embeddings.append(param)
             elif id(param) in embedding_ids:
                 no_decay.append(param)
@@ -37,8 +56,10 @@ def make_adamw(config: TrainConfig):
                   {"params": no_decay, "weight_decay": 0.0},
                   {"params": embeddings, "weight_decay": 0.0,
                    "lr_scale": config.embedding_lr_scale}]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr,
-                                 betas=(0.9, 0.98), eps=1e-8)
+        if rows:
+            groups.append(table_group(rows, tables, config.lr))
+        return AdamWWithTables([g for g in groups if g["params"]], lr=config.lr,
+                               betas=(0.9, 0.98), eps=1e-8)
 
     return build
 

@@ -1,0 +1,160 @@
+"""Row-wise Adagrad (or SGD) for embedding tables that are parameters of the model, as a parameter
+group of the dense optimizer (``[model.embedding_optimizer] dense_tables = "same"``).
+
+Why: the fused backends (``fbgemm-tbe``, ``reference-fused``) update the rows a batch looked up
+inside the backward, with each rank's own gradients, so they run in one process only. Measured on
+MovieLens-100k (docs/results.md), row-wise Adagrad is what the attention presets' tables want:
+one accumulated squared gradient per row gives a row seen in few batches a large step and a
+frequent row a small one, where AdamW's one rate fits neither. Here the same update (the one
+function :func:`gem_core.embedding_fused.rowwise_update`) runs in the optimizer step instead, after
+DDP has all-reduced or FSDP2 has reduce-scattered the gradients, so every replica applies the
+same update and FSDP2's shards of a table update their own rows.
+
+- :class:`AdamWWithTables` is ``torch.optim.AdamW`` whose groups marked ``table_optimizer`` are
+  stepped row-wise: AdamW never sees their gradients (they are set aside during its step).
+- A row is stepped when its gradient is not all zeros: the rows a batch looked up, as the fused
+  backends step them (a looked-up row whose gradient is exactly zero is the one difference, and
+  only weight decay could tell). Row-wise Adagrad's state ``momentum1`` has one float per row,
+  created at a parameter's first gradient (as AdamW's state is), a DTensor sharded like its
+  table under FSDP2, so DCP saves and reshards it like any optimizer state; ``step`` counts the
+  steps, as AdamW's does.
+- The learning rate: with ``lr_schedule = "dense"`` the engine sets the group's ``lr`` to the
+  schedule times ``lr_scale`` (the table rate over ``train.lr``); with ``constant`` the group's
+  ``table_lr``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
+from gem_core.config.model_schema import EmbeddingOptimizerConfig
+from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING
+from gem_core.embedding_fused import rowwise_update
+from gem_core.errors import GemConfigError
+
+if TYPE_CHECKING:
+    from gem_core.plugins import GemPlugins
+    from gem_core.registry import ImplementationSpec
+
+__all__ = ["AdamWWithTables", "check_table_optimizer", "table_group"]
+
+MOMENTUM = "momentum1"
+"""The state key of row-wise Adagrad's per-row sum (FBGEMM's name)."""
+
+
+def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
+                dense_lr: float) -> dict[str, Any]:
+    """The parameter group of ``params`` (embedding tables) stepped by ``options``; plain values
+    only, so the group is checkpointed with the optimizer's state dict."""
+    return {"params": params, "weight_decay": 0.0, "table_optimizer": options.name,
+            "table_lr": options.lr, "table_lr_schedule": options.lr_schedule,
+            "table_eps": options.eps, "table_weight_decay": options.weight_decay,
+            "table_weight_decay_mode": options.weight_decay_mode,
+            "lr_scale": options.lr / dense_lr}
+
+
+def _options(group: dict[str, Any]) -> EmbeddingOptimizerConfig:
+    return EmbeddingOptimizerConfig(
+        name=group["table_optimizer"], lr=group["table_lr"], lr_schedule=group["table_lr_schedule"],
+        eps=group["table_eps"], weight_decay=group["table_weight_decay"],
+        weight_decay_mode=group["table_weight_decay_mode"], dense_tables="same")
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """The tensor this rank holds: a DTensor's local shard, else the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _new_momentum(param: Tensor) -> Tensor:
+    """Zeros, one per row of ``param``, placed like its rows: for a DTensor (FSDP2's dim-0 shards,
+    HSDP's replicated shards) a DTensor on the same mesh and placements, so that DCP sees each
+    rank's rows of the state where it sees that rank's rows of the table."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return torch.zeros(param.shape[0], dtype=param.dtype, device=param.device)
+    if any(p.is_shard() and p.dim != 0 for p in param.placements):
+        raise RuntimeError(
+            f"row-wise table state needs tables sharded by rows (dim 0); this one is placed "
+            f"{param.placements}")
+    local = torch.zeros(param.to_local().shape[0], dtype=param.dtype, device=param.device)
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                              shape=torch.Size([param.shape[0]]), stride=(1,))
+
+
+class AdamWWithTables(torch.optim.AdamW):
+    """AdamW, plus parameter groups built by :func:`table_group` stepped row-wise (see the module
+    docstring). Without such groups it is AdamW."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        tables = [g for g in self.param_groups if g.get("table_optimizer")]
+        set_aside = [(p, p.grad) for g in tables for p in g["params"] if p.grad is not None]
+        for param, _ in set_aside:
+            param.grad = None
+        try:
+            super().step()
+        finally:
+            for param, grad in set_aside:
+                param.grad = grad
+        for group in tables:
+            self._step_tables(group)
+        return loss
+
+    def _step_tables(self, group: dict[str, Any]) -> None:
+        options = _options(group)
+        lr = group["lr"] if options.lr_schedule == "dense" else options.lr
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            state = self.state[param]
+            if not state:
+                # A step count, as AdamW keeps (and its load_state_dict expects of any state).
+                state["step"] = torch.tensor(0.0)
+                if options.name == "rowwise_adagrad":
+                    state[MOMENTUM] = _new_momentum(param)
+            state["step"] += 1
+            grad = _local(param.grad)
+            if grad.is_sparse:
+                grad = grad.coalesce()
+                rows, row_grads = grad.indices()[0], grad.values()
+            else:
+                rows = grad.ne(0).any(dim=1).nonzero().squeeze(1)
+                row_grads = grad.index_select(0, rows)
+            momentum = _local(state[MOMENTUM]) if MOMENTUM in state else None
+            rowwise_update(_local(param), momentum, rows, row_grads, options=options, lr=lr)
+
+
+def check_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,
+                          embedding_sharding: ImplementationSpec,
+                          dense_sharding: ImplementationSpec, plugins: GemPlugins) -> None:
+    """At start-up, with ``dense_tables = "same"`` and tables that are parameters (an embedding
+    backend without :data:`FUSED_OPTIMIZER`): refuse a dense sharding that does not declare
+    :data:`TABLE_OPTIMIZER`, and an embedding sharding that replaces the tables with its own
+    (their optimizer would be ``[parallel.embedding]``'s, and this section would change
+    nothing)."""
+    if options.dense_tables != "same" or FUSED_OPTIMIZER in embedding.capabilities:
+        return
+    if TABLE_OPTIMIZER not in dense_sharding.capabilities:
+        able = declared_by(plugins.registry("dense_sharding").specs(), TABLE_OPTIMIZER)
+        raise GemConfigError(
+            f"model.embedding_optimizer.dense_tables = 'same' needs a dense sharding that steps "
+            f"the tables' rows as the module holds them ({TABLE_OPTIMIZER}: {able}); "
+            f"{dense_sharding.name!r} does not declare it (DeepSpeed flattens parameters into "
+            f"partitions of its own); use one of those or dense_tables = 'adamw'")
+    if embedding_sharding.name != SINGLE_PROCESS_EMBEDDING_SHARDING:
+        raise GemConfigError(
+            f"model.embedding_optimizer.dense_tables = 'same' applies to tables the dense "
+            f"strategy holds; the embedding sharding {embedding_sharding.name!r} replaces them "
+            f"with its own tables and optimizer ([parallel.embedding] optimizer and lr); use "
+            f"--embedding-sharding {SINGLE_PROCESS_EMBEDDING_SHARDING} or dense_tables = 'adamw'")
