@@ -19,7 +19,7 @@ from gem_core.engine import Engine
 from gem_core.errors import GemConfigError
 from gem_core.plugins import build_plugins
 from gem_core.train.optim import make_optimizer
-from gem_core.train.table_optimizer import AdamWWithTables, check_table_optimizer
+from gem_core.train.table_optimizer import AdamWWithTables, resolve_table_optimizer
 
 SAME = dict(dense_tables="same")
 
@@ -190,26 +190,38 @@ def _spec(kind: str, name: str):
     return build_plugins().registry(kind).get(name)
 
 
-def test_start_up_refuses_what_would_not_step_the_tables_row_wise():
+def test_start_up_decides_auto_and_refuses_same_where_the_rows_cannot_be_stepped(caplog):
     plugins = build_plugins()
-    same = EmbeddingOptimizerConfig(**SAME)
     embedding, replicated = _spec("embedding", "reference"), _spec("embedding_sharding",
                                                                    "replicated")
+
+    def resolve(dense_tables, dense="ddp", tables=replicated, backend=embedding):
+        options = EmbeddingOptimizerConfig(lr=0.1, dense_tables=dense_tables)
+        return resolve_table_optimizer(options, embedding=backend, embedding_sharding=tables,
+                                       dense_sharding=_spec("dense_sharding", dense),
+                                       plugins=plugins).dense_tables
+
     for name in ("none", "ddp", "fsdp2", "hsdp"):
-        check_table_optimizer(same, embedding=embedding, embedding_sharding=replicated,
-                              dense_sharding=_spec("dense_sharding", name), plugins=plugins)
-    deepspeed = plugins.registry("dense_sharding").get("deepspeed-zero1")
-    with pytest.raises(GemConfigError, match="deepspeed-zero1.*does not declare") as refused:
-        check_table_optimizer(same, embedding=embedding, embedding_sharding=replicated,
-                              dense_sharding=deepspeed, plugins=plugins)
+        assert resolve("same", name) == "same"
+        with caplog.at_level("INFO", logger="gem_core.train.table_optimizer"):
+            assert resolve("auto", name) == "same"
+        assert "dense_tables = auto: same: the feature tables train with rowwise_adagrad" in \
+            caplog.text
+    assert resolve("adamw") == "adamw"
+    with pytest.raises(GemConfigError, match="'deepspeed-zero1' does not declare") as refused:
+        resolve("same", "deepspeed-zero1")
     assert "ddp, fsdp2, hsdp, none" in str(refused.value)
-    torchrec = plugins.registry("embedding_sharding").get("torchrec")
-    with pytest.raises(GemConfigError, match="'torchrec' replaces them"):
-        check_table_optimizer(same, embedding=embedding, embedding_sharding=torchrec,
-                              dense_sharding=_spec("dense_sharding", "ddp"), plugins=plugins)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gem_core.train.table_optimizer"):
+        assert resolve("auto", "deepspeed-zero3") == "adamw"
+    assert "auto: adamw, because the dense sharding 'deepspeed-zero3'" in caplog.text
+    torchrec = _spec("embedding_sharding", "torchrec")
+    with pytest.raises(GemConfigError, match="'torchrec' replaces the tables"):
+        resolve("same", tables=torchrec)
+    assert resolve("auto", tables=torchrec) == "adamw"
     # A fused backend steps its own tables; dense_tables has nothing to add or refuse.
-    check_table_optimizer(same, embedding=_spec("embedding", "reference-fused"),
-                          embedding_sharding=torchrec, dense_sharding=deepspeed, plugins=plugins)
+    fused = _spec("embedding", "reference-fused")
+    assert resolve("same", "deepspeed-zero1", torchrec, fused) == "same"
 
 
 def test_the_section_on_a_backend_without_the_fused_optimizer_needs_dense_tables_same():
@@ -225,6 +237,7 @@ def test_the_section_on_a_backend_without_the_fused_optimizer_needs_dense_tables
     with pytest.raises(GemConfigError, match="dense_tables = 'same'"):
         check(lr=0.1)
     check(lr=0.1, dense_tables="same")  # on 2 ranks: the dense step is after the all-reduce
+    check(lr=0.1, dense_tables="auto")
     with pytest.raises(ValueError, match="dense_tables"):
         check(dense_tables="rows")
 

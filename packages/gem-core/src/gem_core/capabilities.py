@@ -48,7 +48,7 @@ TABLE_OPTIMIZER = "table_optimizer"
 on the parameters as the module holds them (whole tensors, or dim-0 shards as DTensors), after
 reducing their gradients: a parameter group may then keep one state value per table row, sharded
 with the rows. What ``[model.embedding_optimizer] dense_tables = "same"`` needs (checked at
-start-up by :func:`gem_core.train.table_optimizer.check_table_optimizer`); DeepSpeed, which
+start-up by :func:`gem_core.train.table_optimizer.resolve_table_optimizer`); DeepSpeed, which
 flattens parameters into partitions of its own, does not declare it."""
 
 TORCH_COMPILE = "torch_compile"

@@ -43,9 +43,10 @@ def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
         raise GemConfigError(
             f"model.embedding_optimizer is set, but the embedding backend {embedding.name!r} "
             f"trains its tables with the dense optimizer (AdamW at train.lr); set "
-            f"model.embedding_optimizer.dense_tables = 'same' for this optimizer in the dense "
-            f"step, use an embedding backend that declares {FUSED_OPTIMIZER} ({WHO_DECLARES}; "
-            "--set backends.embedding=NAME) or leave [model.embedding_optimizer] at its defaults")
+            f"model.embedding_optimizer.dense_tables = 'same' (or 'auto') for this optimizer in "
+            f"the dense step, use an embedding backend that declares {FUSED_OPTIMIZER} "
+            f"({WHO_DECLARES}; --set backends.embedding=NAME) or leave "
+            "[model.embedding_optimizer] at its defaults")
     if not fused:
         return
     if world_size > 1:

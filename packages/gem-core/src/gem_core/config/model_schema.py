@@ -45,7 +45,7 @@ class EmbeddingOptimizerConfig:
     """``l2``: ``weight_decay * w`` is added to the gradient before the Adagrad sums;
     ``decoupled``: ``w -= lr * weight_decay * w`` beside the Adagrad step."""
 
-    dense_tables: str = attrs.field(default="adamw", validator=choice("adamw", "same"))
+    dense_tables: str = attrs.field(default="adamw", validator=choice("adamw", "same", "auto"))
     """Tables that are parameters of the model (embedding backends without the fused
     optimizer): ``adamw``, the dense AdamW at ``train.lr x train.embedding_lr_scale``; ``same``,
     this section's optimizer (``name``, ``lr``, ``lr_schedule``, ``eps``, ``weight_decay``) as
@@ -54,7 +54,8 @@ class EmbeddingOptimizerConfig:
     its gradient is not all zeros (the rows the batch looked up), as the fused backends step the
     rows they looked up; unlike them, ``train.grad_clip`` covers the tables too. Needs a dense
     sharding that declares the ``table_optimizer`` capability and the tables left to the dense
-    strategy (``--embedding-sharding replicated``)."""
+    strategy (``--embedding-sharding replicated``); ``auto``: ``same`` where those hold, else
+    ``adamw`` (DeepSpeed, TorchRec's sharded tables), logged at start-up."""
 
     def __attrs_post_init__(self) -> None:
         if self.name == "sgd" and self.weight_decay:

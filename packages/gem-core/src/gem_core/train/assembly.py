@@ -32,7 +32,7 @@ from gem_core.train.evaluate import check_validation_parts
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
-from gem_core.train.table_optimizer import check_table_optimizer
+from gem_core.train.table_optimizer import resolve_table_optimizer
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
@@ -84,10 +84,11 @@ class RunAssembly:
         check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
                               embedding_sharding=self.backends.embedding_sharding.spec,
                               world_size=ctx.world_size)
-        check_table_optimizer(config.model.embedding_optimizer,
-                              embedding=self.backends.embedding.spec,
-                              embedding_sharding=self.backends.embedding_sharding.spec,
-                              dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
+        # dense_tables = "auto" decided for these backends; "same" refused where it cannot be.
+        self.table_optimizer = resolve_table_optimizer(
+            config.model.embedding_optimizer, embedding=self.backends.embedding.spec,
+            embedding_sharding=self.backends.embedding_sharding.spec,
+            dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
         self.model = build_run_model(self.backends, config.model, self.schema)
         window = config.model.window or None
         self.stream_args = dict(
@@ -101,7 +102,7 @@ class RunAssembly:
             embedding_sharding=self.backends.embedding_sharding,
             activation_checkpointing=self.backends.activation_checkpointing,
             dense_sharding=self.backends.dense_sharding,
-            make_optimizer=make_optimizer(self.tc, config.model.embedding_optimizer,
+            make_optimizer=make_optimizer(self.tc, self.table_optimizer,
                                           feature_tables=self.model.embeddings),
             config=config,
         )
@@ -123,9 +124,11 @@ class RunAssembly:
         scale = self.tc.embedding_lr_scale
         if scale == 1.0:
             return
-        chosen = self.config.model.embedding_optimizer
+        chosen = self.table_optimizer
         embedding = self.backends.embedding.spec
         if chosen.dense_tables == "same" and FUSED_OPTIMIZER not in embedding.capabilities:
+            if self.config.model.embedding_optimizer.dense_tables == "auto":
+                return  # the start-up log has said what the tables train with
             log.warning("train.embedding_lr_scale = %g applies to none of this run's feature "
                         "tables: [model.embedding_optimizer] dense_tables = 'same' steps them with "
                         "%s at lr %g, not AdamW at train.lr x %g", scale, chosen.name, chosen.lr,

@@ -16,13 +16,15 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
                    feature_tables: nn.Module | None = None):
     """An optimizer factory for strategies: AdamW, weight decay on dense matrices only, embedding
     weights (``nn.Embedding``/``nn.EmbeddingBag``) at ``train.embedding_lr_scale``. With
-    ``tables.dense_tables = "same"``, the weights of ``feature_tables`` (the model's
+    ``tables.dense_tables = "same"`` (or ``auto``), the weights of ``feature_tables`` (the model's
     ``embeddings``, the feature tables of ``[model.embedding_optimizer]``; the model's other
     embeddings, such as the age and position buckets, stay with AdamW) are stepped row-wise by
     ``tables`` instead (:mod:`gem_core.train.table_optimizer`). Strategies call the factory after
     wrapping, so modules are matched by identity: wrapping (DDP, FSDP2, compile) keeps the module
-    objects while FSDP2 replaces their parameters."""
-    row_wise = tables is not None and tables.dense_tables == "same"
+    objects while FSDP2 replaces their parameters. The trainer resolves ``dense_tables = "auto"``
+    for its backends at start-up (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`);
+    a caller that steps the model itself in one process (the benchmarks) gets ``same`` for it."""
+    row_wise = tables is not None and tables.dense_tables in ("same", "auto")
     if row_wise and feature_tables is None:
         raise ValueError("make_optimizer: dense_tables = 'same' needs the feature tables' module")
 

@@ -25,8 +25,10 @@ same update and FSDP2's shards of a table update their own rows.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 from torch import Tensor, nn
 
@@ -40,7 +42,9 @@ if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
 
-__all__ = ["AdamWWithTables", "check_table_optimizer", "table_group"]
+__all__ = ["AdamWWithTables", "resolve_table_optimizer", "table_group"]
+
+log = logging.getLogger(__name__)
 
 MOMENTUM = "momentum1"
 """The state key of row-wise Adagrad's per-row sum (FBGEMM's name)."""
@@ -135,26 +139,37 @@ class AdamWWithTables(torch.optim.AdamW):
             rowwise_update(_local(param), momentum, rows, row_grads, options=options, lr=lr)
 
 
-def check_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,
-                          embedding_sharding: ImplementationSpec,
-                          dense_sharding: ImplementationSpec, plugins: GemPlugins) -> None:
-    """At start-up, with ``dense_tables = "same"`` and tables that are parameters (an embedding
-    backend without :data:`FUSED_OPTIMIZER`): refuse a dense sharding that does not declare
-    :data:`TABLE_OPTIMIZER`, and an embedding sharding that replaces the tables with its own
-    (their optimizer would be ``[parallel.embedding]``'s, and this section would change
-    nothing)."""
-    if options.dense_tables != "same" or FUSED_OPTIMIZER in embedding.capabilities:
-        return
+def resolve_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,
+                            embedding_sharding: ImplementationSpec,
+                            dense_sharding: ImplementationSpec,
+                            plugins: GemPlugins) -> EmbeddingOptimizerConfig:
+    """At start-up: ``options`` with ``dense_tables`` decided for this run's backends, or a
+    refusal. Tables that are parameters (an embedding backend without :data:`FUSED_OPTIMIZER`)
+    can be stepped row-wise when the dense sharding declares :data:`TABLE_OPTIMIZER` and no
+    embedding sharding replaced them with its own (their optimizer would be
+    ``[parallel.embedding]``'s). ``same`` where they cannot is refused; ``auto`` becomes ``same``
+    where they can and ``adamw`` where not, and the log says which and why."""
+    if options.dense_tables == "adamw" or FUSED_OPTIMIZER in embedding.capabilities:
+        return options
+    blocker = None
     if TABLE_OPTIMIZER not in dense_sharding.capabilities:
         able = declared_by(plugins.registry("dense_sharding").specs(), TABLE_OPTIMIZER)
+        blocker = (f"the dense sharding {dense_sharding.name!r} does not declare "
+                   f"{TABLE_OPTIMIZER} (it flattens parameters into partitions of its own; "
+                   f"those that step the tables' rows as the module holds them: {able})")
+    elif embedding_sharding.name != SINGLE_PROCESS_EMBEDDING_SHARDING:
+        blocker = (f"the embedding sharding {embedding_sharding.name!r} replaces the tables "
+                   f"with its own tables and optimizer ([parallel.embedding] optimizer and lr; "
+                   f"--embedding-sharding {SINGLE_PROCESS_EMBEDDING_SHARDING} leaves them)")
+    if options.dense_tables == "same" and blocker:
         raise GemConfigError(
-            f"model.embedding_optimizer.dense_tables = 'same' needs a dense sharding that steps "
-            f"the tables' rows as the module holds them ({TABLE_OPTIMIZER}: {able}); "
-            f"{dense_sharding.name!r} does not declare it (DeepSpeed flattens parameters into "
-            f"partitions of its own); use one of those or dense_tables = 'adamw'")
-    if embedding_sharding.name != SINGLE_PROCESS_EMBEDDING_SHARDING:
-        raise GemConfigError(
-            f"model.embedding_optimizer.dense_tables = 'same' applies to tables the dense "
-            f"strategy holds; the embedding sharding {embedding_sharding.name!r} replaces them "
-            f"with its own tables and optimizer ([parallel.embedding] optimizer and lr); use "
-            f"--embedding-sharding {SINGLE_PROCESS_EMBEDDING_SHARDING} or dense_tables = 'adamw'")
+            f"model.embedding_optimizer.dense_tables = 'same' cannot step the feature tables "
+            f"row-wise: {blocker}; choose another or dense_tables = 'adamw' (or 'auto')")
+    if options.dense_tables == "auto":
+        resolved = "adamw" if blocker else "same"
+        log.info("model.embedding_optimizer.dense_tables = auto: %s", (
+            f"adamw, because {blocker}" if blocker else
+            f"same: the feature tables train with {options.name} at lr {options.lr:g} "
+            f"({options.lr_schedule}) in the dense step"))
+        options = attrs.evolve(options, dense_tables=resolved)
+    return options
