@@ -49,10 +49,13 @@ def test_the_scale_must_be_positive():
         TrainConfig(embedding_lr_scale=0.0)
 
 
-def test_a_run_whose_tables_train_under_adamw_says_nothing_about_the_scale(tmp_path, caplog):
+@pytest.mark.parametrize("dense_tables", ["adamw", "auto"])
+def test_a_run_whose_tables_train_under_adamw_says_nothing_about_the_scale(tmp_path, caplog,
+                                                                           dense_tables):
     """The start-up warning of :mod:`gem_core.train.assembly` is for runs whose tables have an
-    optimizer of their own (tested with ``fbgemm-tbe`` in gem-kernels); the reference tables
-    take the scale, so nothing is said."""
+    optimizer of their own (tested with ``fbgemm-tbe`` in gem-kernels, and below with
+    ``dense_tables = "same"``): the reference tables under AdamW take the scale, and with
+    ``auto`` the start-up log has already said what they train with."""
     from gem_core.config import load_config
     from gem_core.plugins import build_plugins
     from gem_core.train.trainer import train
@@ -60,8 +63,23 @@ def test_a_run_whose_tables_train_under_adamw_says_nothing_about_the_scale(tmp_p
     config = load_config(preset="tiny", overrides=[
         "train.steps=1", "train.batch_size=8", "data.eval_rows=16", "train.eval_every=0",
         "train.checkpoint_every=0", "data.max_seq_len=8", "model.interaction_dims=[16]",
-        "model.num_layers=1"])
+        "model.num_layers=1", f"model.embedding_optimizer.dense_tables={dense_tables}"])
     assert config.train.embedding_lr_scale != 1.0
     with caplog.at_level("WARNING", logger="gem_core.train.assembly"):
         train(config, build_plugins(), tmp_path / "run", progress=False)
-    assert "embedding_lr_scale" not in caplog.text
+    assert "applies to none of this run's feature tables" not in caplog.text
+
+
+def test_a_run_whose_tables_train_row_wise_says_the_scale_misses_them(tmp_path, caplog):
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+    from gem_core.train.trainer import train
+
+    config = load_config(preset="tiny", overrides=[
+        "train.steps=1", "train.batch_size=8", "data.eval_rows=16", "train.eval_every=0",
+        "train.checkpoint_every=0", "data.max_seq_len=8", "model.interaction_dims=[16]",
+        "model.num_layers=1", "model.embedding_optimizer.dense_tables=same"])
+    with caplog.at_level("WARNING", logger="gem_core.train.assembly"):
+        train(config, build_plugins(), tmp_path / "run", progress=False)
+    assert "embedding_lr_scale = 5 applies to none of this run's feature tables" in caplog.text
+    assert "dense_tables = 'same' steps them with rowwise_adagrad at lr 0.1" in caplog.text
