@@ -78,7 +78,8 @@ def test_a_run_whose_tables_train_row_wise_says_the_scale_misses_them(tmp_path, 
     config = load_config(preset="tiny", overrides=[
         "train.steps=1", "train.batch_size=8", "data.eval_rows=16", "train.eval_every=0",
         "train.checkpoint_every=0", "data.max_seq_len=8", "model.interaction_dims=[16]",
-        "model.num_layers=1", "model.embedding_optimizer.dense_tables=same"])
+        "model.num_layers=1", "model.embedding_optimizer.dense_tables=same",
+        "model.embedding_optimizer.lr=0.1"])
     with caplog.at_level("WARNING", logger="gem_core.train.assembly"):
         train(config, build_plugins(), tmp_path / "run", progress=False)
     assert "embedding_lr_scale = 5 applies to none of this run's feature tables" in caplog.text

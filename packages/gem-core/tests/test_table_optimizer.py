@@ -224,8 +224,7 @@ def test_start_up_decides_auto_and_refuses_same_where_the_rows_cannot_be_stepped
     assert resolve("same", "deepspeed-zero1", torchrec, fused) == "same"
 
 
-def test_the_section_on_a_backend_without_the_fused_optimizer_without_dense_tables_is_inert(
-        caplog):
+def test_the_section_on_a_backend_without_the_fused_optimizer_needs_dense_tables_same():
     from gem_core.embedding import check_fused_optimizer
 
     def check(**fields):
@@ -235,14 +234,10 @@ def test_the_section_on_a_backend_without_the_fused_optimizer_without_dense_tabl
                               embedding_sharding=_spec("embedding_sharding", "replicated"),
                               world_size=2)
 
-    with caplog.at_level("WARNING", logger="gem_core.embedding"):
-        check(lr=0.1, dense_tables="same")  # on 2 ranks: the dense step is after the all-reduce
-        check(lr=0.1, dense_tables="auto")
-        check(lr=0.02, dense_tables="adamw")  # the section's defaults: nothing to say
-        assert caplog.text == ""
-        check(lr=0.1, dense_tables="adamw")
-    assert ("[model.embedding_optimizer] (rowwise_adagrad, lr 0.1) applies to no table of this "
-            "run: with dense_tables = 'adamw' the embedding backend 'reference'") in caplog.text
+    with pytest.raises(GemConfigError, match="dense_tables = 'same'"):
+        check(lr=0.1)
+    check(lr=0.1, dense_tables="same")  # on 2 ranks: the dense step is after the all-reduce
+    check(lr=0.1, dense_tables="auto")
     with pytest.raises(ValueError, match="dense_tables"):
         check(dense_tables="rows")
 

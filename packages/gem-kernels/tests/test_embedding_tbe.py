@@ -207,8 +207,9 @@ def test_start_up_checks_name_the_problem():
     tuned = attrs.evolve(default, embedding_optimizer=EmbeddingOptimizerConfig(name="sgd"))
     check_fused_optimizer(tuned, embedding=fused, embedding_sharding=replicated, world_size=1)
     check_fused_optimizer(default, embedding=plain, embedding_sharding=torchrec, world_size=4)
-    check_fused_optimizer(tuned, embedding=plain, embedding_sharding=replicated,
-                          world_size=1)  # inert there: warned of, not refused (gem-core's tests)
+    with pytest.raises(GemConfigError, match="embedding backend 'reference' trains its tables"):
+        check_fused_optimizer(tuned, embedding=plain, embedding_sharding=replicated,
+                              world_size=1)
     with pytest.raises(GemConfigError, match="on 2 ranks the replicas would drift apart"):
         check_fused_optimizer(default, embedding=fused, embedding_sharding=replicated,
                               world_size=2)
@@ -241,7 +242,7 @@ def test_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, caplog):
     assert config.train.embedding_lr_scale != 1.0
     assert ("train.embedding_lr_scale = 5 applies to none of this run's feature tables: the "
             "embedding backend 'fbgemm-tbe' trains them with [model.embedding_optimizer] "
-            "(rowwise_adagrad, lr 0.1)") in caplog.text
+            "(rowwise_adagrad, lr 0.02)") in caplog.text
     # The interrupted run saves in the background (the fused state is staged to CPU too).
     background = load_config(preset="tiny", overrides=RUN + ["train.async_checkpoint=true"])
     train(background, plugins, parts, progress=False, until_step=2)

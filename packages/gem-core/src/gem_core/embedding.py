@@ -6,10 +6,8 @@ from here too."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-import attrs
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -26,8 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddingTableConfig", "ReferenceEmbeddingBackend", "ReferenceEmbeddingCollection",
            "check_fused_optimizer", "check_ids"]
 
-log = logging.getLogger(__name__)
-
 SINGLE_PROCESS_EMBEDDING_SHARDING = "replicated"
 """The embedding sharding that leaves ``model.embeddings`` as its backend built it (one rank)."""
 
@@ -35,22 +31,22 @@ SINGLE_PROCESS_EMBEDDING_SHARDING = "replicated"
 
 def check_fused_optimizer(config: ModelConfig, *, embedding: ImplementationSpec,
                           embedding_sharding: ImplementationSpec, world_size: int) -> None:
-    """At start-up: warn of a ``[model.embedding_optimizer]`` that no table of the run would use,
-    and refuse a backend with the :data:`FUSED_OPTIMIZER` capability where its in-backward updates
+    """At start-up: refuse a ``[model.embedding_optimizer]`` that the embedding backend would not
+    use, and a backend with the :data:`FUSED_OPTIMIZER` capability where its in-backward updates
     would go wrong: on several ranks each replica would apply only its own rank's gradients (the
     copies drift apart), and another embedding sharding would replace the module with its own
     tables and optimizer."""
     fused = FUSED_OPTIMIZER in embedding.capabilities
     chosen = config.embedding_optimizer
     if (not fused and chosen.dense_tables == "adamw"
-            and attrs.evolve(chosen, dense_tables="adamw") != EmbeddingOptimizerConfig()):
-        # Not refused: a preset may tune the section for the runs where it applies ("auto").
-        log.warning(
-            "[model.embedding_optimizer] (%s, lr %g) applies to no table of this run: with "
-            "dense_tables = 'adamw' the embedding backend %r trains its tables with the dense "
-            "AdamW at train.lr x train.embedding_lr_scale; set dense_tables = 'same' (or 'auto') "
-            "for it in the dense step, or use an embedding backend that declares %s (%s)",
-            chosen.name, chosen.lr, embedding.name, FUSED_OPTIMIZER, WHO_DECLARES)
+            and chosen != EmbeddingOptimizerConfig()):
+        raise GemConfigError(
+            f"model.embedding_optimizer is set, but the embedding backend {embedding.name!r} "
+            f"trains its tables with the dense optimizer (AdamW at train.lr); set "
+            f"model.embedding_optimizer.dense_tables = 'same' (or 'auto') for this optimizer in "
+            f"the dense step, use an embedding backend that declares {FUSED_OPTIMIZER} "
+            f"({WHO_DECLARES}; --set backends.embedding=NAME) or leave "
+            "[model.embedding_optimizer] at its defaults")
     if not fused:
         return
     if world_size > 1:

@@ -21,8 +21,8 @@ class EmbeddingOptimizerConfig:
     ``train.lr x train.embedding_lr_scale``, unless ``dense_tables = "same"`` gives them this
     optimizer too, stepped with the dense optimizer after the dense strategy has reduced the
     gradients, so on any number of ranks (:mod:`gem_core.train.table_optimizer`). With
-    ``dense_tables = "adamw"`` and such a backend the section applies to no table, and a run
-    that changes it says so at start-up."""
+    ``dense_tables = "adamw"`` and such a backend, a run that changes this section is refused at
+    start-up: it would change nothing."""
 
     name: str = attrs.field(default="rowwise_adagrad", validator=choice("rowwise_adagrad", "sgd"))
     """``rowwise_adagrad`` (one sum of squared gradients per row, the usual choice for sparse
