@@ -2,10 +2,11 @@
 group of the dense optimizer (``[model.embedding_optimizer] dense_tables = "same"``).
 
 Why: the fused backends (``fbgemm-tbe``, ``reference-fused``) update the rows a batch looked up
-inside the backward, with each rank's own gradients, so they run in one process only. Measured on
-MovieLens-100k (docs/results.md), row-wise Adagrad is what the attention presets' tables want:
-one accumulated squared gradient per row gives a row seen in few batches a large step and a
-frequent row a small one, where AdamW's one rate fits neither. Here the same update (the one
+inside the backward, with each rank's own gradients, so they run in one process only. Row-wise
+Adagrad (one accumulated squared gradient per row: a row seen in few batches takes large steps, a
+frequent one small steps) is the usual optimizer of sparse tables; on MovieLens-100k it beats
+AdamW for the attention presets' tables, on `order` over 3000 steps it loses (docs/results.md),
+so the presets keep AdamW and this is a choice. Here the same update (the one
 function :func:`gem_core.embedding_fused.rowwise_update`) runs in the optimizer step instead, after
 DDP has all-reduced or FSDP2 has reduce-scattered the gradients, so every replica applies the
 same update and FSDP2's shards of a table update their own rows.
