@@ -233,6 +233,27 @@ def test_sgd_step_is_minus_the_reference_gradient():
                                    rtol=1e-6, atol=1e-7, msg=name)
 
 
+@pytest.mark.parametrize("which", sorted(OPTIMIZERS))
+def test_distinct_rows_skip_the_summing_and_step_the_same(which):
+    """``unique=True`` (a dense gradient's nonzero rows, the dense step's path) steps exactly as
+    the summing path does on the same distinct rows, in any order."""
+    from gem_core.embedding_fused import rowwise_update
+
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(9, DIM, dtype=torch.float64, generator=generator)
+    momentum = torch.rand(9, dtype=torch.float64, generator=generator)
+    ids = torch.tensor([7, 0, 3, 5])
+    grads = torch.randn(4, DIM, dtype=torch.float64, generator=generator)
+    summed, fast = (weight.clone(), momentum.clone()), (weight.clone(), momentum.clone())
+    rowwise_update(*summed, ids, grads, options=OPTIMIZERS[which], lr=0.05)
+    rowwise_update(*fast, ids, grads, options=OPTIMIZERS[which], lr=0.05, unique=True)
+    assert not torch.equal(summed[0], weight)
+    torch.testing.assert_close(fast[0], summed[0], rtol=0, atol=1e-15)
+    torch.testing.assert_close(fast[1], summed[1], rtol=0, atol=1e-15)
+    untouched = torch.tensor([1, 2, 4, 6, 8])
+    assert torch.equal(fast[0][untouched], weight[untouched])
+
+
 def test_out_of_range_ids_and_managed_tables_are_refused():
     fused, reference = _pair()
     features = _features()

@@ -273,8 +273,13 @@ def test_a_run_equals_the_fused_backend_and_resumes_exactly(tmp_path):
     theirs = read_checkpoint(tmp_path / "fused" / last)["engine"]
     tables = [k for k in theirs["model"] if k.startswith("embeddings.tables.")]
     assert tables
-    for key in tables:  # same names, same values: weights and the per-row state
-        torch.testing.assert_close(mine["model"][key], theirs["model"][key], rtol=0, atol=1e-6)
+    # Same names, same values: weights and the per-row state. The two sum a row's gradient in
+    # different orders (autograd's embedding backward against the fused backward's index_add),
+    # and row-wise Adagrad turns a float32 relative error of a rarely-seen row's gradient into
+    # about lr x that error in the row: 1.3e-6 measured on one element of 64,000 with one
+    # thread, under 1e-6 with two; 1e-5 leaves room for other thread counts.
+    for key in tables:
+        torch.testing.assert_close(mine["model"][key], theirs["model"][key], rtol=0, atol=1e-5)
         torch.testing.assert_close(mine["optimizer"]["state"][key]["momentum1"],
                                    theirs["optimizer"]["state"][key]["momentum1"],
                                    rtol=1e-5, atol=1e-9)

@@ -66,16 +66,21 @@ TABLE_DTYPES = (torch.float32, torch.float64)
 
 
 def rowwise_update(weight: Tensor, momentum: Tensor | None, ids: Tensor, grads: Tensor, *,
-                   options: EmbeddingOptimizerConfig, lr: float) -> None:
+                   options: EmbeddingOptimizerConfig, lr: float, unique: bool = False) -> None:
     """One fused step of ``options`` on ``weight`` (and ``momentum``, row-wise Adagrad's state),
     in place: ``grads[i]`` is the gradient of the row ``ids[i]``; duplicate ids are summed first
-    and the rows not in ``ids`` are left as they are."""
+    and the rows not in ``ids`` are left as they are. ``unique=True`` says the caller's ids are
+    already distinct (a dense gradient's nonzero rows), so the summing is skipped."""
     if ids.numel() == 0:
         return
     with torch.no_grad():
-        rows, inverse = torch.unique(ids, return_inverse=True)
-        grad = torch.zeros(rows.numel(), weight.shape[1], dtype=weight.dtype,
-                           device=weight.device).index_add_(0, inverse, grads.to(weight.dtype))
+        if unique:
+            rows, grad = ids, grads.to(weight.dtype)
+        else:
+            rows, inverse = torch.unique(ids, return_inverse=True)
+            grad = torch.zeros(rows.numel(), weight.shape[1], dtype=weight.dtype,
+                               device=weight.device).index_add_(0, inverse,
+                                                                grads.to(weight.dtype))
         old = weight.index_select(0, rows)
         if options.name == "sgd":
             weight.index_copy_(0, rows, old - lr * grad)

@@ -130,6 +130,7 @@ class AdamWWithTables(torch.optim.AdamW):
                     state[MOMENTUM] = _new_momentum(param)
             state["step"] += 1
             grad = _local(param.grad)
+            # Both ways give distinct rows: coalesce() sums a sparse gradient's duplicates.
             if grad.is_sparse:
                 grad = grad.coalesce()
                 rows, row_grads = grad.indices()[0], grad.values()
@@ -137,7 +138,8 @@ class AdamWWithTables(torch.optim.AdamW):
                 rows = grad.ne(0).any(dim=1).nonzero().squeeze(1)
                 row_grads = grad.index_select(0, rows)
             momentum = _local(state[MOMENTUM]) if MOMENTUM in state else None
-            rowwise_update(_local(param), momentum, rows, row_grads, options=options, lr=lr)
+            rowwise_update(_local(param), momentum, rows, row_grads, options=options, lr=lr,
+                           unique=True)
 
 
 def resolve_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,
