@@ -201,7 +201,7 @@ def test_start_up_decides_auto_and_refuses_same_where_the_rows_cannot_be_stepped
                                        dense_sharding=_spec("dense_sharding", dense),
                                        plugins=plugins).dense_tables
 
-    for name in ("none", "ddp", "fsdp2", "hsdp"):
+    for name in ("none", "ddp", "fsdp2", "hsdp", "ep"):
         assert resolve("same", name) == "same"
         with caplog.at_level("INFO", logger="gem_core.train.table_optimizer"):
             assert resolve("auto", name) == "same"
@@ -210,7 +210,7 @@ def test_start_up_decides_auto_and_refuses_same_where_the_rows_cannot_be_stepped
     assert resolve("adamw") == "adamw"
     with pytest.raises(GemConfigError, match="'deepspeed-zero1' does not declare") as refused:
         resolve("same", "deepspeed-zero1")
-    assert "ddp, fsdp2, hsdp, none" in str(refused.value)
+    assert "ddp, ep, fsdp2, hsdp, none" in str(refused.value)
     caplog.clear()
     with caplog.at_level("INFO", logger="gem_core.train.table_optimizer"):
         assert resolve("auto", "deepspeed-zero3") == "adamw"

@@ -78,6 +78,10 @@ NO_DROP_SETS = ["model.moe.capacity_factor=0", "model.moe.aux_loss_weight=0"]
 NO_DROP = [arg for key in NO_DROP_SETS for arg in ("--set", key)]
 EXPERT_FSDP = ["parallel.dense.ep_size=1", "parallel.dense.expert_fsdp=true"]
 EP_SIZE_2 = ["parallel.dense.ep_size=2"]
+# The feature tables stepped row-wise in the dense step (gem_core.train.table_optimizer): on ep
+# they are FSDP2 shards and their per-row state goes through ep's per-rank checkpoint.
+ROW_WISE_TABLES = [*NO_DROP_SETS, "model.embedding_optimizer.dense_tables=same",
+                   "model.embedding_optimizer.lr=0.1"]
 
 
 def _train_in_sequence(tmp: Path, ranks: int,
@@ -105,13 +109,16 @@ def _assert_resumed_at_step_3(stderr: str, run_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[Path, str]:
     """One launch of 2 ranks: ``ddp`` (the reference), ``ep`` stopped at step 3 and resumed,
-    the same with ``ep_size`` 1 and expert_fsdp; all without drops. (directory, stderr)."""
+    the same with ``ep_size`` 1 and expert_fsdp, and ``ddp`` and ``ep`` (stopped and resumed)
+    with row-wise tables; all without drops. (directory, stderr)."""
     tmp = tmp_path_factory.mktemp("two_ranks")
     stderr = _train_in_sequence(tmp, 2, [
         ("ddp", "ddp", NO_DROP_SETS, None),
         ("ep", "ep", NO_DROP_SETS, 3), ("ep", "ep", NO_DROP_SETS, None),
         ("ep_fsdp", "ep", [*NO_DROP_SETS, *EXPERT_FSDP], 3),
-        ("ep_fsdp", "ep", [*NO_DROP_SETS, *EXPERT_FSDP], None)])
+        ("ep_fsdp", "ep", [*NO_DROP_SETS, *EXPERT_FSDP], None),
+        ("ddp_rows", "ddp", ROW_WISE_TABLES, None),
+        ("ep_rows", "ep", ROW_WISE_TABLES, 3), ("ep_rows", "ep", ROW_WISE_TABLES, None)])
     return tmp, stderr
 
 
@@ -166,6 +173,27 @@ def test_ep_with_experts_fsdp_sharded_over_their_copies_trains_and_resumes(two_r
     ep = tmp / "ep_fsdp"
     _assert_resumed_at_step_3(stderr, ep)
     _assert_same_training(ep, ddp_no_drop)
+
+
+@pytest.mark.distributed
+def test_ep_steps_row_wise_tables_and_resumes_their_state(two_ranks, ddp_no_drop):
+    """``dense_tables = "same"`` on ``ep``: the tables' row-wise Adagrad runs on their FSDP2
+    shards; the per-row state, saved per rank, is loaded back as a DTensor of one value per row
+    (stopped at step 3 and resumed) and the run follows ``ddp``'s with the same tables."""
+    from gem_core.checkpoint.checkpointer import read_checkpoint
+
+    tmp, stderr = two_ranks
+    ep, ddp = tmp / "ep_rows", tmp / "ddp_rows"
+    _assert_resumed_at_step_3(stderr, ep)
+    _assert_same_training(ep, ddp)
+    # The tables' optimizer changed the trajectory: this is not AdamW's run again.
+    assert [r["loss"] for r in _records(ep)][1:] != \
+        pytest.approx([r["loss"] for r in _records(ddp_no_drop)][1:], rel=1e-3)
+    last = sorted((ep / "checkpoints").glob("step-*"))[-1]
+    per_rank = read_checkpoint(last)["engine"]["optimizer"]["per_rank"]
+    momenta = [value["momentum1"] for rank in per_rank for value in rank["state"].values()
+               if "momentum1" in value]
+    assert momenta and all(m.dim() == 1 and m.abs().sum() > 0 for m in momenta)
 
 
 def test_ep_refuses_models_without_moe_and_uneven_experts():

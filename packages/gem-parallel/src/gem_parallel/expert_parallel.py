@@ -460,7 +460,10 @@ class ExpertParallelEngine(Engine):
             param = params[index]
             for key, value in entry.items():
                 if isinstance(param, DTensor) and torch.is_tensor(value) and value.dim():
+                    # AdamW's moments have the parameter's shape; row-wise tables' momentum1
+                    # (gem_core.train.table_optimizer) one value per row, sharded like the rows.
+                    shape, stride = ((param.shape, param.stride()) if value.dim() == param.dim()
+                                     else (torch.Size([param.shape[0]]), (1,)))
                     entry[key] = DTensor.from_local(value.to(param.device), param.device_mesh,
-                                                    param.placements, shape=param.shape,
-                                                    stride=param.stride())
+                                                    param.placements, shape=shape, stride=stride)
         self.optimizer.load_state_dict(saved)

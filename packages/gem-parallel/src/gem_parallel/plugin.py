@@ -104,6 +104,7 @@ def gem_register_dense_sharding(register) -> None:
     register(ImplementationSpec(
         name="ep", load=_expert_parallel,
         options=lazy("gem_parallel.expert_parallel", "EpOptions"),
+        capabilities=(TABLE_OPTIMIZER,),
         description="expert parallelism: MoE experts spread over an ep mesh dimension with "
                     "all-to-all dispatch; other parameters FSDP2-sharded",
     ))
