@@ -47,6 +47,38 @@ def test_torchrec_spreads_tables_and_replicated_does_not(tiny, plugins):
     assert replicated["memory_bytes_per_rank"]["embedding_grads"] == emb * 4
 
 
+def test_replicated_tables_are_planned_with_the_optimizer_that_trains_them(plugins):
+    """AdamW keeps two moments per parameter; row-wise Adagrad one float per row, in the dense
+    step (``dense_tables``) or fused into the backward (no gradients kept); SGD none. ``auto``
+    and refusals follow the trainer's start-up rules for the layout."""
+    from gem_core.errors import GemConfigError
+
+    def memory(dense="fsdp2", gpus=4, **tables):
+        backend = tables.pop("embedding", "auto")
+        sets = [*TINY, f"backends.embedding={backend}",
+                *(f"model.embedding_optimizer.{k}={v}" for k, v in tables.items())]
+        result = plan(load_config(preset="tiny", overrides=sets),
+                      Layout(gpus=gpus, gpu_memory_gib=1, dense=dense, embedding="replicated"),
+                      plugins)
+        rows = sum(t["num_embeddings"] for t in result["tables"].values())
+        return result["memory_bytes_per_rank"], result["parameters"]["embedding"], rows, result
+
+    adamw, emb, rows, _ = memory()
+    assert adamw["embedding_optimizer"] == emb * 8 and adamw["embedding_grads"] == emb * 4
+    row_wise, _, _, result = memory(dense_tables="same", lr=0.1)
+    assert row_wise["embedding_optimizer"] == rows * 4 < emb * 8
+    assert row_wise["embedding_grads"] == emb * 4 and row_wise["embedding_params"] == emb * 4
+    name, table = next(iter(result["tables"].items()))
+    assert table["bytes_per_rank"] == table["parameters"] * 8 + table["num_embeddings"] * 4
+    assert memory(dense_tables="same", name="sgd")[0]["embedding_optimizer"] == 0
+    # DeepSpeed flattens the tables into its partitions: auto keeps AdamW, same is refused.
+    assert memory("deepspeed-zero1", dense_tables="auto")[0]["embedding_optimizer"] == emb * 8
+    with pytest.raises(GemConfigError, match="does not declare table_optimizer"):
+        memory("deepspeed-zero1", dense_tables="same")
+    fused = memory("none", gpus=1, embedding="reference-fused")[0]
+    assert fused["embedding_grads"] == 0 and fused["embedding_optimizer"] == rows * 4
+
+
 def test_ep_keeps_a_share_of_the_experts_and_counts_their_traffic(plugins):
     """``ep`` on 4 GPUs in groups of 2: the experts are split over a group (halves) and all-
     reduced over the 2 copies; with ``expert_fsdp`` every rank keeps a quarter and the copies

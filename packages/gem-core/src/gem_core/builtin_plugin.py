@@ -130,15 +130,16 @@ class _Replicated(EmbeddingSharding):
         return model
 
     def plan_estimate(self, facts, options):
-        """Every rank holds every table with its gradients and AdamW moments; the gradients
-        are all-reduced as dense ones."""
-        from gem_core.plan_estimate import Estimate, adam_memory
+        """Every rank holds every table with its gradients and optimizer state (AdamW's
+        moments, or one float per row under row-wise Adagrad: ``facts.table_optimizer``); the
+        gradients are all-reduced as dense ones."""
+        from gem_core.plan_estimate import Estimate, table_memory, table_state_bytes
         n, embedding = facts.world_size, facts.embedding_parameters
-        tables = {t.name: {"bytes_per_rank": t.parameters * 4 * 2 + t.parameters * 8,
+        tables = {t.name: {"bytes_per_rank": table_state_bytes(facts, t),
                            "comm_bytes_per_rank_per_step":
                                int(2 * (n - 1) / n * t.parameters * 4) if n > 1 else 0}
                   for t in facts.tables}
-        return Estimate(memory=adam_memory("embedding", embedding),
+        return Estimate(memory=table_memory(facts),
                         communication={"embedding": 2 * (n - 1) / n * embedding * 4
                                        if n > 1 else 0},
                         tables=tables)

@@ -8,7 +8,8 @@ which answers with its own :class:`Estimate` from ``plan_estimate(facts, options
 strategy without one is named in the plan, never guessed.
 
 Conventions the built-in strategies share (and the helpers below implement): parameters,
-gradients and optimizer state in float32 with AdamW's two moments; bytes sent by one rank per
+gradients and optimizer state in float32 with AdamW's two moments (tables that stay parameters:
+with the optimizer ``PlanFacts.table_optimizer`` names); bytes sent by one rank per
 step with ring collectives, ``(n - 1) / n`` of the buffer per reduce-scatter or all-gather and
 twice that per all-reduce.
 """
@@ -29,6 +30,10 @@ MEMORY_CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)
 FP32_BYTES = 4
 ADAM_STATE_BYTES = 8
 """AdamW's two float32 moments per parameter."""
+
+TABLE_STATE_BYTES = {"adamw": None, "rowwise_adagrad": FP32_BYTES, "sgd": 0}
+"""Optimizer state per table row by table optimizer (``adamw``: per parameter, as
+:data:`ADAM_STATE_BYTES`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -100,6 +105,17 @@ class PlanFacts:
     activation_element_bytes: int = 4
     """Bytes per activation element of the run (2 under a bf16 recipe)."""
 
+    table_optimizer: str = attrs.field(default="adamw",
+                                       validator=attrs.validators.in_(TABLE_STATE_BYTES))
+    """How the tables train where they stay parameters of the model (``replicated``):
+    ``adamw`` (the dense AdamW, two moments per parameter) or the row-wise optimizer of
+    ``[model.embedding_optimizer]`` (``rowwise_adagrad``: one float per row; ``sgd``: none),
+    in the dense step (``dense_tables = "same"``) or fused into the backward."""
+
+    table_gradients: bool = True
+    """Whether those tables keep a gradient tensor (a fused backward updates the rows it looked
+    up and keeps none)."""
+
     @property
     def expert_parameters(self) -> int:
         return sum(layer.expert_parameters for layer in self.moe_layers)
@@ -160,6 +176,29 @@ def adam_memory(prefix: str, parameters: float, *, params_over: int = 1, grads_o
             f"{prefix}_grads": MemoryRow(GRADIENTS, parameters * FP32_BYTES / grads_over),
             f"{prefix}_optimizer": MemoryRow(OPTIMIZER_STATE,
                                              parameters * ADAM_STATE_BYTES / optimizer_over)}
+
+
+def table_memory(facts: PlanFacts) -> dict[str, MemoryRow]:
+    """``embedding_params``, ``_grads`` and ``_optimizer`` rows for every table held whole on
+    each rank, trained as ``facts.table_optimizer`` says."""
+    parameters = facts.embedding_parameters
+    if facts.table_optimizer == "adamw":
+        return adam_memory("embedding", parameters)
+    rows = sum(table.num_embeddings for table in facts.tables)
+    grads = parameters * FP32_BYTES if facts.table_gradients else 0
+    return {"embedding_params": MemoryRow(PARAMETERS, parameters * FP32_BYTES),
+            "embedding_grads": MemoryRow(GRADIENTS, grads),
+            "embedding_optimizer": MemoryRow(
+                OPTIMIZER_STATE, rows * TABLE_STATE_BYTES[facts.table_optimizer])}
+
+
+def table_state_bytes(facts: PlanFacts, table: TableFacts) -> int:
+    """Bytes of ``table``'s parameters, gradients and optimizer state held whole on a rank."""
+    grads = table.parameters * FP32_BYTES if facts.table_gradients else 0
+    if facts.table_optimizer == "adamw":
+        return table.parameters * (FP32_BYTES + ADAM_STATE_BYTES) + grads
+    return (table.parameters * FP32_BYTES + grads
+            + table.num_embeddings * TABLE_STATE_BYTES[facts.table_optimizer])
 
 
 def measured_activations(facts: PlanFacts) -> Estimate:

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import attrs
 import torch
 
+from gem_core.capabilities import FUSED_OPTIMIZER
 from gem_core.config import GemConfig
 from gem_core.contracts import require_strategy_model
 from gem_core.distributed import ParallelContext
@@ -41,7 +42,9 @@ from gem_core.plan_estimate import (
     moe_all_to_all_bytes,
 )
 from gem_core.plugins import GemPlugins
+from gem_core.registry import AutoContext
 from gem_core.schema import EmbeddingTable, FeatureSchema
+from gem_core.train.table_optimizer import resolve_table_optimizer
 
 GIB = 2**30
 MEASURE_ROWS = 4096  # table rows of the activation-measuring copy
@@ -214,6 +217,28 @@ def data_profile(config: GemConfig, plugins: GemPlugins, samples: int = 512) -> 
                                 for key, jagged in inputs.items()}}
 
 
+def table_training(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
+    """How the layout trains tables that stay parameters (``PlanFacts.table_optimizer`` and
+    ``table_gradients``): as the trainer decides it at start-up for these backends
+    (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`, which also refuses
+    ``dense_tables = "same"`` where the layout cannot step rows), with a fused embedding backend
+    stepping its rows in the backward."""
+    options = config.model.embedding_optimizer
+    name = config.backends.embedding
+    if name == "auto":
+        name, _ = plugins.default_for("embedding", AutoContext(device="cuda",
+                                                               world_size=layout.gpus))
+    embedding = plugins.registry("embedding").get(name)
+    if FUSED_OPTIMIZER in embedding.capabilities:
+        return {"table_optimizer": options.name, "table_gradients": False}
+    resolved = resolve_table_optimizer(
+        options, embedding=embedding,
+        embedding_sharding=plugins.registry("embedding_sharding").get(layout.embedding),
+        dense_sharding=plugins.registry("dense_sharding").get(layout.dense), plugins=plugins)
+    return {"table_optimizer": "adamw" if resolved.dense_tables == "adamw" else resolved.name,
+            "table_gradients": True}
+
+
 def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, Any]:
     """What the estimates start from: the model on ``meta`` (parameters, MoE layers, tables),
     a batch of the data (history length, candidates, ids per table) and the activations
@@ -248,7 +273,8 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
                       tables=tables, requests=samples, tokens=tokens,
                       activations_per_token=fit["per_token"],
                       activations_per_request=fit["per_sample"],
-                      activation_element_bytes=layout.activation_bytes)
+                      activation_element_bytes=layout.activation_bytes,
+                      **table_training(config, layout, plugins))
     policies = {t.name: t.id_policy for t in source.schema.tables}
     table_entries = {t.name: {
         "num_embeddings": t.num_embeddings, "dim": t.dim,
@@ -326,5 +352,7 @@ def plan(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[str, An
         "activation_fit": gathered["activation_fit"],
         "notes": ("activations measured on CPU with the reference attention backend (it keeps "
                   "each sample's score matrix, as a flash kernel does not) and scaled by "
-                  "activation_bytes/4; parameters, gradients and Adam state in fp32"),
+                  "activation_bytes/4; parameters, gradients and Adam state in fp32, tables "
+                  "that stay parameters with the optimizer that trains them (AdamW, or one "
+                  "float per row under row-wise Adagrad)"),
     }
