@@ -178,27 +178,30 @@ def adam_memory(prefix: str, parameters: float, *, params_over: int = 1, grads_o
                                              parameters * ADAM_STATE_BYTES / optimizer_over)}
 
 
+def _table_bytes(facts: PlanFacts, table: TableFacts) -> tuple[int, int, int]:
+    """Parameters, gradients and optimizer state of ``table`` held whole on a rank, trained as
+    ``facts.table_optimizer`` says (the one place of these formulas)."""
+    params = table.parameters * FP32_BYTES
+    grads = params if facts.table_gradients else 0
+    per_row = TABLE_STATE_BYTES[facts.table_optimizer]
+    state = (table.parameters * ADAM_STATE_BYTES if per_row is None
+             else table.num_embeddings * per_row)
+    return params, grads, state
+
+
 def table_memory(facts: PlanFacts) -> dict[str, MemoryRow]:
     """``embedding_params``, ``_grads`` and ``_optimizer`` rows for every table held whole on
-    each rank, trained as ``facts.table_optimizer`` says."""
-    parameters = facts.embedding_parameters
-    if facts.table_optimizer == "adamw":
-        return adam_memory("embedding", parameters)
-    rows = sum(table.num_embeddings for table in facts.tables)
-    grads = parameters * FP32_BYTES if facts.table_gradients else 0
-    return {"embedding_params": MemoryRow(PARAMETERS, parameters * FP32_BYTES),
+    each rank."""
+    params, grads, state = (sum(column) for column in
+                            zip((0, 0, 0), *(_table_bytes(facts, t) for t in facts.tables)))
+    return {"embedding_params": MemoryRow(PARAMETERS, params),
             "embedding_grads": MemoryRow(GRADIENTS, grads),
-            "embedding_optimizer": MemoryRow(
-                OPTIMIZER_STATE, rows * TABLE_STATE_BYTES[facts.table_optimizer])}
+            "embedding_optimizer": MemoryRow(OPTIMIZER_STATE, state)}
 
 
 def table_state_bytes(facts: PlanFacts, table: TableFacts) -> int:
     """Bytes of ``table``'s parameters, gradients and optimizer state held whole on a rank."""
-    grads = table.parameters * FP32_BYTES if facts.table_gradients else 0
-    if facts.table_optimizer == "adamw":
-        return table.parameters * (FP32_BYTES + ADAM_STATE_BYTES) + grads
-    return (table.parameters * FP32_BYTES + grads
-            + table.num_embeddings * TABLE_STATE_BYTES[facts.table_optimizer])
+    return sum(_table_bytes(facts, table))
 
 
 def measured_activations(facts: PlanFacts) -> Estimate:
