@@ -55,6 +55,7 @@ from gem_core.plan_estimate import (
     moe_all_to_all_bytes,
     ring_fraction,
 )
+from gem_core.train.table_optimizer import row_state
 from gem_parallel.eval_replica import EvalReplica
 
 
@@ -460,10 +461,10 @@ class ExpertParallelEngine(Engine):
             param = params[index]
             for key, value in entry.items():
                 if isinstance(param, DTensor) and torch.is_tensor(value) and value.dim():
+                    value = value.to(param.device)
                     # AdamW's moments have the parameter's shape; row-wise tables' momentum1
-                    # (gem_core.train.table_optimizer) one value per row, sharded like the rows.
-                    shape, stride = ((param.shape, param.stride()) if value.dim() == param.dim()
-                                     else (torch.Size([param.shape[0]]), (1,)))
-                    entry[key] = DTensor.from_local(value.to(param.device), param.device_mesh,
-                                                    param.placements, shape=shape, stride=stride)
+                    # one value per row, placed as the table optimizer places it.
+                    entry[key] = (DTensor.from_local(value, param.device_mesh, param.placements,
+                                                     shape=param.shape, stride=param.stride())
+                                  if value.dim() == param.dim() else row_state(value, param))
         self.optimizer.load_state_dict(saved)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
 
-__all__ = ["AdamWWithTables", "resolve_table_optimizer", "table_group"]
+__all__ = ["AdamWWithTables", "resolve_table_optimizer", "row_state", "table_group"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,16 @@ def _new_momentum(param: Tensor) -> Tensor:
         raise RuntimeError(
             f"row-wise table state needs tables sharded by rows (dim 0); this one is placed "
             f"{param.placements}")
-    local = torch.zeros(param.to_local().shape[0], dtype=param.dtype, device=param.device)
+    return row_state(torch.zeros(param.to_local().shape[0], dtype=param.dtype,
+                                 device=param.device), param)
+
+
+def row_state(local: Tensor, param: Tensor) -> Tensor:
+    """``local`` (one value per row of ``param`` that this rank holds) as a DTensor on
+    ``param``'s mesh and placements, of global shape ``(rows,)``: how row-wise state is placed,
+    here and where an engine loads it back from per-rank checkpoints."""
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
                               shape=torch.Size([param.shape[0]]), stride=(1,))
 
