@@ -18,7 +18,7 @@ from gem_data.generator import AdsLogGenerator, achievable_ne
 from gem_data.indicator_ne import fit_logistic, indicator_regression_ne
 from gem_data.synth_options import SynthOptions
 
-KINDS = ("multi_valued", "rare_action", "hierarchy", "order")
+KINDS = ("multi_valued", "rare_action", "hierarchy", "order", "cross")
 
 # A smaller world than the defaults with histories long enough for every kind's terms.
 WORLD = dict(num_items=5000, num_users=2000, max_length=128)
@@ -102,6 +102,12 @@ def _oracle(generator, batch) -> tuple[list[float], list[float], list[bool], lis
                 same = any(ev["cat"] == cat and ev["act"] >= 1 for ev in recent)
                 terms = o.parent_weight * family + 0.5 * same
                 main = family
+            elif o.planted == "cross":
+                world = generator.planted_world
+                main = (int(world.context_bit[context]) + int(world.category_bit[cat])
+                        + (dense[2] > 0)) % 2 == 1
+                engaged_same = any(ev["cat"] == cat and ev["act"] >= 1 for ev in recent)
+                terms = o.cross_weight * main + o.recent_category_weight * engaged_same
             else:  # order
                 engaged = next((i for i, ev in enumerate(back)
                                 if ev["cat"] == cat and ev["act"] >= 1), None)
@@ -182,7 +188,9 @@ def test_the_indicators_are_the_click_logit(generator):
                "rare_action": (o.recent_advertiser_weight, o.recent_category_weight,
                                o.recent_view_weight),
                "hierarchy": (o.parent_weight, 0.5),
-               "order": (o.order_weight, -o.order_weight)}[o.planted] + (o.history_weight,)
+               "order": (o.order_weight, -o.order_weight),
+               "cross": (o.cross_weight, o.recent_category_weight)}[o.planted] + (
+                   o.history_weight,)
     assert chunk.indicators.shape == (chunk.batch.num_candidates, len(weights))
     assert len(generator.indicator_names) == len(weights)
     expected = (o.click_bias + chunk.indicators @ np.array(weights)
@@ -243,6 +251,37 @@ def test_order_is_not_presence():
     p = chunk.probabilities["click"]
     assert p[after].mean() > 3 * p[before].mean()
     assert 0.35 < after.sum() / (after | before).sum() < 0.65
+
+
+def test_cross_needs_all_three_features():
+    """``cross``'s main term is a three-way parity: the click rate by any pair of its three
+    bits is flat (within sampling noise), by all three it moves by about the term's weight."""
+    generator = AdsLogGenerator(options("cross"), seed=3)
+    world = generator.planted_world
+    assert sorted(np.bincount(world.context_bit).tolist()) == [8, 8]
+    assert np.bincount(world.category_bit).tolist() == [25, 25]
+    chunks = [generator.chunk_with_indicators(4096, split="eval", index=i) for i in range(3)]
+    bits, p = [], []
+    for chunk in chunks:
+        batch = chunk.batch
+        owner = torch.repeat_interleave(torch.arange(batch.batch_size),
+                                        batch.candidate_offsets.diff()).numpy()
+        bits.append(np.stack([world.context_bit[batch.sparse["context"].values.numpy()[owner]],
+                              world.category_bit[batch.candidate_ids["category"].numpy()],
+                              batch.dense[:, 2].numpy()[owner] > 0], axis=1).astype(int))
+        p.append(chunk.probabilities["click"])
+        assert np.array_equal(chunk.indicators[:, 0], bits[-1].sum(axis=1) % 2)
+    bits, p = np.concatenate(bits), np.concatenate(p)
+    logit = np.log(p) - np.log1p(-p)
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        # the mean click logit in each cell of a pair of bits: the same in all four
+        cells = [logit[(bits[:, a] == x) & (bits[:, b] == y)].mean()
+                 for x in (0, 1) for y in (0, 1)]
+        assert max(cells) - min(cells) < 0.3, ((a, b), cells)
+    odd = bits.sum(axis=1) % 2 == 1
+    assert logit[odd].mean() - logit[~odd].mean() > 0.8 * generator.options.cross_weight
+    with pytest.raises(ValueError, match="dense\\[2\\]"):
+        SynthOptions(planted="cross", num_dense=2)
 
 
 def _digest(batch, probs) -> str:

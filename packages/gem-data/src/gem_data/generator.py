@@ -57,6 +57,14 @@ logit's ``1.5 * [...]``::
         e = the user's most recent engaged event of the candidate's category, v = the most
         recent view (action 0) of the candidate's advertiser, both anywhere in the history;
         "after" is more recent. 0 when either is missing. main = [e and v, e after v].
+    cross:        + cross_weight * [bit(context) + bit(category) + [dense[2] > 0] is odd]  (main)
+                  + recent_category_weight * [an engaged recent event has the candidate's
+                                              category]
+        bit() is a hidden 0/1 per context and per category, half of each 1, fixed by the seed
+        (:attr:`gem_data.planted.PlantedWorld.context_bit`). A three-way parity: no feature
+        and no pair of features says anything about it, so only a model that crosses all
+        three (an interaction of order three: Wukong's stacked FM, DCN's cross layers, or an
+        MLP that finds it) can read it.
 
 Both redraw some candidates so that their terms fire often
 (:data:`gem_data.planted.EXPANSION_FRACTION`).
@@ -100,6 +108,7 @@ from gem_data.planted import (
     RARE_ACTION_PROBS,
     Events,
     Impressions,
+    Requests,
     expand_candidates,
     jagged_topics,
     planted_indicators,
@@ -183,7 +192,7 @@ class AdsLogGenerator:
         # The drift directions come from their own stream, so the world above is unchanged.
         drift = np.random.default_rng([seed, 3])
         self.drift_u, self.drift_v = drift.standard_normal((2, o.num_clusters))
-        self.planted_world = planted_world(o, seed, self.item_cluster)
+        self.planted_world = planted_world(o, seed, self.item_cluster, _NUM_CONTEXTS)
         self.indicator_names = INDICATOR_NAMES[o.planted]
 
     def category_drift(self, time: int) -> np.ndarray:
@@ -353,17 +362,19 @@ class AdsLogGenerator:
         cand_category = self.item_cluster[candidate]
         topics = self.planted_world.item_topics
 
-        # The planted label model (see the module docstring).
+        dense = rng.standard_normal((n, o.num_dense)).astype(np.float32)
+        segment = self.user_segment[users]
+        context = rng.integers(0, _NUM_CONTEXTS, n)
+
+        # The planted label model (see the module docstring; it draws nothing from ``rng``).
         planted = planted_indicators(
             o, self.planted_world,
             Events(row=row, from_end=from_end, advertiser=advertiser, category=category,
                    action=actions, topics=None if topics is None else topics[items]),
             Impressions(owner=owner, advertiser=cand_advertiser, category=cand_category,
-                        topics=None if topics is None else topics[candidate]), n)
+                        topics=None if topics is None else topics[candidate]),
+            Requests(context=context, dense=dense), n)
         main, affinity = planted.columns[:, 0], planted.affinity
-        dense = rng.standard_normal((n, o.num_dense)).astype(np.float32)
-        segment = self.user_segment[users]
-        context = rng.integers(0, _NUM_CONTEXTS, n)
         request_effect = (0.5 * dense[:, 0] + np.where(segment[:, 0] % 4 == 0, 0.6, 0.0)
                           + 0.3 * (context == 3))
         click_logit = o.click_bias

@@ -77,9 +77,22 @@ class PlantedWorld:
     family_rank: np.ndarray | None = None
     """``hierarchy``: each category's position among its parent's categories."""
 
+    context_bit: np.ndarray | None = None
+    """``cross``: ``(num_contexts,)`` hidden bit (0 or 1) of each context, half of them 1."""
 
-def planted_world(o: SynthOptions, seed: int, item_cluster: np.ndarray) -> PlantedWorld:
-    """The world additions of kind ``o.planted`` for the ads' categories ``item_cluster``."""
+    category_bit: np.ndarray | None = None
+    """``cross``: ``(num_clusters,)`` hidden bit of each category, half of them 1 (one more 0
+    where the count is odd)."""
+
+
+def planted_world(o: SynthOptions, seed: int, item_cluster: np.ndarray, num_contexts: int
+                  ) -> PlantedWorld:
+    """The world additions of kind ``o.planted`` for the ads' categories ``item_cluster`` and
+    ``num_contexts`` request contexts."""
+    if o.planted == "cross":
+        rng = np.random.default_rng([seed, 8])
+        return PlantedWorld(context_bit=rng.permutation(num_contexts) % 2,
+                            category_bit=rng.permutation(o.num_clusters) % 2)
     if o.planted == "multi_valued":
         rng = np.random.default_rng([seed, 4])
         num_items = item_cluster.size
@@ -189,6 +202,17 @@ class Impressions:
 
 
 @attrs.frozen
+class Requests:
+    """A chunk's request-level features that a kind may cross with the candidate."""
+
+    context: np.ndarray
+    """``(n,)`` context id of each request."""
+
+    dense: np.ndarray
+    """``(n, num_dense)`` dense features of each request."""
+
+
+@attrs.frozen
 class Indicators:
     """A kind's planted indicators of a chunk and how they enter the click logit."""
 
@@ -211,14 +235,15 @@ INDICATOR_NAMES = {
     "rare_action": ("long_advertiser", "long_converted_category", "recent_view", "affinity"),
     "hierarchy": ("recent_parent", "recent_category", "affinity"),
     "order": ("engaged_after_view", "engaged_before_view", "affinity"),
+    "cross": ("cross_parity", "recent_category", "affinity"),
 }
 """The indicator columns of each kind, main indicator first."""
 
 
 def planted_indicators(o: SynthOptions, world: PlantedWorld, events: Events, cands: Impressions,
-                       n: int) -> Indicators:
-    """The planted indicators of kind ``o.planted`` for ``n`` requests' ``events`` and their
-    candidates ``cands``."""
+                       requests: Requests, n: int) -> Indicators:
+    """The planted indicators of kind ``o.planted`` for ``n`` requests' ``events``, their
+    candidates ``cands`` and their ``requests``' features."""
     affinity = _affinity(events, cands, n, o.num_clusters)
     kind = o.planted
     engaged = _recent(events, n, o.recent_window, events.action >= 1, False)[cands.owner]
@@ -262,6 +287,10 @@ def planted_indicators(o: SynthOptions, world: PlantedWorld, events: Events, can
         both = (engaged_at != NEVER) & (viewed_at != NEVER)
         columns = (both & (engaged_at < viewed_at), both & (engaged_at > viewed_at))
         weights = (o.order_weight, -o.order_weight)
+    elif kind == "cross":
+        cat_hit = recent_hit(events.category, cands.category)
+        columns = (cross_parity(world, requests, cands), (cat_hit & engaged).any(axis=1))
+        weights = (o.cross_weight, o.recent_category_weight)
     else:
         raise ValueError(f"unknown planted kind {kind!r}; known: {', '.join(PLANTED_KINDS)}")
     matrix = np.empty((cands.owner.size, len(columns) + 1), dtype=np.float64)
@@ -270,6 +299,16 @@ def planted_indicators(o: SynthOptions, world: PlantedWorld, events: Events, can
     matrix[:, -1] = affinity
     return Indicators(names=INDICATOR_NAMES[kind], columns=matrix,
                       click_weights=(*weights, o.history_weight))
+
+
+def cross_parity(world: PlantedWorld, requests: Requests, cands: Impressions) -> np.ndarray:
+    """``cross``: per candidate, whether an odd number of its request's context bit, its
+    category's bit and ``[dense[2] > 0]`` are 1. Each of the three (and each pair) is
+    independent of the parity, so only a model that crosses all three can read it."""
+    bits = (world.context_bit[requests.context[cands.owner]]
+            + world.category_bit[cands.category]
+            + (requests.dense[cands.owner, 2] > 0))
+    return bits % 2 == 1
 
 
 def _affinity(events: Events, cands: Impressions, n: int, num_clusters: int) -> np.ndarray:

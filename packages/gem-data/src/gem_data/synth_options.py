@@ -11,7 +11,7 @@ import attrs
 
 from gem_core.config.validators import at_least, between, choice, greater_than
 
-PLANTED_KINDS = ("ads", "multi_valued", "rare_action", "hierarchy", "order")
+PLANTED_KINDS = ("ads", "multi_valued", "rare_action", "hierarchy", "order", "cross")
 
 DEFAULT_MEAN_LENGTH = {"rare_action": 300.0}
 """Median history length of a kind when ``mean_length`` is 0 (its default); 60 otherwise."""
@@ -105,7 +105,8 @@ class SynthOptions:
     and global popularity."""
 
     num_dense: int = attrs.field(default=4, validator=at_least(2))
-    """Dense float features per request (the first two carry label signal)."""
+    """Dense float features per request (the first two carry label signal; ``cross`` reads
+    the sign of the third, so it needs at least 3)."""
 
     seq_dense_dim: int = attrs.field(default=0, validator=at_least(0))
     """Width of each ad's dense content vector (its category's centroid plus noise), carried by
@@ -135,8 +136,8 @@ class SynthOptions:
     (a teacher) and a more recent one to another (a student)."""
 
     planted: str = attrs.field(default="ads", validator=choice(*PLANTED_KINDS))
-    """The planted label kind: ``ads``, ``multi_valued``, ``rare_action``, ``hierarchy`` or
-    ``order`` (the docstring of :mod:`gem_data.generator` has each one's formula)."""
+    """The planted label kind: ``ads``, ``multi_valued``, ``rare_action``, ``hierarchy``,
+    ``order`` or ``cross`` (the docstring of :mod:`gem_data.generator` has each one's formula)."""
 
     num_topics: int = attrs.field(default=40, validator=greater_than(0))
     """``multi_valued``: topics (the ``topic`` table); each ad has 1-3, mostly among the few
@@ -162,6 +163,11 @@ class SynthOptions:
     recent engaged event of the candidate's category coming after the most recent view of the
     candidate's advertiser."""
 
+    cross_weight: float = attrs.field(default=1.5, validator=at_least(0))
+    """``cross``: click-logit effect of the three-way parity of the request's context, the
+    candidate's category and the sign of ``dense[2]`` (each context and category has a hidden
+    bit fixed by the seed): no single feature or pair of them says anything about it."""
+
     data_seed: int = attrs.field(default=-1, validator=at_least(-1))
     """Seed of the world and its requests for the ``synthetic-ads`` source; -1: the run's
     ``train.seed``. Fix it to give runs of other seeds (a teacher and its students) the same
@@ -170,6 +176,11 @@ class SynthOptions:
     eval_time: int = attrs.field(default=0, validator=at_least(0))
     """Time (in training chunks) at which the eval split's labels are drawn: the present that
     runs are evaluated on. Only matters with ``drift_weight > 0``."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.planted == "cross" and self.num_dense < 3:
+            raise ValueError(f"planted = 'cross' reads the sign of dense[2]; num_dense = "
+                             f"{self.num_dense} gives no such feature (set it to 3 or more)")
 
     @property
     def median_length(self) -> float:
