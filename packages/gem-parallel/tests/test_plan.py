@@ -77,6 +77,11 @@ def test_replicated_tables_are_planned_with_the_optimizer_that_trains_them(plugi
         memory("deepspeed-zero1", dense_tables="same")
     fused = memory("none", gpus=1, embedding="reference-fused")[0]
     assert fused["embedding_grads"] == 0 and fused["embedding_optimizer"] == rows * 4
+    # In-backward updates on several ranks would let each replica drift: refused, as by
+    # `gem train`, however the dense part is sharded.
+    for dense in ("ddp", "fsdp2"):
+        with pytest.raises(GemConfigError, match="on 4 ranks the replicas would drift"):
+            memory(dense, gpus=4, embedding="reference-fused")
 
 
 def test_ep_keeps_a_share_of_the_experts_and_counts_their_traffic(plugins):

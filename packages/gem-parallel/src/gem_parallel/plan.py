@@ -28,7 +28,7 @@ from gem_core.capabilities import FUSED_OPTIMIZER
 from gem_core.config import GemConfig
 from gem_core.contracts import require_strategy_model
 from gem_core.distributed import ParallelContext
-from gem_core.embedding import ReferenceEmbeddingBackend
+from gem_core.embedding import ReferenceEmbeddingBackend, check_fused_optimizer
 from gem_core.model.building import build_checked
 from gem_core.model.features import FeatureLookup
 from gem_core.model.summary import parameter_counts
@@ -222,18 +222,23 @@ def table_training(config: GemConfig, layout: Layout, plugins: GemPlugins) -> di
     ``table_gradients``): as the trainer decides it at start-up for these backends
     (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`, which also refuses
     ``dense_tables = "same"`` where the layout cannot step rows), with a fused embedding backend
-    stepping its rows in the backward."""
+    stepping its rows in the backward. A fused backend is refused where the trainer refuses it
+    (:func:`gem_core.embedding.check_fused_optimizer`: more than one GPU, or an embedding
+    sharding that would replace its tables)."""
     options = config.model.embedding_optimizer
     name = config.backends.embedding
     if name == "auto":
         name, _ = plugins.default_for("embedding", AutoContext(device="cuda",
                                                                world_size=layout.gpus))
     embedding = plugins.registry("embedding").get(name)
+    embedding_sharding = plugins.registry("embedding_sharding").get(layout.embedding)
+    # The trainer's start-up check: a fused backend runs on one rank only, with its own tables.
+    check_fused_optimizer(config.model, embedding=embedding,
+                          embedding_sharding=embedding_sharding, world_size=layout.gpus)
     if FUSED_OPTIMIZER in embedding.capabilities:
         return {"table_optimizer": options.name, "table_gradients": False}
     resolved = resolve_table_optimizer(
-        options, embedding=embedding,
-        embedding_sharding=plugins.registry("embedding_sharding").get(layout.embedding),
+        options, embedding=embedding, embedding_sharding=embedding_sharding,
         dense_sharding=plugins.registry("dense_sharding").get(layout.dense), plugins=plugins)
     return {"table_optimizer": "adamw" if resolved.dense_tables == "adamw" else resolved.name,
             "table_gradients": True}
