@@ -11,11 +11,12 @@ low-order hint, and learning it is a search with a sudden onset, like a sparse p
 This probe isolates the interaction: three tokens (a context embedding, a category embedding,
 a linear token of ``dense[2]``), optionally ``--noise-tokens`` tokens of random ids (what the
 other tokens of a full model look like to the parity: inputs that say nothing about it), then
-the trainer's own interaction module (``gem_core.model.interaction.DotInteractionMLP`` or
-``gem_core.model.wukong.WukongInteraction``, at ``tiny``'s and ``tiny-gem``'s sizes) and a
-logit. It trains on the click labels of the generator's training chunks (256 requests a step,
-AdamW at 0.002, the presets' rate) and prints the eval NE and the mean prediction on odd and
-even parity every ``--eval-every`` steps. An NE near 1 with equal odd/even means the parity is
+the trainer's own interaction module (``gem_core.model.interaction.DotInteractionMLP``,
+``gem_core.model.wukong.WukongInteraction`` or ``gem_core.model.cross_network``'s DCN-V2 cross
+network, at ``tiny``'s, ``tiny-gem``'s and ``model.cross_layers``' default sizes) and a logit.
+It trains on the click labels of the generator's training chunks (256 requests a step, AdamW at
+0.002, the presets' rate) and prints the eval NE and the mean prediction on odd and even parity
+every ``--eval-every`` steps. An NE near 1 with equal odd/even means the parity is
 not found yet; the first line gives the NE of knowing the parity alone (each side's own
 eval click rate), the floor the probe can approach.
 """
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.interaction import DotInteractionMLP
 from gem_core.model.wukong import WukongInteraction
 from gem_data.generator import AdsLogGenerator, PlantedChunk, normalized_entropy_of_probabilities
@@ -57,10 +59,15 @@ class Probe(nn.Module):
         self.dense = nn.Linear(1, DIM)
         self.noise = nn.Embedding(NOISE_IDS, DIM)
         tokens = 3 + noise_tokens
-        self.interaction = (
-            DotInteractionMLP(tokens, DIM, HIDDEN, 0.0) if interaction == "dot" else
-            WukongInteraction(tokens, DIM, layers=2, rank=8, fmb_tokens=8, lcb_tokens=8,
-                              mlp_dim=256, hidden=HIDDEN, dropout=0.0))
+        if interaction == "dot":
+            self.interaction = DotInteractionMLP(tokens, DIM, HIDDEN, 0.0)
+        elif interaction == "wukong":
+            self.interaction = WukongInteraction(tokens, DIM, layers=2, rank=8, fmb_tokens=8,
+                                                 lcb_tokens=8, mlp_dim=256, hidden=HIDDEN,
+                                                 dropout=0.0)
+        else:
+            self.interaction = CrossNetworkInteraction(tokens, DIM, layers=3, rank=0,
+                                                       hidden=HIDDEN, dropout=0.0)
         self.head = nn.Linear(HIDDEN[-1], 1)
 
     def forward(self, context: Tensor, category: Tensor, dense: Tensor,
@@ -76,7 +83,7 @@ class Probe(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--interaction", choices=("dot", "wukong"), required=True)
+    parser.add_argument("--interaction", choices=("dot", "wukong", "cross"), required=True)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--noise-tokens", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=500)

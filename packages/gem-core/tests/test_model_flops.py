@@ -20,6 +20,8 @@ VARIANTS = {
     "dlrm-baseline": dict(num_layers=0, target_attention=False),
     "attention-gate-multistage": dict(attention_gate=True, pma_queries=2,
                                       downstream_history="events"),
+    "cross-network": dict(interaction="cross", cross_layers=2),
+    "cross-network-low-rank": dict(interaction="cross", cross_layers=3, cross_rank=4),
     "target-match-windows": dict(target_match=8, action_feature="action",
                                  target_match_action_window=32, target_match_max_age_s=1e6),
 }

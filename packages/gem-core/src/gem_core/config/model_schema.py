@@ -273,9 +273,19 @@ class ModelConfig:
     downstream ranker alone (no tower, no PMA) and reads each sample's user embedding from the
     data (a data set written by ``gem export-user-embeddings``)."""
 
-    interaction: str = attrs.field(default="dot", validator=choice("dot", "wukong"))
-    """Feature interaction over the non-sequence tokens: DLRM ``dot`` products + MLP, or a stack
-    of ``wukong`` layers (optimised factorization-machine block + linear compress block)."""
+    interaction: str = attrs.field(default="dot", validator=choice("dot", "wukong", "cross"))
+    """Feature interaction over the non-sequence tokens: DLRM ``dot`` products + MLP, a stack
+    of ``wukong`` layers (optimised factorization-machine block + linear compress block), or a
+    DCN-V2 ``cross`` network (explicit crosses of the flattened tokens, one order more per
+    layer, ``cross_layers``) + MLP."""
+
+    cross_layers: int = attrs.field(default=3, validator=greater_than(0))
+    """``interaction = "cross"``: cross layers (the highest cross is of order layers + 1; 3 as
+    DCN-V2's and RecBole's default)."""
+
+    cross_rank: int = attrs.field(default=0, validator=at_least(0))
+    """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank
+    cross); 0: full (tokens x embedding_dim square)."""
 
     wukong_layers: int = attrs.field(default=2, validator=greater_than(0))
     """Depth of the Wukong stack."""

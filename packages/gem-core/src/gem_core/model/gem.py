@@ -24,6 +24,7 @@ from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
 from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
+from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
@@ -63,7 +64,7 @@ STASH_CLASSES: dict[str, tuple[type, ...]] = {
     "target_attention": (TargetAwareAttention,),
     "pma": (PooledMultiheadAttention,),
     "cross_attention": (CrossFeatureAttention,),
-    "interaction": (DotInteractionMLP, WukongInteraction),
+    "interaction": (DotInteractionMLP, WukongInteraction, CrossNetworkInteraction),
 }
 
 
@@ -101,7 +102,7 @@ class _Candidates(NamedTuple):
 
 class GEMModel(nn.Module, StrategyModel, RankingModel):
     """Embeddings -> sequence tower (+ cross-attention to the user's non-sequence tokens) ->
-    PMA user tokens -> target-aware attention -> interaction (dot or Wukong) -> task heads.
+    PMA user tokens -> target-aware attention -> interaction (dot, Wukong or cross) -> task heads.
 
     Everything up to PMA depends on the user and context only (the upstream user model); the
     candidate enters at target-aware attention and the interaction (the downstream ranker).
@@ -192,7 +193,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self._matched_user_embedding: Tensor | None = None
 
     def _build_interaction(self, moe: Any) -> None:
-        """The interaction over each candidate's tokens (dot or Wukong) and the task heads."""
+        """The interaction over each candidate's tokens (dot, Wukong or cross) and the task
+        heads."""
         config, schema, dim = self.config, self.schema, self.config.embedding_dim
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
@@ -206,6 +208,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 fmb_tokens=config.wukong_fmb_tokens, lcb_tokens=config.wukong_lcb_tokens,
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
                 dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
+        elif config.interaction == "cross":
+            self.interaction = CrossNetworkInteraction(
+                self.num_tokens, dim, layers=config.cross_layers, rank=config.cross_rank,
+                hidden=config.interaction_dims, dropout=config.dropout)
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
