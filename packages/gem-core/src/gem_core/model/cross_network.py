@@ -2,15 +2,18 @@
 order grows by one per layer, then an MLP.
 
 With ``x0`` the normalised, flattened tokens, layer ``l`` computes
-``x_{l+1} = x0 * (W_l x_l + b_l) + x_l`` (elementwise product), so after ``L`` layers every
-polynomial of the inputs up to degree ``L + 1`` is within reach of one layer's weights, not
-something an MLP has to find through its nonlinearities. ``rank > 0`` factors each ``W_l`` as
+``x_{l+1} = x0 * (W_l x_l + b_l) + x_l`` (elementwise product), so ``L`` layers hold products
+of up to ``L + 1`` inputs through their weights alone, which an MLP has to build from its
+nonlinearities. ``rank > 0`` factors each ``W_l`` as
 ``U_l V_l`` (DCN-V2's low-rank cross) for wide inputs.
 
-Why it is here: ``synthetic-ads``' ``cross`` kind hides its label in a three-way parity that no
-feature or pair reveals. Alone on that parity (``tools/interaction_cross_probe.py``), the dot
-interaction and Wukong find it only after 2,500-3,000 steps once ten uninformative tokens sit
-beside the three that matter, this network after about 1,000 (docs/results.md).
+Why it is here: DCN-V2 is the cross model recommendation engineers reach for, and crosses of
+order three are what the ``dot`` interaction leaves to its MLP. ``synthetic-ads``' ``cross``
+kind hides its label in a three-way parity that no feature or pair reveals. Alone on that
+parity (``tools/interaction_cross_probe.py``, ten uninformative tokens beside the three that
+matter) this network found it after about 1,000 steps where the dot interaction and Wukong took
+2,500-3,000; inside ``tiny`` at 2,000 steps none of the three had found it (docs/results.md),
+so no preset uses it yet.
 """
 
 from __future__ import annotations
