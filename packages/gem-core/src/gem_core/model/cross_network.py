@@ -12,8 +12,8 @@ order three are what the ``dot`` interaction leaves to its MLP. ``synthetic-ads`
 kind hides its label in a three-way parity that no feature or pair reveals. Alone on that
 parity (``tools/interaction_cross_probe.py``, ten uninformative tokens beside the three that
 matter) this network found it after about 1,000 steps where the dot interaction and Wukong took
-2,500-3,000; inside ``tiny`` at 2,000 steps none of the three had found it (docs/results.md),
-so no preset uses it yet.
+2,500-3,000; inside ``tiny`` (2,000 and 5,000 steps) none of the three had found it
+(docs/results.md), so no preset uses it yet.
 """
 
 from __future__ import annotations
