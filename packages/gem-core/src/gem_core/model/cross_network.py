@@ -21,6 +21,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
+from gem_core.model.interaction import mlp_layers
 
 
 class CrossLayer(nn.Module):
@@ -45,12 +46,8 @@ class CrossNetworkInteraction(nn.Module):
         width = num_tokens * dim
         self.norm = nn.LayerNorm(width)
         self.crosses = nn.ModuleList(CrossLayer(width, rank) for _ in range(layers))
-        mlp: list[nn.Module] = []
-        for size in hidden:
-            mlp += [nn.Linear(width, size), nn.SiLU(), nn.Dropout(dropout)]
-            width = size
+        mlp, self.out_dim = mlp_layers(width, hidden, dropout)
         self.mlp = nn.Sequential(*mlp)
-        self.out_dim = width
 
     def forward(self, tokens: Tensor) -> Tensor:
         x0 = self.norm(tokens.flatten(1))

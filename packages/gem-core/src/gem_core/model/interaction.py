@@ -19,6 +19,16 @@ def log_magnitude(tokens: Tensor) -> Tensor:
     return tokens * (torch.log1p(rms) / rms)
 
 
+def mlp_layers(width: int, hidden: tuple[int, ...], dropout: float) -> tuple[list[nn.Module], int]:
+    """The MLP above every interaction: ``Linear -> SiLU -> Dropout`` per width of ``hidden``,
+    from ``width`` inputs; returns the layers and the output width (``width`` if none)."""
+    layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.SiLU(), nn.Dropout(dropout)]
+        width = size
+    return layers, width
+
+
 class DotInteractionMLP(nn.Module):
     """DLRM-style: the upper triangle of the token Gram matrix, concatenated with the tokens."""
 
@@ -29,12 +39,8 @@ class DotInteractionMLP(nn.Module):
         self.register_buffer("pair_rows", rows, persistent=False)
         self.register_buffer("pair_cols", cols, persistent=False)
         width = num_tokens * dim + rows.numel()
-        layers: list[nn.Module] = [nn.LayerNorm(width)]
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.SiLU(), nn.Dropout(dropout)]
-            width = size
-        self.mlp = nn.Sequential(*layers)
-        self.out_dim = width
+        layers, self.out_dim = mlp_layers(width, hidden, dropout)
+        self.mlp = nn.Sequential(nn.LayerNorm(width), *layers)
 
     def forward(self, tokens: Tensor) -> Tensor:
         gram = torch.bmm(tokens, tokens.transpose(1, 2))

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from gem_core.config import MoeConfig
 from gem_core.flops import linear_layer_flops
+from gem_core.model.interaction import mlp_layers
 from gem_core.model.moe import build_moe, mlp_flops
 
 
@@ -98,13 +99,8 @@ class WukongInteraction(nn.Module):
             stack.append(WukongLayer(width, dim, rank, fmb_tokens, lcb_tokens, mlp_dim, moe))
             width = stack[-1].out_tokens
         self.layers = nn.Sequential(*stack)
-        mlp: list[nn.Module] = []
-        features = width * dim
-        for size in hidden:
-            mlp += [nn.Linear(features, size), nn.SiLU(), nn.Dropout(dropout)]
-            features = size
+        mlp, self.out_dim = mlp_layers(width * dim, hidden, dropout)
         self.mlp = nn.Sequential(*mlp)
-        self.out_dim = features
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.mlp(self.layers(tokens).flatten(1))
