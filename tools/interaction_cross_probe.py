@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.model.cross_network import CrossNetworkInteraction
+from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.interaction import DotInteractionMLP
 from gem_core.model.wukong import WukongInteraction
 from gem_data.generator import AdsLogGenerator, PlantedChunk, normalized_entropy_of_probabilities
@@ -38,27 +39,49 @@ from gem_data.synth_options import SynthOptions
 DIM = 32
 HIDDEN = (128, 64)
 NOISE_IDS = 1000
+AD_ROWS = 1 << 17  # the ad ids are 64-bit; hashed into this many rows, as a table would
 
 
 def impressions(chunk: PlantedChunk) -> tuple[Tensor, Tensor, Tensor, Tensor, np.ndarray]:
-    """Per impression: context id, category id, ``dense[2]`` (a column), click, parity."""
+    """Per impression: context id, the candidate's (ad, advertiser, category) ids as columns,
+    the request's dense features, click, parity."""
     batch = chunk.batch
     owner = torch.repeat_interleave(torch.arange(batch.batch_size),
                                     batch.candidate_offsets.diff())
-    return (batch.sparse["context"].values[owner], batch.candidate_ids["category"],
-            batch.dense[owner, 2:3], batch.labels["click"], chunk.indicators[:, 0] > 0)
+    candidate = torch.stack([batch.candidate_ids[name]
+                             for name in ("ad_id", "advertiser", "category")], dim=1)
+    return (batch.sparse["context"].values[owner], candidate, batch.dense[owner],
+            batch.labels["click"], chunk.indicators[:, 0] > 0)
 
 
 class Probe(nn.Module):
-    def __init__(self, interaction: str, noise_tokens: int, num_contexts: int,
-                 num_categories: int) -> None:
+    """The interaction over the parity's inputs, laid out as ``--layout`` says (``alone``: one
+    token each; ``model``: as the trainer's model gives them, see the module docstring)."""
+
+    def __init__(self, interaction: str, noise_tokens: int, layout: str, dense_layout: str,
+                 num_contexts: int, num_categories: int, num_advertisers: int,
+                 num_dense: int) -> None:
         super().__init__()
         self.noise_tokens = noise_tokens
+        self.layout = layout
         self.context = nn.Embedding(num_contexts, DIM)
         self.category = nn.Embedding(num_categories, DIM)
-        self.dense = nn.Linear(1, DIM)
+        if layout == "model":  # the candidate token sums its ids' rows; one token of all dense
+            self.ad = nn.Embedding(AD_ROWS, DIM)
+            self.advertiser = nn.Embedding(num_advertisers, DIM)
+        self.dense_layout = dense_layout
+        if layout != "model":
+            self.dense = nn.Linear(1, DIM)
+        elif dense_layout == "linear":
+            self.dense = nn.Linear(num_dense, DIM)
+        elif dense_layout == "mlp":
+            self.dense = nn.Sequential(nn.Linear(num_dense, 2 * DIM), nn.ReLU(),
+                                       nn.Linear(2 * DIM, DIM))
+        else:  # per_feature: a token of each dense feature
+            self.dense = PerFeatureDenseTokens(num_dense, DIM)
         self.noise = nn.Embedding(NOISE_IDS, DIM)
-        tokens = 3 + noise_tokens
+        tokens = 2 + (num_dense if layout == "model" and dense_layout == "per_feature" else 1)
+        tokens += noise_tokens
         if interaction == "dot":
             self.interaction = DotInteractionMLP(tokens, DIM, HIDDEN, 0.0)
         elif interaction == "wukong":
@@ -70,10 +93,16 @@ class Probe(nn.Module):
                                                        hidden=HIDDEN, dropout=0.0)
         self.head = nn.Linear(HIDDEN[-1], 1)
 
-    def forward(self, context: Tensor, category: Tensor, dense: Tensor,
+    def forward(self, context: Tensor, candidate: Tensor, dense: Tensor,
                 generator: torch.Generator) -> Tensor:
-        tokens = torch.stack([self.context(context), self.category(category),
-                              self.dense(dense)], dim=1)
+        if self.layout == "model":
+            item = (self.ad(candidate[:, 0] % AD_ROWS) + self.advertiser(candidate[:, 1])
+                    + self.category(candidate[:, 2]))
+            request = self.dense(dense)
+            request = request if self.dense_layout == "per_feature" else request.unsqueeze(1)
+        else:
+            item, request = self.category(candidate[:, 2]), self.dense(dense[:, 2:3]).unsqueeze(1)
+        tokens = torch.cat([torch.stack([self.context(context), item], dim=1), request], dim=1)
         if self.noise_tokens:
             ids = torch.randint(0, NOISE_IDS, (context.numel(), self.noise_tokens),
                                 generator=generator)
@@ -88,6 +117,15 @@ def main() -> None:
     parser.add_argument("--noise-tokens", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0, help="data seed and model seed")
+    parser.add_argument("--layout", choices=("alone", "model"), default="alone",
+                        help="alone: a token of the category, one of dense[2]; model: the "
+                             "candidate token sums its ad, advertiser and category rows, and "
+                             "one linear token carries every dense feature")
+    parser.add_argument("--dense", choices=("linear", "mlp", "per_feature"), default="linear",
+                        help="with --layout model: the dense features as one linear token, "
+                             "one token of a two-layer MLP, or a linear token each")
+    parser.add_argument("--clip", type=float, default=0.0,
+                        help="clip the gradient norm to this (the presets' 1.0); 0: no clip")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     options = SynthOptions(num_items=2000, num_users=5000, max_length=64, planted="cross")
@@ -95,16 +133,19 @@ def main() -> None:
     world = data.planted_world
     evals = [impressions(data.chunk_with_indicators(4096, split="eval", index=i))
              for i in range(2)]
-    context, category, dense, click = (torch.cat([e[j] for e in evals]) for j in range(4))
+    context, candidate, dense, click = (torch.cat([e[j] for e in evals]) for j in range(4))
     odd = np.concatenate([e[4] for e in evals])
-    model = Probe(args.interaction, args.noise_tokens, world.context_bit.size,
-                  world.category_bit.size)
+    model = Probe(args.interaction, args.noise_tokens, args.layout, args.dense,
+                  world.context_bit.size,
+                  world.category_bit.size, options.num_advertisers, options.num_dense)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     noise = torch.Generator().manual_seed(args.seed + 1)
     loss_fn = nn.BCEWithLogitsLoss()
     # What knowing the parity alone gives: each side's own eval click rate (the probe's floor).
     rates = np.where(odd, click.numpy()[odd].mean(), click.numpy()[~odd].mean())
-    print(f"interaction {args.interaction}, {args.noise_tokens} noise tokens, seed {args.seed}; "
+    print(f"interaction {args.interaction}, layout {args.layout}, dense {args.dense}, "
+          f"{args.noise_tokens} noise "
+          f"tokens, clip {args.clip or 'none'}, seed {args.seed}; "
           f"the parity alone reaches eval NE "
           f"{normalized_entropy_of_probabilities(rates, click.numpy()):.4f}")
     for step in range(1, args.steps + 1):
@@ -112,10 +153,12 @@ def main() -> None:
         loss = loss_fn(model(c, k, d, noise), y)
         optimizer.zero_grad()
         loss.backward()
+        if args.clip:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         if step % args.eval_every == 0:
             with torch.no_grad():
-                p = torch.sigmoid(model(context, category, dense, noise)).double().numpy()
+                p = torch.sigmoid(model(context, candidate, dense, noise)).double().numpy()
             ne = normalized_entropy_of_probabilities(p, click.numpy())
             print(f"step {step}: eval NE {ne:.4f}, mean prediction odd {p[odd].mean():.4f}, "
                   f"even {p[~odd].mean():.4f}", flush=True)

@@ -94,6 +94,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(target_match=8, attribute_attention=True, match_token_scale="log"),
     dict(candidate_bias=True, multitask="esmm"),
     dict(interaction="cross", cross_rank=4, pma_queries=1),
+    dict(dense_tokens="per_feature", cross_attention=True, interaction="wukong"),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data

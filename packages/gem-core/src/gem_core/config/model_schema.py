@@ -220,6 +220,12 @@ class ModelConfig:
     training like-rate alone ranks each user's eval items better (GAUC 0.718) than any preset
     did (docs/results.md)."""
 
+    dense_tokens: str = attrs.field(default="one", validator=choice("one", "per_feature"))
+    """How the request's dense features become tokens of the interaction (and keys of the
+    tower's cross-attention): ``one``, a single linear token of all of them (DLRM's);
+    ``per_feature``, a token ``x_i w_i + b_i`` of each (AutoInt's, FT-Transformer's), so that
+    one feature can be crossed with a sparse one on its own (docs/results.md, ``cross``)."""
+
     match_token_scale: str = attrs.field(default="linear", validator=choice("linear", "log"))
     """The size of the target-match and attribute-attention tokens, sums over up to
     ``target_match`` / ``attribute_attention_history`` events: ``linear``, as summed; ``log``,

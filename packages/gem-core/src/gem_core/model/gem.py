@@ -25,6 +25,7 @@ from gem_core.jagged import max_length
 from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.cross_network import CrossNetworkInteraction
+from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
@@ -124,7 +125,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self.attention_params = AttentionParams(
             causal=True, window=config.window or None, normalization=config.normalization
         )
-        self.num_context = len(schema.sparse_features) + (1 if schema.num_dense else 0)
+        per_feature = config.dense_tokens == "per_feature"
+        self.num_context = len(schema.sparse_features) + (
+            schema.num_dense if per_feature else int(schema.num_dense > 0))
         if config.cross_attention and config.num_layers and not self.num_context:
             raise ValueError("model.cross_attention needs non-sequence sparse or dense features; "
                              "the schema has none")
@@ -135,7 +138,11 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # of the parameters (state dict, optimizer state) and of their seeded initialisation.
         self._build_upstream(attention, norm, moe, live)
         self._build_history_readers(attention, live)
-        self.dense_proj = nn.Linear(schema.num_dense, dim) if schema.num_dense else None
+        # The dense features: one token of all (dense_proj) or a token of each (dense_tokens).
+        self.dense_proj = (nn.Linear(schema.num_dense, dim)
+                           if schema.num_dense and not per_feature else None)
+        self.dense_tokens = (PerFeatureDenseTokens(schema.num_dense, dim)
+                             if schema.num_dense and per_feature else None)
         # A candidate's numeric features (price, bid) join its token, as its content vector does.
         self.candidate_numeric = (nn.Linear(schema.candidate_numeric_dim, dim)
                                   if schema.candidate_numeric_dim else None)
@@ -279,6 +286,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         context = list(looked_up.context)
         if self.dense_proj is not None:
             context.append(self.dense_proj(batch.dense))
+        if self.dense_tokens is not None:
+            context += list(self.dense_tokens(batch.dense).unbind(1))
         return _Requests(offsets, lengths, max_len, rows, ages, events, context)
 
     def _upstream(self, batch: JaggedBatch, requests: _Requests
