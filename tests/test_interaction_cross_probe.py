@@ -7,13 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_probe_trains_and_reports_the_parity_floor():
+@pytest.mark.parametrize("layout", [
+    ["--interaction", "wukong"],
+    ["--interaction", "cross", "--layout", "model", "--dense", "per_feature", "--clip", "1.0"],
+])
+def test_the_probe_trains_and_reports_the_parity_floor(layout):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "interaction_cross_probe.py"),
-         "--interaction", "wukong", "--steps", "4", "--eval-every", "2", "--noise-tokens", "2"],
+        [sys.executable, str(ROOT / "tools" / "interaction_cross_probe.py"), *layout,
+         "--steps", "4", "--eval-every", "2", "--noise-tokens", "2"],
         capture_output=True, text=True, check=True, timeout=300).stdout
     floor = float(re.search(r"the parity alone reaches eval NE ([0-9.]+)", out).group(1))
     assert 0.5 < floor < 0.99  # the parity is worth something on its own

@@ -19,6 +19,14 @@ It trains on the click labels of the generator's training chunks (256 requests a
 every ``--eval-every`` steps. An NE near 1 with equal odd/even means the parity is
 not found yet; the first line gives the NE of knowing the parity alone (each side's own
 eval click rate), the floor the probe can approach.
+
+``--layout model`` gives the inputs as the trainer's model does: the category only inside the
+candidate token (the sum of its ad, advertiser and category rows) and ``dense[2]`` only inside
+the dense features' token(s) (``--dense``: ``linear``, one token of all, ``model.dense_tokens
+= "one"``; ``per_feature``, a token each, ``"per_feature"``; ``mlp``, one token from a
+two-layer MLP, DLRM's bottom MLP). The other dense features and the candidate's ids then carry
+the generator's other click terms, so the NE can fall below the parity's floor without the
+parity; the gap between the odd and even mean predictions says whether it was found.
 """
 
 from __future__ import annotations
