@@ -32,6 +32,7 @@ parity; the gap between the odd and even mean predictions says whether it was fo
 from __future__ import annotations
 
 import argparse
+import math
 
 import numpy as np
 import torch
@@ -68,7 +69,8 @@ class Probe(nn.Module):
 
     def __init__(self, interaction: str, noise_tokens: int, layout: str, dense_layout: str,
                  num_contexts: int, num_categories: int, num_advertisers: int,
-                 num_dense: int) -> None:
+                 num_dense: int, loud_tokens: int = 0, loud_scale: float = 1.0,
+                 token_norm: str = "none") -> None:
         super().__init__()
         self.noise_tokens = noise_tokens
         self.layout = layout
@@ -90,6 +92,9 @@ class Probe(nn.Module):
         self.noise = nn.Embedding(NOISE_IDS, DIM)
         tokens = 2 + (num_dense if layout == "model" and dense_layout == "per_feature" else 1)
         tokens += noise_tokens
+        self.loud = torch.ones(tokens, 1)
+        self.loud[tokens - noise_tokens:][:loud_tokens] = loud_scale
+        self.token_norm = nn.BatchNorm1d(tokens) if token_norm == "batch" else None
         if interaction == "dot":
             self.interaction = DotInteractionMLP(tokens, DIM, HIDDEN, 0.0)
         elif interaction == "wukong":
@@ -115,6 +120,9 @@ class Probe(nn.Module):
             ids = torch.randint(0, NOISE_IDS, (context.numel(), self.noise_tokens),
                                 generator=generator)
             tokens = torch.cat([tokens, self.noise(ids)], dim=1)
+        tokens = tokens * self.loud
+        if self.token_norm is not None:
+            tokens = self.token_norm(tokens)
         return self.head(self.interaction(tokens)).squeeze(1)
 
 
@@ -132,6 +140,16 @@ def main() -> None:
     parser.add_argument("--dense", choices=("linear", "mlp", "per_feature"), default="linear",
                         help="with --layout model: the dense features as one linear token, "
                              "one token of a two-layer MLP, or a linear token each")
+    parser.add_argument("--trainer-rates", action="store_true",
+                        help="the presets' rates instead of a constant 0.002: embedding rows at "
+                             "5x, 20 warm-up steps, cosine decay to 10%% at --steps")
+    parser.add_argument("--loud-tokens", type=int, default=0,
+                        help="this many of the noise tokens scaled by --loud-scale (inside "
+                             "tiny the attribute-attention token's RMS is 5-6, the others' "
+                             "0.06-1.3)")
+    parser.add_argument("--loud-scale", type=float, default=6.0)
+    parser.add_argument("--token-norm", choices=("none", "batch"), default="none",
+                        help="model.token_norm: a batch norm with a channel per token")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradient norm to this (the presets' 1.0); 0: no clip")
     args = parser.parse_args()
@@ -143,17 +161,29 @@ def main() -> None:
              for i in range(2)]
     context, candidate, dense, click = (torch.cat([e[j] for e in evals]) for j in range(4))
     odd = np.concatenate([e[4] for e in evals])
+    if args.loud_tokens > args.noise_tokens:
+        parser.error("--loud-tokens scales noise tokens: at most --noise-tokens")
     model = Probe(args.interaction, args.noise_tokens, args.layout, args.dense,
                   world.context_bit.size,
-                  world.category_bit.size, options.num_advertisers, options.num_dense)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+                  world.category_bit.size, options.num_advertisers, options.num_dense,
+                  args.loud_tokens, args.loud_scale, args.token_norm)
+    tables = [p for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()]
+    layers = [p for p in model.parameters() if all(p is not t for t in tables)]
+    scale = 5.0 if args.trainer_rates else 1.0
+    optimizer = torch.optim.AdamW([{"params": layers, "lr": 2e-3},
+                                   {"params": tables, "lr": 2e-3 * scale}])
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: (min((step + 1) / 20, 1.0) * (0.55 + 0.45 * math.cos(
+            math.pi * max(step - 20, 0) / max(args.steps - 20, 1))))
+        if args.trainer_rates else 1.0)
     noise = torch.Generator().manual_seed(args.seed + 1)
     loss_fn = nn.BCEWithLogitsLoss()
     # What knowing the parity alone gives: each side's own eval click rate (the probe's floor).
     rates = np.where(odd, click.numpy()[odd].mean(), click.numpy()[~odd].mean())
     print(f"interaction {args.interaction}, layout {args.layout}, dense {args.dense}, "
           f"{args.noise_tokens} noise "
-          f"tokens, clip {args.clip or 'none'}, seed {args.seed}; "
+          f"tokens ({args.loud_tokens} of them x{args.loud_scale}), token norm "
+          f"{args.token_norm}, clip {args.clip or 'none'}, seed {args.seed}; "
           f"the parity alone reaches eval NE "
           f"{normalized_entropy_of_probabilities(rates, click.numpy()):.4f}")
     for step in range(1, args.steps + 1):
@@ -164,9 +194,12 @@ def main() -> None:
         if args.clip:
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
+        schedule.step()
         if step % args.eval_every == 0:
+            model.eval()
             with torch.no_grad():
                 p = torch.sigmoid(model(context, candidate, dense, noise)).double().numpy()
+            model.train()
             ne = normalized_entropy_of_probabilities(p, click.numpy())
             print(f"step {step}: eval NE {ne:.4f}, mean prediction odd {p[odd].mean():.4f}, "
                   f"even {p[~odd].mean():.4f}", flush=True)

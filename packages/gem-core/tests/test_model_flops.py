@@ -23,7 +23,8 @@ VARIANTS = {
     "cross-network": dict(interaction="cross", cross_layers=2),
     "cross-network-low-rank": dict(interaction="cross", cross_layers=3, cross_rank=4),
     "dense-per-feature-cross-attention": dict(dense_tokens="per_feature", cross_attention=True,
-                                              interaction="cross", cross_layers=1),
+                                              interaction="cross", cross_layers=1,
+                                              token_norm="batch"),
     "target-match-windows": dict(target_match=8, action_feature="action",
                                  target_match_action_window=32, target_match_max_age_s=1e6),
 }

@@ -95,6 +95,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(candidate_bias=True, multitask="esmm"),
     dict(interaction="cross", cross_rank=4, pma_queries=1),
     dict(dense_tokens="per_feature", cross_attention=True, interaction="wukong"),
+    dict(token_norm="batch", interaction="cross", target_match=8, attribute_attention=True),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data
@@ -183,3 +184,37 @@ def test_esmm_and_cross_attention_say_what_they_need(data):
                               tables=[t for t in schema.tables if t.name not in context_tables])
     with pytest.raises(ValueError, match="cross_attention"):
         _model(no_context, cross_attention=True)
+
+
+def test_token_norm_puts_every_token_on_one_scale_and_keeps_sizes_within_a_token(data):
+    """``token_norm = "batch"``: each token position is scaled by its own batch statistics, so
+    a token summed over many events (target match, here without the log rescaling) no longer
+    sets everyone's scale, and a sample's size relative to the batch survives."""
+    schema, batch = data
+    torch.manual_seed(0)
+    model = _model(schema, token_norm="batch", target_match=8, attribute_attention=True,
+                   match_token_scale="linear")
+    seen = {}
+    model.interaction.register_forward_pre_hook(lambda _, args: seen.update(tokens=args[0]))
+    model.train()
+    model(batch)
+    tokens = seen["tokens"].detach().double()
+    centred = tokens - tokens.mean(dim=(0, 2), keepdim=True)
+    rms = centred.pow(2).mean(dim=(0, 2)).sqrt()
+    # Every position at scale 1 (up to BatchNorm's eps against the smallest variances).
+    assert torch.allclose(rms, torch.ones_like(rms), atol=5e-3)
+    raw = {}
+    model.token_norm.register_forward_pre_hook(lambda _, args: raw.update(tokens=args[0]))
+    model(batch)
+    unscaled = raw["tokens"].detach().double()
+    spread = unscaled.pow(2).mean(dim=(0, 2)).sqrt()
+    assert spread.max() > 10 * spread.min()  # they came on very different scales
+    # Within a position, the samples keep their order of size (an affine map of each value).
+    before = unscaled[:, 2].flatten()
+    after = model.token_norm(raw["tokens"].detach())[:, 2].double().flatten()
+    assert torch.corrcoef(torch.stack([before, after]))[0, 1] > 0.999999
+    # Training forwards kept running statistics, which evaluation uses instead of the batch's.
+    # Three updates (two forwards, one direct call) on the same tokens, momentum 0.1 each.
+    assert model.token_norm.num_batches_tracked == 3
+    expected = 0.9 ** 3 + (1 - 0.9 ** 3) * float(unscaled[:, spread.argmax()].var())
+    assert float(model.token_norm.running_var.max()) == pytest.approx(expected, rel=0.2)

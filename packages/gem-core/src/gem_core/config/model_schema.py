@@ -220,6 +220,13 @@ class ModelConfig:
     training like-rate alone ranks each user's eval items better (GAUC 0.718) than any preset
     did (docs/results.md)."""
 
+    token_norm: str = attrs.field(default="none", validator=choice("none", "batch"))
+    """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;
+    ``batch``, a batch norm with one channel per token (mean and scale over the batch and the
+    embedding dimension, running statistics at evaluation), so a token summed over many events
+    no longer sets the scale for all the others while each sample's size relative to the batch
+    is kept."""
+
     dense_tokens: str = attrs.field(default="one", validator=choice("one", "per_feature"))
     """How the request's dense features become tokens of the interaction (and keys of the
     tower's cross-attention): ``one``, a single linear token of all of them (DLRM's);

@@ -209,6 +209,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                            + int(config.attribute_attention)
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
+        # One channel per token: each position scaled on its own (token_norm).
+        self.token_norm = (nn.BatchNorm1d(self.num_tokens) if config.token_norm == "batch"
+                           else None)
         if config.interaction == "wukong":
             self.interaction = WukongInteraction(
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
@@ -261,7 +264,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         history = requests.events if self.config.downstream_history == "events" else history
         # Everything above ran once per request; from here on, once per candidate.
         tokens = self._candidate_tokens(batch, looked_up, requests, history, user_tokens)
-        shared = self.interaction(torch.stack(tokens, dim=1))
+        stacked = torch.stack(tokens, dim=1)
+        if self.token_norm is not None:
+            stacked = self.token_norm(stacked)
+        shared = self.interaction(stacked)
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
