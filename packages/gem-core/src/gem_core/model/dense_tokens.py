@@ -8,8 +8,9 @@ cross one dense feature with a sparse one without first separating it from the o
 
 Why it is an option: ``synthetic-ads``' ``cross`` kind hides a three-way parity in the sign of
 ``dense[2]``, a request context and a candidate category. ``tools/interaction_cross_probe.py``
-measures how soon an interaction alone finds it with the dense features laid out either way
-(docs/results.md).
+measures how soon an interaction alone finds it with the dense features laid out either way:
+a token each found it 250-500 steps sooner on three seeds; inside ``tiny`` neither layout
+found it at 2,000 steps without ``model.token_norm`` (docs/results.md).
 """
 
 from __future__ import annotations
