@@ -218,3 +218,14 @@ def test_token_norm_puts_every_token_on_one_scale_and_keeps_sizes_within_a_token
     assert model.token_norm.num_batches_tracked == 3
     expected = 0.9 ** 3 + (1 - 0.9 ** 3) * float(unscaled[:, spread.argmax()].var())
     assert float(model.token_norm.running_var.max()) == pytest.approx(expected, rel=0.2)
+
+
+def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
+    from gem_core.config import ModelConfig
+    from gem_core.errors import GemConfigError
+    from gem_core.model.building import check_token_norm
+
+    check_token_norm(ModelConfig(token_norm="batch"), world_size=1)
+    check_token_norm(ModelConfig(), world_size=8)
+    with pytest.raises(GemConfigError, match="differ between the 2 ranks"):
+        check_token_norm(ModelConfig(token_norm="batch"), world_size=2)

@@ -210,3 +210,14 @@ def test_cli_json_and_verdict():
                                         "16"], catch_exceptions=False).output
     assert "fits in" in text and "does NOT" not in text
     assert "embedding tables:" in text and "event.item, candidate.item" in text
+
+
+def test_token_norm_is_refused_on_several_ranks_as_gem_train_refuses_it(plugins):
+    """``model.token_norm = "batch"`` keeps running statistics per rank: one GPU is planned,
+    four are refused with the trainer's message."""
+    from gem_core.errors import GemConfigError
+
+    config = load_config(preset="tiny", overrides=(*TINY, "model.token_norm=batch"))
+    assert plan(config, Layout(gpus=1, gpu_memory_gib=1), plugins)["parameters"]["dense"] > 0
+    with pytest.raises(GemConfigError, match="differ between the 4 ranks"):
+        plan(config, Layout(gpus=4, gpu_memory_gib=1, dense="fsdp2"), plugins)

@@ -29,7 +29,7 @@ from gem_core.config import GemConfig
 from gem_core.contracts import require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend, check_fused_optimizer
-from gem_core.model.building import build_checked
+from gem_core.model.building import build_checked, check_token_norm
 from gem_core.model.features import FeatureLookup
 from gem_core.model.summary import parameter_counts
 from gem_core.norm import ReferenceNorm
@@ -249,6 +249,7 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     a batch of the data (history length, candidates, ids per table) and the activations
     measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
+    check_token_norm(config.model, world_size=n)  # what gem train refuses at start-up
     source = plugins.data_source(config.data, seed=0)
     with torch.device("meta"):  # shapes only: a billion-row table costs nothing
         model = configured_model(config, source.schema, plugins)

@@ -227,7 +227,9 @@ class ModelConfig:
     no longer sets the scale for all the others while each sample's size relative to the batch
     is kept. With ``interaction = "cross"`` it lets ``tiny`` find the ``cross`` kind's
     three-way parity (click NE 0.8530 at 2,000 steps against 0.9066 without, 0.8439
-    achievable); on MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md)."""
+    achievable); on MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md).
+    One process only: the running statistics would be each rank's own, so ``gem train`` and
+    ``gem plan`` refuse it on more than one rank."""
 
     dense_tokens: str = attrs.field(default="one", validator=choice("one", "per_feature"))
     """How the request's dense features become tokens of the interaction (and keys of the

@@ -22,7 +22,7 @@ from gem_core.distributed import ParallelContext, all_reduce_max
 from gem_core.embedding import check_fused_optimizer
 from gem_core.flops import sample_costs
 from gem_core.ids import check_managed_ids
-from gem_core.model.building import build_run_model
+from gem_core.model.building import build_run_model, check_token_norm
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins, build_data_source
 from gem_core.train.backends import RunBackends, resolve_backends
@@ -84,6 +84,7 @@ class RunAssembly:
         check_fused_optimizer(config.model, embedding=self.backends.embedding.spec,
                               embedding_sharding=self.backends.embedding_sharding.spec,
                               world_size=ctx.world_size)
+        check_token_norm(config.model, world_size=ctx.world_size)
         # dense_tables = "auto" decided for these backends; "same" refused where it cannot be.
         self.table_optimizer = resolve_table_optimizer(
             config.model.embedding_optimizer, embedding=self.backends.embedding.spec,
