@@ -96,6 +96,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(interaction="cross", cross_rank=4, pma_queries=1),
     dict(dense_tokens="per_feature", cross_attention=True, interaction="wukong"),
     dict(token_norm="batch", interaction="cross", target_match=8, attribute_attention=True),
+    dict(token_norm="rms", target_match=8, attribute_attention=True),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data
@@ -229,3 +230,27 @@ def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
     check_token_norm(ModelConfig(), world_size=8)
     with pytest.raises(GemConfigError, match="differ between the 2 ranks"):
         check_token_norm(ModelConfig(token_norm="batch"), world_size=2)
+
+
+def test_token_rms_norm_scales_each_position_by_its_rms_and_keeps_zeros_in_float64():
+    from gem_core.model.token_norm import TokenRMSNorm
+
+    torch.manual_seed(0)
+    norm = TokenRMSNorm(3).double()
+    with torch.no_grad():
+        norm.gain.copy_(torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64))
+    tokens = torch.randn(16, 3, 4, dtype=torch.float64) * torch.tensor(
+        [0.1, 6.0, 1.0], dtype=torch.float64).view(1, 3, 1)
+    tokens[3, 1] = 0.0  # a sample with no match: a zero token
+    out = norm(tokens)
+    for k, gain in enumerate((0.5, 2.0, 1.0)):
+        ms = tokens[:, k].pow(2).mean()
+        assert torch.allclose(out[:, k], tokens[:, k] * gain / torch.sqrt(ms + 1e-5),
+                              rtol=1e-12, atol=0)
+    assert torch.equal(out[3, 1], torch.zeros(4, dtype=torch.float64))
+    # Running mean squares (momentum 0.1 from 1) are what evaluation divides by.
+    expected = 0.9 + 0.1 * tokens.pow(2).mean(dim=(0, 2))
+    assert torch.allclose(norm.running_ms, expected, rtol=1e-12, atol=0)
+    norm.eval()
+    assert torch.allclose(norm(tokens)[:, 1], tokens[:, 1] * 2.0 / torch.sqrt(expected[1] + 1e-5),
+                          rtol=1e-12, atol=0)

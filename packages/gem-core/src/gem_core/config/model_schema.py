@@ -220,14 +220,17 @@ class ModelConfig:
     training like-rate alone ranks each user's eval items better (GAUC 0.718) than any preset
     did (docs/results.md)."""
 
-    token_norm: str = attrs.field(default="none", validator=choice("none", "batch"))
+    token_norm: str = attrs.field(default="none", validator=choice("none", "batch", "rms"))
     """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;
     ``batch``, a batch norm with one channel per token (mean and scale over the batch and the
     embedding dimension, running statistics at evaluation), so a token summed over many events
     no longer sets the scale for all the others while each sample's size relative to the batch
-    is kept. With ``interaction = "cross"`` it lets ``tiny`` find the ``cross`` kind's
-    three-way parity (click NE 0.8530 at 2,000 steps against 0.9066 without, 0.8439
-    achievable); on MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md).
+    is kept; ``rms``, each position divided by its batch RMS with a gain per position and no
+    centring, so a token that is zero (no matching event) stays zero
+    (``gem_core.model.token_norm``). With ``interaction = "cross"``, ``batch`` lets ``tiny``
+    find the ``cross`` kind's three-way parity (click NE 0.8530 at 2,000 steps against 0.9066
+    without, 0.8439 achievable); on MovieLens-100k it costs 0.008 NE, so no preset uses it
+    (docs/results.md).
     One process only: the running statistics would be each rank's own, so ``gem train`` and
     ``gem plan`` refuse it on more than one rank."""
 

@@ -40,6 +40,7 @@ from gem_core.model.target_match import (
     shared_attributes,
     target_match_from_config,
 )
+from gem_core.model.token_norm import token_norm
 from gem_core.model.tokens import EventTokenizer
 from gem_core.model.wukong import WukongInteraction
 from gem_core.norm import NormBackend, ReferenceNorm
@@ -210,8 +211,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
         # One channel per token: each position scaled on its own (token_norm).
-        self.token_norm = (nn.BatchNorm1d(self.num_tokens) if config.token_norm == "batch"
-                           else None)
+        self.token_norm = token_norm(config.token_norm, self.num_tokens)
         if config.interaction == "wukong":
             self.interaction = WukongInteraction(
                 self.num_tokens, dim, layers=config.wukong_layers, rank=config.wukong_fm_rank,
