@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("layout", [
     ["--interaction", "wukong"],
-    ["--interaction", "cross", "--layout", "model", "--dense", "per_feature", "--clip", "1.0"],
+    ["--interaction", "cross", "--layout", "model", "--dense", "per_feature", "--clip", "1.0",
+     "--trainer-rates", "--token-norm", "rms", "--loud-tokens", "1"],
 ])
 def test_the_probe_trains_and_reports_the_parity_floor(layout):
     out = subprocess.run(

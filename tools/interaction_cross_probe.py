@@ -32,16 +32,19 @@ parity; the gap between the odd and even mean predictions says whether it was fo
 from __future__ import annotations
 
 import argparse
-import math
 
+import attrs
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gem_core.config import load_config
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.interaction import DotInteractionMLP
+from gem_core.model.token_norm import token_norm as token_norm_module
 from gem_core.model.wukong import WukongInteraction
+from gem_core.train.optim import learning_rate
 from gem_data.generator import AdsLogGenerator, PlantedChunk, normalized_entropy_of_probabilities
 from gem_data.synth_options import SynthOptions
 
@@ -94,7 +97,7 @@ class Probe(nn.Module):
         tokens += noise_tokens
         self.loud = torch.ones(tokens, 1)
         self.loud[tokens - noise_tokens:][:loud_tokens] = loud_scale
-        self.token_norm = nn.BatchNorm1d(tokens) if token_norm == "batch" else None
+        self.token_norm = token_norm_module(token_norm, tokens)
         if interaction == "dot":
             self.interaction = DotInteractionMLP(tokens, DIM, HIDDEN, 0.0)
         elif interaction == "wukong":
@@ -141,15 +144,16 @@ def main() -> None:
                         help="with --layout model: the dense features as one linear token, "
                              "one token of a two-layer MLP, or a linear token each")
     parser.add_argument("--trainer-rates", action="store_true",
-                        help="the presets' rates instead of a constant 0.002: embedding rows at "
-                             "5x, 20 warm-up steps, cosine decay to 10%% at --steps")
+                        help="tiny's rates instead of its lr held constant: embedding rows at "
+                             "train.embedding_lr_scale, the trainer's warm-up and cosine decay "
+                             "over --steps")
     parser.add_argument("--loud-tokens", type=int, default=0,
                         help="this many of the noise tokens scaled by --loud-scale (inside "
                              "tiny the attribute-attention token's RMS is 5-6, the others' "
                              "0.06-1.3)")
     parser.add_argument("--loud-scale", type=float, default=6.0)
-    parser.add_argument("--token-norm", choices=("none", "batch"), default="none",
-                        help="model.token_norm: a batch norm with a channel per token")
+    parser.add_argument("--token-norm", choices=("none", "batch", "rms"), default="none",
+                        help="model.token_norm: each token scaled on its own")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradient norm to this (the presets' 1.0); 0: no clip")
     args = parser.parse_args()
@@ -167,14 +171,16 @@ def main() -> None:
                   world.context_bit.size,
                   world.category_bit.size, options.num_advertisers, options.num_dense,
                   args.loud_tokens, args.loud_scale, args.token_norm)
+    # --trainer-rates: tiny's own rates (its lr, warm-up and embedding scale) through the
+    # trainer's schedule function; otherwise the preset's lr, constant, for every parameter.
+    tiny = attrs.evolve(load_config(preset="tiny").train, steps=args.steps)
     tables = [p for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()]
     layers = [p for p in model.parameters() if all(p is not t for t in tables)]
-    scale = 5.0 if args.trainer_rates else 1.0
-    optimizer = torch.optim.AdamW([{"params": layers, "lr": 2e-3},
-                                   {"params": tables, "lr": 2e-3 * scale}])
+    scale = tiny.embedding_lr_scale if args.trainer_rates else 1.0
+    optimizer = torch.optim.AdamW([{"params": layers, "lr": tiny.lr},
+                                   {"params": tables, "lr": tiny.lr * scale}])
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: (min((step + 1) / 20, 1.0) * (0.55 + 0.45 * math.cos(
-            math.pi * max(step - 20, 0) / max(args.steps - 20, 1))))
+        optimizer, lambda step: learning_rate(tiny, step) / tiny.lr
         if args.trainer_rates else 1.0)
     noise = torch.Generator().manual_seed(args.seed + 1)
     loss_fn = nn.BCEWithLogitsLoss()

@@ -20,9 +20,9 @@ class DistributedDataParallelStrategy(DenseSharding):
             # One rank: DDP would only add a no-op all-reduce; keep the exact single-process math.
             return Engine(model, make_optimizer(model))
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # The model's buffers are constants (the one with running statistics, model.token_norm
-        # = "batch", is refused on more than one rank): broadcasting them at every forward
-        # would only add a collective.
+        # The model's buffers are constants (model.token_norm, which keeps running statistics,
+        # is refused on more than one rank): broadcasting them at every forward would only add
+        # a collective.
         wrapped = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         return _DdpEngine(wrapped, make_optimizer(wrapped), unwrapped=model)
 
