@@ -228,8 +228,37 @@ def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
 
     check_token_norm(ModelConfig(token_norm="batch"), world_size=1)
     check_token_norm(ModelConfig(), world_size=8)
-    with pytest.raises(GemConfigError, match="differ between the 2 ranks"):
-        check_token_norm(ModelConfig(token_norm="batch"), world_size=2)
+    check_token_norm(ModelConfig(token_norm="sample"), world_size=8)  # no statistics to differ
+    for kind in ("batch", "rms"):
+        with pytest.raises(GemConfigError, match="differ between the 2 ranks"):
+            check_token_norm(ModelConfig(token_norm=kind), world_size=2)
+
+
+def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():
+    """``token_norm = "sample"``: every token of every sample over its own RMS times its
+    position's gain; a zero token stays zero, and a sample scores the same alone as in a batch
+    and in training as in evaluation (no statistics)."""
+    from gem_core.model.token_norm import SampleTokenRMSNorm, token_norm
+
+    torch.manual_seed(0)
+    norm = token_norm("sample", 3).double()
+    assert isinstance(norm, SampleTokenRMSNorm) and not list(norm.buffers())
+    with torch.no_grad():
+        norm.gain.copy_(torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64))
+    tokens = torch.randn(16, 3, 4, dtype=torch.float64) * torch.tensor(
+        [0.1, 6.0, 1.0], dtype=torch.float64).view(1, 3, 1)
+    tokens[3, 1] = 0.0
+    out = norm(tokens)
+    for n in range(16):
+        for k, gain in enumerate((0.5, 2.0, 1.0)):
+            ms = tokens[n, k].pow(2).mean()
+            assert torch.allclose(out[n, k], tokens[n, k] * gain / torch.sqrt(ms + 1e-5),
+                                  rtol=1e-12, atol=0)
+    assert torch.equal(out[3, 1], torch.zeros(4, dtype=torch.float64))
+    norm.eval()
+    assert torch.equal(norm(tokens[5:6]), out[5:6])
+    with pytest.raises(ValueError, match="'sample'"):
+        token_norm("layer", 3)
 
 
 def test_token_rms_norm_scales_each_position_by_its_rms_and_keeps_zeros_in_float64():

@@ -220,19 +220,21 @@ class ModelConfig:
     training like-rate alone ranks each user's eval items better (GAUC 0.718) than any preset
     did (docs/results.md)."""
 
-    token_norm: str = attrs.field(default="none", validator=choice("none", "batch", "rms"))
+    token_norm: str = attrs.field(default="none",
+                                  validator=choice("none", "batch", "rms", "sample"))
     """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;
     ``batch``, a batch norm with one channel per token (mean and scale over the batch and the
     embedding dimension, running statistics at evaluation), so a token summed over many events
     no longer sets the scale for all the others while each sample's size relative to the batch
     is kept; ``rms``, each position divided by its batch RMS with a gain per position and no
-    centring, so a token that is zero (no matching event) stays zero
-    (``gem_core.model.token_norm``). With ``interaction = "cross"``, ``batch`` lets ``tiny``
-    find the ``cross`` kind's three-way parity (click NE 0.8530 at 2,000 steps against 0.9066
-    without, 0.8439 achievable); on MovieLens-100k it costs 0.008 NE, so no preset uses it
-    (docs/results.md).
-    One process only: the running statistics would be each rank's own, so ``gem train`` and
-    ``gem plan`` refuse it on more than one rank."""
+    centring, so a token that is zero (no matching event) stays zero; ``sample``, each token of
+    each sample divided by its own RMS with a gain per position (no statistics: any number of
+    ranks, but a sum token's size is lost) (``gem_core.model.token_norm``). With
+    ``interaction = "cross"``, ``batch`` lets ``tiny`` find the ``cross`` kind's three-way
+    parity (click NE 0.8530 at 2,000 steps against 0.9066 without, 0.8439 achievable); on
+    MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md).
+    ``batch`` and ``rms`` run in one process only: the running statistics would be each rank's
+    own, so ``gem train`` and ``gem plan`` refuse them on more than one rank."""
 
     dense_tokens: str = attrs.field(default="one", validator=choice("one", "per_feature"))
     """How the request's dense features become tokens of the interaction (and keys of the
@@ -304,6 +306,13 @@ class ModelConfig:
     cross_layers: int = attrs.field(default=3, validator=greater_than(0))
     """``interaction = "cross"``: cross layers (the highest cross is of order layers + 1; 3 as
     DCN-V2's and RecBole's default)."""
+
+    cross_multiplier: str = attrs.field(default="flat", validator=choice("flat", "token"))
+    """``interaction = "cross"``: what multiplies each cross layer (DCN-V2's ``x0``): ``flat``,
+    the flattened tokens under one LayerNorm (the layers' input too); ``token``, each token of
+    each sample divided by its own RMS (a gain per token), so a loud sum token does not shrink
+    the others' products, while the layers' input and the MLP keep the LayerNorm-ed tokens and
+    their sizes (``gem_core.model.cross_network``)."""
 
     cross_rank: int = attrs.field(default=0, validator=at_least(0))
     """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank

@@ -14,15 +14,16 @@ from gem_core.schema import FeatureSchema
 
 
 def check_token_norm(config: ModelConfig, *, world_size: int) -> None:
-    """Refuse ``token_norm`` (``batch``, ``rms``) on more than one rank: its running statistics
+    """Refuse ``token_norm`` ``batch`` and ``rms`` on more than one rank (``sample`` keeps no
+    statistics and runs anywhere): their running statistics
     would be each rank's own (DDP here does not broadcast buffers, FSDP2 keeps a copy per rank, and
     torch's SyncBatchNorm runs on GPUs only), so ranks would evaluate differently and a resume
     would load rank 0's statistics into every rank."""
-    if config.token_norm != "none" and world_size > 1:
+    if config.token_norm in ("batch", "rms") and world_size > 1:
         raise GemConfigError(
             f"model.token_norm = {config.token_norm!r} keeps running statistics per rank, which "
             f"would differ between the {world_size} ranks of this run; train it in one process "
-            "or set model.token_norm = 'none'")
+            "or set model.token_norm = 'sample' (no statistics) or 'none'")
 
 
 def build_run_model(backends: Any, config: ModelConfig, schema: FeatureSchema) -> nn.Module:

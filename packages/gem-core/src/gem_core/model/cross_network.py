@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
 from gem_core.model.interaction import mlp_layers
+from gem_core.model.token_norm import SampleTokenRMSNorm
 
 
 class CrossLayer(nn.Module):
@@ -41,20 +42,28 @@ class CrossLayer(nn.Module):
 
 class CrossNetworkInteraction(nn.Module):
     """``(B, n, d)`` tokens -> ``(B, out_dim)``: LayerNorm of the flattened tokens, ``layers``
-    cross layers, then an MLP of widths ``hidden`` (SiLU, dropout)."""
+    cross layers, then an MLP of widths ``hidden`` (SiLU, dropout).
+
+    ``multiplier = "token"``: the crosses multiply by each token scaled by its own RMS
+    (:class:`~gem_core.model.token_norm.SampleTokenRMSNorm`) instead of by the LayerNorm-ed
+    tokens, which stay the first layer's input: the products get every token at one scale, and
+    the sizes the LayerNorm keeps (how many events a sum token matched) still reach the MLP."""
 
     def __init__(self, num_tokens: int, dim: int, *, layers: int, rank: int,
-                 hidden: tuple[int, ...], dropout: float) -> None:
+                 hidden: tuple[int, ...], dropout: float, multiplier: str = "flat") -> None:
         super().__init__()
         width = num_tokens * dim
         self.norm = nn.LayerNorm(width)
+        if multiplier not in ("flat", "token"):
+            raise ValueError(f"cross multiplier {multiplier!r}: expected 'flat' or 'token'")
+        self.multiplier = SampleTokenRMSNorm(num_tokens) if multiplier == "token" else None
         self.crosses = nn.ModuleList(CrossLayer(width, rank) for _ in range(layers))
         mlp, self.out_dim = mlp_layers(width, hidden, dropout)
         self.mlp = nn.Sequential(*mlp)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        x0 = self.norm(tokens.flatten(1))
-        x = x0
+        x = self.norm(tokens.flatten(1))
+        x0 = x if self.multiplier is None else self.multiplier(tokens).flatten(1)
         for cross in self.crosses:
             x = cross(x0, x)
         return self.mlp(x)

@@ -221,7 +221,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         elif config.interaction == "cross":
             self.interaction = CrossNetworkInteraction(
                 self.num_tokens, dim, layers=config.cross_layers, rank=config.cross_rank,
-                hidden=config.interaction_dims, dropout=config.dropout)
+                hidden=config.interaction_dims, dropout=config.dropout,
+                multiplier=config.cross_multiplier)
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)

@@ -11,10 +11,15 @@ events matched) survives:
 - ``batch``: torch's BatchNorm with one channel per token (each position's mean and variance
   over the batch and the embedding dimension; a learned scale and shift per position);
 - ``rms``: :class:`TokenRMSNorm`, each position divided by its batch RMS with a learned gain per
-  position and no centring, so a token that is exactly zero (no matching event) stays zero.
+  position and no centring, so a token that is exactly zero (no matching event) stays zero;
+- ``sample``: :class:`SampleTokenRMSNorm`, each token of each sample divided by its own RMS
+  (over the embedding dimension) with a learned gain per position: no batch statistics, so it
+  runs on any number of ranks and scores a sample alone the same as in a batch, but a token's
+  size (how many events a sum token matched) is lost and only its direction is kept.
 
-Both keep running statistics for evaluation, each rank its own, which is why the trainer
-refuses them on more than one rank (:func:`gem_core.model.building.check_token_norm`).
+``batch`` and ``rms`` keep running statistics for evaluation, each rank its own, which is why
+the trainer refuses them on more than one rank
+(:func:`gem_core.model.building.check_token_norm`).
 """
 
 from __future__ import annotations
@@ -46,12 +51,29 @@ class TokenRMSNorm(nn.Module):
         return tokens * scale.view(1, -1, 1)
 
 
+class SampleTokenRMSNorm(nn.Module):
+    """``(N, n, d)`` -> ``(N, n, d)``: every token of every sample times
+    ``gain_k / sqrt(mean_d(x^2) + eps)``; a zero token stays zero. Stateless: the same in
+    training and evaluation, and on every rank."""
+
+    def __init__(self, num_tokens: int, *, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.gain = nn.Parameter(torch.ones(num_tokens))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        ms = tokens.pow(2).mean(dim=-1, keepdim=True)
+        return tokens * torch.rsqrt(ms + self.eps) * self.gain.view(1, -1, 1)
+
+
 def token_norm(kind: str, num_tokens: int) -> nn.Module | None:
     """The module of ``model.token_norm = kind`` for ``num_tokens`` tokens (None for ``none``)."""
     if kind == "batch":
         return nn.BatchNorm1d(num_tokens)
     if kind == "rms":
         return TokenRMSNorm(num_tokens)
+    if kind == "sample":
+        return SampleTokenRMSNorm(num_tokens)
     if kind == "none":
         return None
-    raise ValueError(f"model.token_norm = {kind!r}: expected 'none', 'batch' or 'rms'")
+    raise ValueError(f"model.token_norm = {kind!r}: expected 'none', 'batch', 'rms' or 'sample'")
