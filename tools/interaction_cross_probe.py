@@ -152,7 +152,8 @@ def main() -> None:
                              "tiny the attribute-attention token's RMS is 5-6, the others' "
                              "0.06-1.3)")
     parser.add_argument("--loud-scale", type=float, default=6.0)
-    parser.add_argument("--token-norm", choices=("none", "batch", "rms", "sample"), default="none",
+    parser.add_argument("--token-norm", choices=("none", "batch", "rms", "sample", "cap"),
+                        default="none",
                         help="model.token_norm: each token scaled on its own")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradient norm to this (the presets' 1.0); 0: no clip")

@@ -26,6 +26,8 @@ VARIANTS = {
     "dense-per-feature-cross-attention": dict(dense_tokens="per_feature", cross_attention=True,
                                               interaction="cross", cross_layers=1,
                                               token_norm="batch"),
+    "cross-branch-beside-wukong": dict(interaction="wukong", cross_branch=True,
+                                       cross_branch_norm="cap", cross_layers=2),
     "target-match-windows": dict(target_match=8, action_feature="action",
                                  target_match_action_window=32, target_match_max_age_s=1e6),
 }

@@ -232,6 +232,38 @@ def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
     for kind in ("batch", "rms"):
         with pytest.raises(GemConfigError, match="differ between the 2 ranks"):
             check_token_norm(ModelConfig(token_norm=kind), world_size=2)
+        with pytest.raises(GemConfigError, match="model.cross_branch_norm"):
+            check_token_norm(ModelConfig(cross_branch=True, cross_branch_norm=kind), world_size=2)
+    # A branch that is off does not run its norm.
+    check_token_norm(ModelConfig(cross_branch_norm="batch"), world_size=2)
+    check_token_norm(ModelConfig(cross_branch=True, cross_branch_norm="cap"), world_size=2)
+
+
+def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
+    """``cross_branch``: the interaction reads the tokens as they come, the cross network beside
+    it reads them through ``cross_branch_norm``, and the heads read both outputs side by side."""
+    schema, batch = data
+    torch.manual_seed(0)
+    model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_norm="sample",
+                   target_match=8, match_token_scale="linear")
+    seen = {}
+    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
+    model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.cross_branch.register_forward_hook(lambda _, a, out: seen.update(crossed=out))
+    model.interaction.register_forward_hook(lambda _, a, out: seen.update(shared=out))
+    model.heads["click"].register_forward_pre_hook(lambda _, a: seen.update(heads=a[0]))
+    model.train()
+    model(batch)
+    raw, branch = seen["interaction"].detach(), seen["branch"].detach()
+    torch.testing.assert_close(branch, model.cross_branch_norm(raw))
+    rms = branch.pow(2).mean(dim=-1).sqrt()
+    sized = raw.pow(2).mean(dim=-1) > 1e-3  # where eps (1e-5) is under 1 % of the mean square
+    assert torch.allclose(rms[sized], torch.ones_like(rms[sized]), atol=5e-3)
+    spread = raw.pow(2).mean(dim=(0, 2)).sqrt()
+    assert spread.max() > 5 * spread.min()  # the interaction's tokens keep their own scales
+    torch.testing.assert_close(seen["heads"], torch.cat([seen["shared"], seen["crossed"]], -1))
+    assert model.heads["click"].in_features == (model.interaction.out_dim
+                                                + model.cross_branch.out_dim)
 
 
 def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():
@@ -259,6 +291,28 @@ def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():
     assert torch.equal(norm(tokens[5:6]), out[5:6])
     with pytest.raises(ValueError, match="'sample'"):
         token_norm("layer", 3)
+
+
+def test_cap_token_norm_brings_loud_tokens_under_one_and_leaves_quiet_ones_in_float64():
+    """``token_norm = "cap"``: each token of each sample times ``1 / sqrt(1 + ms)``; a token of
+    RMS 0.05 keeps 99.9 % of its size, one of RMS 20 comes out just under 1, sizes keep their
+    order within a position, and zeros stay zero."""
+    from gem_core.model.token_norm import SampleTokenCap, token_norm
+
+    torch.manual_seed(0)
+    cap = token_norm("cap", 3)
+    assert isinstance(cap, SampleTokenCap) and not list(cap.parameters())
+    tokens = torch.randn(32, 3, 8, dtype=torch.float64) * torch.tensor(
+        [0.05, 20.0, 1.0], dtype=torch.float64).view(1, 3, 1)
+    tokens[4, 2] = 0.0
+    out = cap(tokens)
+    ms = tokens.pow(2).mean(dim=-1, keepdim=True)
+    torch.testing.assert_close(out, tokens / torch.sqrt(1.0 + ms), rtol=1e-12, atol=0)
+    rms_in, rms_out = ms.squeeze(-1).sqrt(), out.pow(2).mean(dim=-1).sqrt()
+    assert (rms_out[:, 0] / rms_in[:, 0]).min() > 0.99
+    assert (rms_out[:, 1] < 1).all() and rms_out[:, 1].min() > 0.95
+    assert torch.equal(rms_out[:, 1].argsort(), rms_in[:, 1].argsort())
+    assert torch.equal(out[4, 2], torch.zeros(8, dtype=torch.float64))
 
 
 def test_token_rms_norm_scales_each_position_by_its_rms_and_keeps_zeros_in_float64():

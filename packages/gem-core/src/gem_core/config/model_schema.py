@@ -221,7 +221,7 @@ class ModelConfig:
     did (docs/results.md)."""
 
     token_norm: str = attrs.field(default="none",
-                                  validator=choice("none", "batch", "rms", "sample"))
+                                  validator=choice("none", "batch", "rms", "sample", "cap"))
     """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;
     ``batch``, a batch norm with one channel per token (mean and scale over the batch and the
     embedding dimension, running statistics at evaluation), so a token summed over many events
@@ -229,7 +229,9 @@ class ModelConfig:
     is kept; ``rms``, each position divided by its batch RMS with a gain per position and no
     centring, so a token that is zero (no matching event) stays zero; ``sample``, each token of
     each sample divided by its own RMS with a gain per position (no statistics: any number of
-    ranks, but a sum token's size is lost) (``gem_core.model.token_norm``). With
+    ranks, but a sum token's size is lost); ``cap``, each token of each sample times
+    ``1 / sqrt(1 + its mean square)``, so loud tokens come down to an RMS under 1 and quiet ones
+    pass nearly unchanged (no statistics, no parameters) (``gem_core.model.token_norm``). With
     ``interaction = "cross"``, ``batch`` lets ``tiny`` find the ``cross`` kind's three-way
     parity (click NE 0.8530 at 2,000 steps against 0.9066 without, 0.8439 achievable); on
     MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md).
@@ -313,6 +315,22 @@ class ModelConfig:
     each sample divided by its own RMS (a gain per token), so a loud sum token does not shrink
     the others' products, while the layers' input and the MLP keep the LayerNorm-ed tokens and
     their sizes (``gem_core.model.cross_network``)."""
+
+    cross_branch: bool = False
+    """A DCN-V2 cross network beside the interaction (DCN-V2's parallel form): it reads the
+    tokens through ``cross_branch_norm`` while the interaction reads them as ``token_norm``
+    leaves them, and its output joins the interaction's before the task heads. Its layers are
+    ``cross_layers`` / ``cross_rank`` / ``cross_multiplier``, its MLP ``interaction_dims``. What
+    it is for: scaling every token to one size lets the crosses find a product of quiet tokens
+    (``synthetic-ads``' ``cross`` kind), and costs NE where the interaction had learnt to lean
+    on the loud ones (MovieLens-100k); beside the interaction the model keeps both
+    (docs/results.md)."""
+
+    cross_branch_norm: str = attrs.field(default="sample",
+                                         validator=choice("none", "batch", "rms", "sample",
+                                                          "cap"))
+    """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
+    ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
 
     cross_rank: int = attrs.field(default=0, validator=at_least(0))
     """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank

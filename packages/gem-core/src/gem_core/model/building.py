@@ -14,16 +14,22 @@ from gem_core.schema import FeatureSchema
 
 
 def check_token_norm(config: ModelConfig, *, world_size: int) -> None:
-    """Refuse ``token_norm`` ``batch`` and ``rms`` on more than one rank (``sample`` keeps no
-    statistics and runs anywhere): their running statistics
+    """Refuse ``token_norm`` or ``cross_branch_norm`` ``batch`` and ``rms`` on more than one
+    rank (``sample`` and ``cap`` keep no statistics and run anywhere): their running statistics
     would be each rank's own (DDP here does not broadcast buffers, FSDP2 keeps a copy per rank, and
     torch's SyncBatchNorm runs on GPUs only), so ranks would evaluate differently and a resume
     would load rank 0's statistics into every rank."""
-    if config.token_norm in ("batch", "rms") and world_size > 1:
-        raise GemConfigError(
-            f"model.token_norm = {config.token_norm!r} keeps running statistics per rank, which "
-            f"would differ between the {world_size} ranks of this run; train it in one process "
-            "or set model.token_norm = 'sample' (no statistics) or 'none'")
+    if world_size == 1:
+        return
+    norms = {"token_norm": config.token_norm}
+    if config.cross_branch:
+        norms["cross_branch_norm"] = config.cross_branch_norm
+    for field, kind in norms.items():
+        if kind in ("batch", "rms"):
+            raise GemConfigError(
+                f"model.{field} = {kind!r} keeps running statistics per rank, which would "
+                f"differ between the {world_size} ranks of this run; train it in one process "
+                f"or set model.{field} = 'sample' or 'cap' (no statistics) or 'none'")
 
 
 def build_run_model(backends: Any, config: ModelConfig, schema: FeatureSchema) -> nn.Module:

@@ -233,8 +233,17 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 f"{list(config.esmm_tasks)}, but the data's tasks are {list(schema.tasks)}: set "
                 "model.esmm_tasks to the data's (parent, child) task names, or model.multitask "
                 "= 'independent'")
-        self.heads = nn.ModuleDict({t: nn.Linear(self.interaction.out_dim, 1)
-                                    for t in schema.tasks})
+        # A cross network beside the interaction on its own scaling of the tokens (cross_branch).
+        self.cross_branch = None
+        if config.cross_branch:
+            self.cross_branch = CrossNetworkInteraction(
+                self.num_tokens, dim, layers=config.cross_layers, rank=config.cross_rank,
+                hidden=config.interaction_dims, dropout=config.dropout,
+                multiplier=config.cross_multiplier)
+            self.cross_branch_norm = token_norm(config.cross_branch_norm, self.num_tokens)
+        shared_dim = self.interaction.out_dim + (self.cross_branch.out_dim
+                                                 if self.cross_branch is not None else 0)
+        self.heads = nn.ModuleDict({t: nn.Linear(shared_dim, 1) for t in schema.tasks})
         # One first-order logit per task straight from the candidate's token (candidate_bias).
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
@@ -266,9 +275,12 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # Everything above ran once per request; from here on, once per candidate.
         tokens = self._candidate_tokens(batch, looked_up, requests, history, user_tokens)
         stacked = torch.stack(tokens, dim=1)
-        if self.token_norm is not None:
-            stacked = self.token_norm(stacked)
-        shared = self.interaction(stacked)
+        shared = self.interaction(stacked if self.token_norm is None
+                                  else self.token_norm(stacked))
+        if self.cross_branch is not None:
+            crossed = self.cross_branch(stacked if self.cross_branch_norm is None
+                                        else self.cross_branch_norm(stacked))
+            shared = torch.cat([shared, crossed], dim=-1)
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
@@ -499,6 +511,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if self.teacher_match is not None:
             counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
         counts["interaction"] = self.interaction.flops(impressions)
+        if self.cross_branch is not None:
+            counts["cross_branch"] = self.cross_branch.flops(impressions)
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         if self.candidate_bias is not None:
             counts["candidate_bias"] = linear_layer_flops(self.candidate_bias, impressions)

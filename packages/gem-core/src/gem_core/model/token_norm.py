@@ -15,7 +15,10 @@ events matched) survives:
 - ``sample``: :class:`SampleTokenRMSNorm`, each token of each sample divided by its own RMS
   (over the embedding dimension) with a learned gain per position: no batch statistics, so it
   runs on any number of ranks and scores a sample alone the same as in a batch, but a token's
-  size (how many events a sum token matched) is lost and only its direction is kept.
+  size (how many events a sum token matched) is lost and only its direction is kept;
+- ``cap``: :class:`SampleTokenCap`, each token of each sample times ``1 / sqrt(1 + ms)`` (``ms``
+  its mean square): a quiet token passes nearly unchanged, a loud one is brought down to an RMS
+  just under 1, and sizes keep their order; no statistics, no parameters.
 
 ``batch`` and ``rms`` keep running statistics for evaluation, each rank its own, which is why
 the trainer refuses them on more than one rank
@@ -66,6 +69,16 @@ class SampleTokenRMSNorm(nn.Module):
         return tokens * torch.rsqrt(ms + self.eps) * self.gain.view(1, -1, 1)
 
 
+class SampleTokenCap(nn.Module):
+    """``(N, n, d)`` -> ``(N, n, d)``: every token of every sample times ``1 / sqrt(1 + ms)``,
+    ``ms`` its mean square over the embedding dimension, so its RMS becomes
+    ``rms / sqrt(1 + rms^2)``: below 1, monotone in ``rms``, about ``rms`` for a quiet token.
+    Stateless and without parameters: the same in training and evaluation, on every rank."""
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return tokens * torch.rsqrt(1.0 + tokens.pow(2).mean(dim=-1, keepdim=True))
+
+
 def token_norm(kind: str, num_tokens: int) -> nn.Module | None:
     """The module of ``model.token_norm = kind`` for ``num_tokens`` tokens (None for ``none``)."""
     if kind == "batch":
@@ -74,6 +87,9 @@ def token_norm(kind: str, num_tokens: int) -> nn.Module | None:
         return TokenRMSNorm(num_tokens)
     if kind == "sample":
         return SampleTokenRMSNorm(num_tokens)
+    if kind == "cap":
+        return SampleTokenCap()
     if kind == "none":
         return None
-    raise ValueError(f"model.token_norm = {kind!r}: expected 'none', 'batch', 'rms' or 'sample'")
+    raise ValueError(f"model.token_norm = {kind!r}: expected 'none', 'batch', 'rms', 'sample' or "
+                     "'cap'")
