@@ -241,11 +241,16 @@ def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
 
 def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     """``cross_branch``: the interaction reads the tokens as they come, the cross network beside
-    it reads them through ``cross_branch_norm``, and the heads read both outputs side by side."""
+    it reads them through ``cross_branch_norm``, and the heads read both outputs side by side,
+    the branch's times its gate, which starts at zero (the model starts as the interaction
+    alone)."""
     schema, batch = data
     torch.manual_seed(0)
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_norm="sample",
                    target_match=8, match_token_scale="linear")
+    assert torch.equal(model.cross_branch_gate.detach(), torch.zeros(1))
+    with torch.no_grad():
+        model.cross_branch_gate.fill_(0.5)
     seen = {}
     model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
     model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
@@ -261,7 +266,8 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     assert torch.allclose(rms[sized], torch.ones_like(rms[sized]), atol=5e-3)
     spread = raw.pow(2).mean(dim=(0, 2)).sqrt()
     assert spread.max() > 5 * spread.min()  # the interaction's tokens keep their own scales
-    torch.testing.assert_close(seen["heads"], torch.cat([seen["shared"], seen["crossed"]], -1))
+    torch.testing.assert_close(seen["heads"],
+                               torch.cat([seen["shared"], 0.5 * seen["crossed"]], -1))
     assert model.heads["click"].in_features == (model.interaction.out_dim
                                                 + model.cross_branch.out_dim)
 

@@ -319,7 +319,8 @@ class ModelConfig:
     cross_branch: bool = False
     """A DCN-V2 cross network beside the interaction (DCN-V2's parallel form): it reads the
     tokens through ``cross_branch_norm`` while the interaction reads them as ``token_norm``
-    leaves them, and its output joins the interaction's before the task heads. Its layers are
+    leaves them, and its output, times a learned gate that starts at zero (the model starts as
+    the interaction alone), joins the interaction's before the task heads. Its layers are
     ``cross_layers`` / ``cross_rank`` / ``cross_multiplier``, its MLP ``interaction_dims``. What
     it is for: scaling every token to one size lets the crosses find a product of quiet tokens
     (``synthetic-ads``' ``cross`` kind), and costs NE where the interaction had learnt to lean
