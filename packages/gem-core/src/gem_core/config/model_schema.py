@@ -232,9 +232,10 @@ class ModelConfig:
     ranks, but a sum token's size is lost); ``cap``, each token of each sample times
     ``1 / sqrt(1 + its mean square)``, so loud tokens come down to an RMS under 1 and quiet ones
     pass nearly unchanged (no statistics, no parameters) (``gem_core.model.token_norm``). With
-    ``interaction = "cross"``, ``batch`` lets ``tiny`` find the ``cross`` kind's three-way
-    parity (click NE 0.8530 at 2,000 steps against 0.9066 without, 0.8439 achievable); on
-    MovieLens-100k it costs 0.008 NE, so no preset uses it (docs/results.md).
+    ``interaction = "cross"``, each lets the cross network find the ``cross`` kind's three-way
+    parity (``tiny-gem``, 2,000 steps: click NE 0.8521 with ``batch``, 0.8512 with ``sample``,
+    against 0.9057 without and 0.8439 achievable); on one pass of MovieLens-100k they cost
+    0.005-0.019 NE, so no preset uses them (docs/results.md).
     ``batch`` and ``rms`` run in one process only: the running statistics would be each rank's
     own, so ``gem train`` and ``gem plan`` refuse them on more than one rank."""
 

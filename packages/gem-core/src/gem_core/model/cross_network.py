@@ -12,11 +12,16 @@ order three are what the ``dot`` interaction leaves to its MLP. ``synthetic-ads`
 kind hides its label in a three-way parity that no feature or pair reveals. Alone on that
 parity (``tools/interaction_cross_probe.py``, ten uninformative tokens beside the three that
 matter) this network found it after about 1,000 steps where the dot interaction and Wukong took
-2,500-3,000. Inside ``tiny`` it found it only with ``model.token_norm = "batch"`` (click NE
-0.8530 at 2,000 steps against 0.9066 for ``tiny`` and an achievable 0.8439): the trained
-model's attribute-attention token is 5-6 in RMS against 0.06-1.3 for the others, so the
-LayerNorm over the flattened tokens leaves the context and the candidate too small for their
-product to be learnt. No preset uses it: on MovieLens-100k it cost NE (docs/results.md).
+2,500-3,000. Inside ``tiny`` and ``tiny-gem`` it finds it only once the tokens share one scale
+(``model.token_norm``; ``sample`` gave ``tiny-gem`` click NE 0.8512 at 2,000 steps against 0.9057
+for the preset and an achievable 0.8439), or as ``model.cross_branch`` beside the interaction
+(0.8509): the trained model's attribute-attention token is 5-6 in RMS against 0.06-1.3 for the
+others, so the LayerNorm over the flattened tokens leaves the context and the candidate too small
+for their product to be learnt. No preset uses it: every form cost NE on one pass of
+MovieLens-100k (docs/results.md).
+
+``multiplier = "token"`` multiplies the crosses by the tokens each over its own RMS (the layers'
+input and the MLP keep the LayerNorm-ed ones).
 """
 
 from __future__ import annotations
