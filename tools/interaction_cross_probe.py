@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.config import load_config
+from gem_core.config.model_schema import TOKEN_NORMS
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.interaction import DotInteractionMLP
@@ -152,8 +153,7 @@ def main() -> None:
                              "tiny the attribute-attention token's RMS is 5-6, the others' "
                              "0.06-1.3)")
     parser.add_argument("--loud-scale", type=float, default=6.0)
-    parser.add_argument("--token-norm", choices=("none", "batch", "rms", "sample", "cap"),
-                        default="none",
+    parser.add_argument("--token-norm", choices=TOKEN_NORMS, default="none",
                         help="model.token_norm: each token scaled on its own")
     parser.add_argument("--clip", type=float, default=0.0,
                         help="clip the gradient norm to this (the presets' 1.0); 0: no clip")

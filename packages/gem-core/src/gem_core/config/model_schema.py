@@ -9,6 +9,13 @@ import attrs
 
 from gem_core.config.validators import at_least, between, choice, each, greater_than
 
+TOKEN_NORMS = ("none", "batch", "rms", "sample", "cap")
+"""The kinds of ``token_norm`` and ``cross_branch_norm`` (built by
+``gem_core.model.token_norm.token_norm``)."""
+
+TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
+"""The kinds that keep running statistics (one process only)."""
+
 
 @attrs.frozen(kw_only=True)
 class EmbeddingOptimizerConfig:
@@ -220,8 +227,7 @@ class ModelConfig:
     training like-rate alone ranks each user's eval items better (GAUC 0.718) than any preset
     did (docs/results.md)."""
 
-    token_norm: str = attrs.field(default="none",
-                                  validator=choice("none", "batch", "rms", "sample", "cap"))
+    token_norm: str = attrs.field(default="none", validator=choice(*TOKEN_NORMS))
     """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;
     ``batch``, a batch norm with one channel per token (mean and scale over the batch and the
     embedding dimension, running statistics at evaluation), so a token summed over many events
@@ -328,9 +334,7 @@ class ModelConfig:
     on the loud ones (MovieLens-100k); beside the interaction the model keeps both
     (docs/results.md)."""
 
-    cross_branch_norm: str = attrs.field(default="sample",
-                                         validator=choice("none", "batch", "rms", "sample",
-                                                          "cap"))
+    cross_branch_norm: str = attrs.field(default="sample", validator=choice(*TOKEN_NORMS))
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
     ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
 

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from gem_core.config import ModelConfig
+from gem_core.config.model_schema import TOKEN_NORMS_WITH_STATISTICS
 from gem_core.contracts import RankingModel, StrategyModel, check_contract
 from gem_core.errors import GemConfigError, GemPluginError
 from gem_core.schema import FeatureSchema
@@ -25,7 +26,7 @@ def check_token_norm(config: ModelConfig, *, world_size: int) -> None:
     if config.cross_branch:
         norms["cross_branch_norm"] = config.cross_branch_norm
     for field, kind in norms.items():
-        if kind in ("batch", "rms"):
+        if kind in TOKEN_NORMS_WITH_STATISTICS:
             raise GemConfigError(
                 f"model.{field} = {kind!r} keeps running statistics per rank, which would "
                 f"differ between the {world_size} ranks of this run; train it in one process "

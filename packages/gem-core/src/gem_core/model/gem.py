@@ -235,8 +235,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 "= 'independent'")
         # A cross network beside the interaction on its own scaling of the tokens (cross_branch),
         # behind a learned gate that starts at zero: the model starts as the interaction alone,
-        # and the branch comes in as far as it helps (on MovieLens-100k an ungated branch cost
-        # 0.004-0.009 NE on one pass, a gated one 0.004-0.005; docs/results.md).
+        # and the branch comes in as far as it helps (one pass of MovieLens-100k: an ungated
+        # low-rank branch cost 0.001-0.009 NE by seed, a gated one 0.002-0.005; docs/results.md).
         self.cross_branch = None
         if config.cross_branch:
             self.cross_branch = CrossNetworkInteraction(

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gem_core.config.model_schema import TOKEN_NORMS
+
 
 class TokenRMSNorm(nn.Module):
     """``(N, n, d)`` -> ``(N, n, d)``: position ``k`` times ``gain_k / sqrt(ms_k + eps)``, with
@@ -91,5 +93,4 @@ def token_norm(kind: str, num_tokens: int) -> nn.Module | None:
         return SampleTokenCap()
     if kind == "none":
         return None
-    raise ValueError(f"model.token_norm = {kind!r}: expected 'none', 'batch', 'rms', 'sample' or "
-                     "'cap'")
+    raise ValueError(f"model.token_norm = {kind!r}: expected one of {list(TOKEN_NORMS)}")
