@@ -219,10 +219,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
                 dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
         elif config.interaction == "cross":
-            self.interaction = CrossNetworkInteraction(
-                self.num_tokens, dim, layers=config.cross_layers, rank=config.cross_rank,
-                hidden=config.interaction_dims, dropout=config.dropout,
-                multiplier=config.cross_multiplier)
+            self.interaction = self._cross_network()
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
@@ -239,10 +236,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # low-rank branch cost 0.001-0.009 NE by seed, a gated one 0.002-0.005; docs/results.md).
         self.cross_branch = None
         if config.cross_branch:
-            self.cross_branch = CrossNetworkInteraction(
-                self.num_tokens, dim, layers=config.cross_layers, rank=config.cross_rank,
-                hidden=config.interaction_dims, dropout=config.dropout,
-                multiplier=config.cross_multiplier)
+            self.cross_branch = self._cross_network()
             self.cross_branch_norm = token_norm(config.cross_branch_norm, self.num_tokens)
             self.cross_branch_gate = nn.Parameter(torch.zeros(1))
         shared_dim = self.interaction.out_dim + (self.cross_branch.out_dim
@@ -251,6 +245,14 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # One first-order logit per task straight from the candidate's token (candidate_bias).
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
+
+    def _cross_network(self) -> CrossNetworkInteraction:
+        """The DCN-V2 cross network of ``cross_*`` (the interaction or the branch beside it)."""
+        config = self.config
+        return CrossNetworkInteraction(
+            self.num_tokens, config.embedding_dim, layers=config.cross_layers,
+            rank=config.cross_rank, hidden=config.interaction_dims, dropout=config.dropout,
+            multiplier=config.cross_multiplier)
 
     def user_embedding(self, batch: JaggedBatch) -> Tensor:
         """The upstream output alone: ``(R, pma_queries * embedding_dim)`` flattened PMA user
