@@ -272,6 +272,38 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
                                                 + model.cross_branch.out_dim)
 
 
+def test_cross_branch_on_request_tokens_reads_no_history(data):
+    """``cross_branch_tokens = "request"``: the branch crosses the candidate's token and the
+    request's own feature tokens only. Moving every event of the history further into the past
+    changes the interaction's tokens (the history's summaries) and leaves the branch's input
+    unchanged; changing the request's dense features changes it."""
+    schema, batch = data
+    torch.manual_seed(0)
+    model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens="request",
+                   cross_branch_norm="sample", cross_attention=False, target_match=8)
+    assert len(model.cross_branch_positions) == 1 + model.num_context < model.num_tokens
+    seen = {}
+    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
+    model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.eval()
+
+    def inputs(changed):
+        with torch.no_grad():
+            model(changed)
+        return seen["interaction"].clone(), seen["branch"].clone()
+
+    raw, branch = inputs(batch)
+    positions = [0, *range(model.num_tokens - model.num_context, model.num_tokens)]
+    torch.testing.assert_close(branch, model.cross_branch_norm(raw[:, positions]))
+    older = attrs.evolve(batch, seq_timestamps=batch.seq_timestamps - 40 * 86_400)
+    raw_older, branch_older = inputs(older)
+    assert not torch.allclose(raw_older, raw)
+    assert torch.equal(branch_older, branch)
+    assert batch.dense is not None
+    _, branch_dense = inputs(attrs.evolve(batch, dense=batch.dense * 3.0 + 1.0))
+    assert not torch.allclose(branch_dense, branch)
+
+
 def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():
     """``token_norm = "sample"``: every token of every sample over its own RMS times its
     position's gain; a zero token stays zero, and a sample scores the same alone as in a batch

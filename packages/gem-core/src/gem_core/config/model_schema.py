@@ -338,6 +338,14 @@ class ModelConfig:
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
     ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
 
+    cross_branch_tokens: str = attrs.field(default="all", validator=choice("all", "request"))
+    """``cross_branch``: which tokens it crosses. ``all``: every token the interaction reads.
+    ``request``: the candidate's and the request's own features (sparse context features and
+    dense) only, not the history's summaries (target attention, target match, attribute
+    attention, history mean, PMA user tokens), which the interaction still reads: DCN-V2's
+    crosses of the request's fields, with fewer inputs that say nothing about a cross to search
+    through (docs/results.md)."""
+
     cross_rank: int = attrs.field(default=0, validator=at_least(0))
     """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank
     cross); 0: full (tokens x embedding_dim square)."""

@@ -219,7 +219,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
                 dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
         elif config.interaction == "cross":
-            self.interaction = self._cross_network()
+            self.interaction = self._cross_network(self.num_tokens)
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
@@ -236,8 +236,17 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # low-rank branch cost 0.001-0.009 NE by seed, a gated one 0.002-0.005; docs/results.md).
         self.cross_branch = None
         if config.cross_branch:
-            self.cross_branch = self._cross_network()
-            self.cross_branch_norm = token_norm(config.cross_branch_norm, self.num_tokens)
+            # The positions it reads: every token, or the candidate's and the request's own
+            # (position 0 and the num_context after the history's summaries; see
+            # _candidate_tokens for the order).
+            first_context = (self.num_tokens - self.num_context
+                             - int(config.teacher_embedding_dim > 0))
+            positions = (list(range(self.num_tokens)) if config.cross_branch_tokens == "all"
+                         else [0, *range(first_context, first_context + self.num_context)])
+            self.register_buffer("cross_branch_positions", torch.tensor(positions),
+                                 persistent=False)
+            self.cross_branch = self._cross_network(len(positions))
+            self.cross_branch_norm = token_norm(config.cross_branch_norm, len(positions))
             self.cross_branch_gate = nn.Parameter(torch.zeros(1))
         shared_dim = self.interaction.out_dim + (self.cross_branch.out_dim
                                                  if self.cross_branch is not None else 0)
@@ -246,11 +255,12 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
 
-    def _cross_network(self) -> CrossNetworkInteraction:
-        """The DCN-V2 cross network of ``cross_*`` (the interaction or the branch beside it)."""
+    def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
+        """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction
+        or the branch beside it)."""
         config = self.config
         return CrossNetworkInteraction(
-            self.num_tokens, config.embedding_dim, layers=config.cross_layers,
+            num_tokens, config.embedding_dim, layers=config.cross_layers,
             rank=config.cross_rank, hidden=config.interaction_dims, dropout=config.dropout,
             multiplier=config.cross_multiplier)
 
@@ -284,8 +294,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         shared = self.interaction(stacked if self.token_norm is None
                                   else self.token_norm(stacked))
         if self.cross_branch is not None:
-            crossed = self.cross_branch(stacked if self.cross_branch_norm is None
-                                        else self.cross_branch_norm(stacked))
+            branch_tokens = (stacked if self.config.cross_branch_tokens == "all"
+                             else stacked.index_select(1, self.cross_branch_positions))
+            crossed = self.cross_branch(branch_tokens if self.cross_branch_norm is None
+                                        else self.cross_branch_norm(branch_tokens))
             shared = torch.cat([shared, self.cross_branch_gate * crossed], dim=-1)
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
