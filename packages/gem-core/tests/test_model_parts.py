@@ -241,13 +241,12 @@ def test_token_norm_runs_on_one_rank_and_is_refused_on_several():
 
 def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     """``cross_branch``: the interaction reads the tokens as they come, the cross network beside
-    it reads them through ``cross_branch_norm``, and the heads read both outputs side by side,
-    the branch's times its gate, which starts at zero (the model starts as the interaction
-    alone)."""
+    it reads them through ``cross_branch_norm``, and each task's logit is its head's over the
+    interaction plus the branch's head over the branch's output times its gate, which starts at
+    zero (the model starts as the interaction alone)."""
     schema, batch = data
-    torch.manual_seed(0)
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_norm="sample",
-                   target_match=8, match_token_scale="linear")
+                   target_match=8, match_token_scale="linear", candidate_bias=False)
     assert torch.equal(model.cross_branch_gate.detach(), torch.zeros(1))
     with torch.no_grad():
         model.cross_branch_gate.fill_(0.5)
@@ -256,9 +255,8 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
     model.cross_branch.register_forward_hook(lambda _, a, out: seen.update(crossed=out))
     model.interaction.register_forward_hook(lambda _, a, out: seen.update(shared=out))
-    model.heads["click"].register_forward_pre_hook(lambda _, a: seen.update(heads=a[0]))
     model.train()
-    model(batch)
+    logits = model(batch)
     raw, branch = seen["interaction"].detach(), seen["branch"].detach()
     torch.testing.assert_close(branch, model.cross_branch_norm(raw))
     rms = branch.pow(2).mean(dim=-1).sqrt()
@@ -266,10 +264,37 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     assert torch.allclose(rms[sized], torch.ones_like(rms[sized]), atol=5e-3)
     spread = raw.pow(2).mean(dim=(0, 2)).sqrt()
     assert spread.max() > 5 * spread.min()  # the interaction's tokens keep their own scales
-    torch.testing.assert_close(seen["heads"],
-                               torch.cat([seen["shared"], 0.5 * seen["crossed"]], -1))
-    assert model.heads["click"].in_features == (model.interaction.out_dim
-                                                + model.cross_branch.out_dim)
+    with torch.no_grad():
+        expected = (model.heads["click"](seen["shared"])
+                    + model.cross_branch_heads["click"](0.5 * seen["crossed"])).squeeze(-1)
+    torch.testing.assert_close(logits["click"].detach(), expected)
+    assert model.heads["click"].in_features == model.interaction.out_dim
+    assert model.cross_branch_heads["click"].in_features == model.cross_branch.out_dim
+
+
+def test_cross_branch_leaves_the_rest_of_the_model_as_it_would_start_without(data):
+    """The branch is built from a random stream of its own: with it on, every other parameter
+    starts exactly as without it (the same seed), the process's random stream is where it would
+    be, and with the gate at zero the logits are the branch-less model's."""
+    schema, batch = data
+    options = dict(interaction="wukong", target_match=8, pma_queries=2)
+    plain = _model(schema, **options)
+    after_plain = torch.rand(4)
+    branched = _model(schema, cross_branch=True, cross_branch_tokens="request", cross_rank=4,
+                      **options)
+    after_branched = torch.rand(4)
+    assert torch.equal(after_plain, after_branched)
+    plain_state, branched_state = plain.state_dict(), branched.state_dict()
+    assert {k for k in branched_state if k not in plain_state} and all(
+        k.startswith("cross_branch") for k in branched_state if k not in plain_state)
+    for name, tensor in plain_state.items():
+        assert torch.equal(branched_state[name], tensor), name
+    plain.eval()
+    branched.eval()
+    with torch.no_grad():
+        expected, got = plain(batch), branched(batch)
+    for task in expected:
+        torch.testing.assert_close(got[task], expected[task], rtol=0, atol=0)
 
 
 def test_cross_branch_on_request_tokens_reads_no_history(data):

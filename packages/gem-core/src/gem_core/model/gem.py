@@ -46,6 +46,9 @@ from gem_core.model.wukong import WukongInteraction
 from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.schema import FeatureSchema
 
+# The cross branch's own random stream: the process's seed plus this (GEMModel._build_cross_branch).
+_CROSS_BRANCH_SEED_OFFSET = 0x5EED_C805
+
 _log = logging.getLogger(__name__)
 
 
@@ -149,6 +152,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                   if schema.candidate_numeric_dim else None)
         self._build_distillation()
         self._build_interaction(moe)
+        self._build_cross_branch()
 
     def _build_upstream(self, attention: AttentionBackend, norm: NormBackend, moe: Any,
                         live: bool) -> None:
@@ -230,30 +234,42 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 f"{list(config.esmm_tasks)}, but the data's tasks are {list(schema.tasks)}: set "
                 "model.esmm_tasks to the data's (parent, child) task names, or model.multitask "
                 "= 'independent'")
-        # A cross network beside the interaction on its own scaling of the tokens (cross_branch),
-        # behind a learned gate that starts at zero: the model starts as the interaction alone,
-        # and the branch comes in as far as it helps (one pass of MovieLens-100k: an ungated
-        # low-rank branch cost 0.001-0.009 NE by seed, a gated one 0.002-0.005; docs/results.md).
-        self.cross_branch = None
-        if config.cross_branch:
-            # The positions it reads: every token, or the candidate's and the request's own
-            # (position 0 and the num_context after the history's summaries; see
-            # _candidate_tokens for the order).
-            first_context = (self.num_tokens - self.num_context
-                             - int(config.teacher_embedding_dim > 0))
-            positions = (list(range(self.num_tokens)) if config.cross_branch_tokens == "all"
-                         else [0, *range(first_context, first_context + self.num_context)])
-            self.register_buffer("cross_branch_positions", torch.tensor(positions),
-                                 persistent=False)
-            self.cross_branch = self._cross_network(len(positions))
-            self.cross_branch_norm = token_norm(config.cross_branch_norm, len(positions))
-            self.cross_branch_gate = nn.Parameter(torch.zeros(1))
-        shared_dim = self.interaction.out_dim + (self.cross_branch.out_dim
-                                                 if self.cross_branch is not None else 0)
-        self.heads = nn.ModuleDict({t: nn.Linear(shared_dim, 1) for t in schema.tasks})
+        self.heads = nn.ModuleDict({t: nn.Linear(self.interaction.out_dim, 1)
+                                    for t in schema.tasks})
         # One first-order logit per task straight from the candidate's token (candidate_bias).
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
+
+    def _build_cross_branch(self) -> None:
+        """A cross network beside the interaction (``cross_branch``), on its own scaling of the
+        tokens, behind a learned gate that starts at zero, with a logit per task of its own
+        added to the heads'.
+
+        Built last and from a random stream of its own: every other parameter starts as it
+        would without the branch (and the data order is what it would be), and the gate makes
+        the model's first outputs the interaction's alone. So turning the branch on changes
+        only what it learns: on one pass of MovieLens-100k a branch held shut (gate frozen at
+        0) still moved NE by up to 0.0014 through the shifted initialisation of everything
+        built after it (docs/results.md).
+        """
+        config = self.config
+        self.cross_branch = None
+        if not config.cross_branch:
+            return
+        # The positions it reads: every token, or the candidate's and the request's own
+        # (position 0 and the num_context after the history's summaries; see _candidate_tokens
+        # for the order).
+        first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
+        positions = (list(range(self.num_tokens)) if config.cross_branch_tokens == "all"
+                     else [0, *range(first_context, first_context + self.num_context)])
+        self.register_buffer("cross_branch_positions", torch.tensor(positions), persistent=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((torch.initial_seed() + _CROSS_BRANCH_SEED_OFFSET) % 2**63)
+            self.cross_branch = self._cross_network(len(positions))
+            self.cross_branch_norm = token_norm(config.cross_branch_norm, len(positions))
+            self.cross_branch_heads = nn.ModuleDict({
+                t: nn.Linear(self.cross_branch.out_dim, 1, bias=False) for t in self.schema.tasks})
+        self.cross_branch_gate = nn.Parameter(torch.zeros(1))
 
     def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
         """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction
@@ -293,15 +309,17 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         stacked = torch.stack(tokens, dim=1)
         shared = self.interaction(stacked if self.token_norm is None
                                   else self.token_norm(stacked))
-        if self.cross_branch is not None:
-            branch_tokens = (stacked if self.config.cross_branch_tokens == "all"
-                             else stacked.index_select(1, self.cross_branch_positions))
-            crossed = self.cross_branch(branch_tokens if self.cross_branch_norm is None
-                                        else self.cross_branch_norm(branch_tokens))
-            shared = torch.cat([shared, self.cross_branch_gate * crossed], dim=-1)
         # A copy, not a view of the (N, 1) head output: FSDP2 warns about views returned from
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
+        if self.cross_branch is not None:
+            branch_tokens = (stacked if self.config.cross_branch_tokens == "all"
+                             else stacked.index_select(1, self.cross_branch_positions))
+            crossed = self.cross_branch_gate * self.cross_branch(
+                branch_tokens if self.cross_branch_norm is None
+                else self.cross_branch_norm(branch_tokens))
+            logits = {task: logit + self.cross_branch_heads[task](crossed).squeeze(-1)
+                      for task, logit in logits.items()}
         if self.candidate_bias is not None:
             first_order = self.candidate_bias(tokens[0])
             logits = {task: logit + first_order[:, i]
@@ -530,7 +548,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
         counts["interaction"] = self.interaction.flops(impressions)
         if self.cross_branch is not None:
-            counts["cross_branch"] = self.cross_branch.flops(impressions)
+            counts["cross_branch"] = (self.cross_branch.flops(impressions)
+                                      + linear_layer_flops(self.cross_branch_heads, impressions))
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         if self.candidate_bias is not None:
             counts["candidate_bias"] = linear_layer_flops(self.candidate_bias, impressions)
