@@ -327,12 +327,13 @@ class ModelConfig:
     """A DCN-V2 cross network beside the interaction (DCN-V2's parallel form): it reads the
     tokens through ``cross_branch_norm`` while the interaction reads them as ``token_norm``
     leaves them, and its output, times a learned gate that starts at zero (the model starts as
-    the interaction alone), joins the interaction's before the task heads. Its layers are
-    ``cross_layers`` / ``cross_rank`` / ``cross_multiplier``, its MLP ``interaction_dims``. What
-    it is for: scaling every token to one size lets the crosses find a product of quiet tokens
-    (``synthetic-ads``' ``cross`` kind), and costs NE where the interaction had learnt to lean
-    on the loud ones (MovieLens-100k); beside the interaction the model keeps both
-    (docs/results.md)."""
+    the interaction alone), goes through a head of its own whose logit is added to each task's.
+    It is built from a random stream of its own, so every other parameter starts as it would
+    without it. Its layers are ``cross_layers`` / ``cross_rank`` / ``cross_multiplier``, its
+    MLP ``interaction_dims``. What it is for: scaling every token to one size lets the crosses
+    find a product of quiet tokens (``synthetic-ads``' ``cross`` kind), and costs NE where the
+    interaction had learnt to lean on the loud ones (MovieLens-100k); beside the interaction
+    the model keeps both (docs/results.md)."""
 
     cross_branch_norm: str = attrs.field(default="sample", validator=choice(*TOKEN_NORMS))
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
