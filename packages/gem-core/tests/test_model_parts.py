@@ -247,18 +247,18 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     schema, batch = data
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_norm="sample",
                    target_match=8, match_token_scale="linear", candidate_bias=False)
-    assert torch.equal(model.cross_branch_gate.detach(), torch.zeros(1))
+    assert torch.equal(model.cross_branch.gate.detach(), torch.zeros(1))
     with torch.no_grad():
-        model.cross_branch_gate.fill_(0.5)
+        model.cross_branch.gate.fill_(0.5)
     seen = {}
     model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
-    model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
-    model.cross_branch.register_forward_hook(lambda _, a, out: seen.update(crossed=out))
+    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.cross_branch.network.register_forward_hook(lambda _, a, out: seen.update(crossed=out))
     model.interaction.register_forward_hook(lambda _, a, out: seen.update(shared=out))
     model.train()
     logits = model(batch)
     raw, branch = seen["interaction"].detach(), seen["branch"].detach()
-    torch.testing.assert_close(branch, model.cross_branch_norm(raw))
+    torch.testing.assert_close(branch, model.cross_branch.norm(raw))
     rms = branch.pow(2).mean(dim=-1).sqrt()
     sized = raw.pow(2).mean(dim=-1) > 1e-3  # where eps (1e-5) is under 1 % of the mean square
     assert torch.allclose(rms[sized], torch.ones_like(rms[sized]), atol=5e-3)
@@ -266,10 +266,10 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     assert spread.max() > 5 * spread.min()  # the interaction's tokens keep their own scales
     with torch.no_grad():
         expected = (model.heads["click"](seen["shared"])
-                    + model.cross_branch_heads["click"](0.5 * seen["crossed"])).squeeze(-1)
+                    + model.cross_branch.heads["click"](0.5 * seen["crossed"])).squeeze(-1)
     torch.testing.assert_close(logits["click"].detach(), expected)
     assert model.heads["click"].in_features == model.interaction.out_dim
-    assert model.cross_branch_heads["click"].in_features == model.cross_branch.out_dim
+    assert model.cross_branch.heads["click"].in_features == model.cross_branch.network.out_dim
 
 
 def test_cross_branch_leaves_the_rest_of_the_model_as_it_would_start_without(data):
@@ -306,10 +306,10 @@ def test_cross_branch_on_request_tokens_reads_no_history(data):
     torch.manual_seed(0)
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens="request",
                    cross_branch_norm="sample", cross_attention=False, target_match=8)
-    assert len(model.cross_branch_positions) == 1 + model.num_context < model.num_tokens
+    assert len(model.cross_branch.positions) == 1 + model.num_context < model.num_tokens
     seen = {}
     model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
-    model.cross_branch.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
     model.eval()
 
     def inputs(changed):
@@ -319,7 +319,7 @@ def test_cross_branch_on_request_tokens_reads_no_history(data):
 
     raw, branch = inputs(batch)
     positions = [0, *range(model.num_tokens - model.num_context, model.num_tokens)]
-    torch.testing.assert_close(branch, model.cross_branch_norm(raw[:, positions]))
+    torch.testing.assert_close(branch, model.cross_branch.norm(raw[:, positions]))
     older = attrs.evolve(batch, seq_timestamps=batch.seq_timestamps - 40 * 86_400)
     raw_older, branch_older = inputs(older)
     assert not torch.allclose(raw_older, raw)

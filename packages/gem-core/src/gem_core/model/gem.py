@@ -24,6 +24,7 @@ from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
 from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
+from gem_core.model.cross_branch import CrossBranch
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.features import FeatureLookup
@@ -45,9 +46,6 @@ from gem_core.model.tokens import EventTokenizer
 from gem_core.model.wukong import WukongInteraction
 from gem_core.norm import NormBackend, ReferenceNorm
 from gem_core.schema import FeatureSchema
-
-# The cross branch's own random stream: the process's seed plus this (GEMModel._build_cross_branch).
-_CROSS_BRANCH_SEED_OFFSET = 0x5EED_C805
 
 _log = logging.getLogger(__name__)
 
@@ -223,7 +221,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
                 dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
         elif config.interaction == "cross":
-            self.interaction = self._cross_network(self.num_tokens)
+            self.interaction = self._cross_network()
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
@@ -241,42 +239,28 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                else None)
 
     def _build_cross_branch(self) -> None:
-        """A cross network beside the interaction (``cross_branch``), on its own scaling of the
-        tokens, behind a learned gate that starts at zero, with a logit per task of its own
-        added to the heads'.
-
-        Built last and from a random stream of its own: every other parameter starts as it
-        would without the branch (and the data order is what it would be), and the gate makes
-        the model's first outputs the interaction's alone. So turning the branch on changes
-        only what it learns: on one pass of MovieLens-100k a branch held shut (gate frozen at
-        0) still moved NE by up to 0.0014 through the shifted initialisation of everything
-        built after it (docs/results.md).
-        """
+        """The cross network beside the interaction (``cross_branch``,
+        :mod:`gem_core.model.cross_branch`), over every token or the candidate's and the
+        request's own: position 0 and the ``num_context`` after the history's summaries (see
+        :meth:`_candidate_tokens` for the order)."""
         config = self.config
         self.cross_branch = None
         if not config.cross_branch:
             return
-        # The positions it reads: every token, or the candidate's and the request's own
-        # (position 0 and the num_context after the history's summaries; see _candidate_tokens
-        # for the order).
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
         positions = (list(range(self.num_tokens)) if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
-        self.register_buffer("cross_branch_positions", torch.tensor(positions), persistent=False)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((torch.initial_seed() + _CROSS_BRANCH_SEED_OFFSET) % 2**63)
-            self.cross_branch = self._cross_network(len(positions))
-            self.cross_branch_norm = token_norm(config.cross_branch_norm, len(positions))
-            self.cross_branch_heads = nn.ModuleDict({
-                t: nn.Linear(self.cross_branch.out_dim, 1, bias=False) for t in self.schema.tasks})
-        self.cross_branch_gate = nn.Parameter(torch.zeros(1))
+        self.cross_branch = CrossBranch(
+            positions, config.embedding_dim, list(self.schema.tasks),
+            norm=config.cross_branch_norm, layers=config.cross_layers, rank=config.cross_rank,
+            hidden=config.interaction_dims, dropout=config.dropout,
+            multiplier=config.cross_multiplier)
 
-    def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
-        """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction
-        or the branch beside it)."""
+    def _cross_network(self) -> CrossNetworkInteraction:
+        """The DCN-V2 cross network of ``cross_*`` as the interaction."""
         config = self.config
         return CrossNetworkInteraction(
-            num_tokens, config.embedding_dim, layers=config.cross_layers,
+            self.num_tokens, config.embedding_dim, layers=config.cross_layers,
             rank=config.cross_rank, hidden=config.interaction_dims, dropout=config.dropout,
             multiplier=config.cross_multiplier)
 
@@ -313,13 +297,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # a forward (N floats per task, nothing to save by avoiding it).
         logits = {task: head(shared).squeeze(-1).clone() for task, head in self.heads.items()}
         if self.cross_branch is not None:
-            branch_tokens = (stacked if self.config.cross_branch_tokens == "all"
-                             else stacked.index_select(1, self.cross_branch_positions))
-            crossed = self.cross_branch_gate * self.cross_branch(
-                branch_tokens if self.cross_branch_norm is None
-                else self.cross_branch_norm(branch_tokens))
-            logits = {task: logit + self.cross_branch_heads[task](crossed).squeeze(-1)
-                      for task, logit in logits.items()}
+            crossed = self.cross_branch(stacked)
+            logits = {task: logit + crossed[task] for task, logit in logits.items()}
         if self.candidate_bias is not None:
             first_order = self.candidate_bias(tokens[0])
             logits = {task: logit + first_order[:, i]
@@ -548,8 +527,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
         counts["interaction"] = self.interaction.flops(impressions)
         if self.cross_branch is not None:
-            counts["cross_branch"] = (self.cross_branch.flops(impressions)
-                                      + linear_layer_flops(self.cross_branch_heads, impressions))
+            counts["cross_branch"] = self.cross_branch.flops(impressions)
         counts["heads"] = linear_layer_flops(self.heads, impressions)
         if self.candidate_bias is not None:
             counts["candidate_bias"] = linear_layer_flops(self.candidate_bias, impressions)
