@@ -18,6 +18,8 @@ what it adds is measured against the same start.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -32,17 +34,19 @@ _SEED_OFFSET = 0x5EED_C805
 class CrossBranch(nn.Module):
     """Gated cross network over ``positions`` of the interaction's tokens, one logit per task."""
 
-    def __init__(self, positions: list[int], dim: int, tasks: list[str], *, norm: str,
-                 layers: int, rank: int, hidden: list[int], dropout: float,
-                 multiplier: str) -> None:
+    def __init__(self, num_tokens: int, positions: list[int] | None, tasks: list[str], *,
+                 norm: str, network: Callable[[int], CrossNetworkInteraction]) -> None:
+        """``positions``: which of the ``num_tokens`` tokens it crosses (None: all);
+        ``network``: builds the cross network over that many tokens (the model's one builder
+        of ``cross_*``)."""
         super().__init__()
-        self.register_buffer("positions", torch.tensor(positions), persistent=False)
+        self.register_buffer("positions", None if positions is None else torch.tensor(positions),
+                             persistent=False)
+        crossed = num_tokens if positions is None else len(positions)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed((torch.initial_seed() + _SEED_OFFSET) % 2**63)
-            self.norm = token_norm(norm, len(positions))
-            self.network = CrossNetworkInteraction(
-                len(positions), dim, layers=layers, rank=rank, hidden=hidden, dropout=dropout,
-                multiplier=multiplier)
+            self.norm = token_norm(norm, crossed)
+            self.network = network(crossed)
             self.heads = nn.ModuleDict({task: nn.Linear(self.network.out_dim, 1, bias=False)
                                         for task in tasks})
         self.gate = nn.Parameter(torch.zeros(1))
@@ -50,7 +54,8 @@ class CrossBranch(nn.Module):
     def forward(self, tokens: Tensor) -> dict[str, Tensor]:
         """``tokens``: ``(N, num_tokens, dim)``, the interaction's input; per task ``(N,)``
         logits to add to the task's."""
-        tokens = tokens.index_select(1, self.positions)
+        if self.positions is not None:
+            tokens = tokens.index_select(1, self.positions)
         crossed = self.gate * self.network(tokens if self.norm is None else self.norm(tokens))
         return {task: head(crossed).squeeze(-1) for task, head in self.heads.items()}
 

@@ -221,7 +221,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 mlp_dim=config.wukong_mlp_dim, hidden=config.interaction_dims,
                 dropout=config.dropout, moe=moe if moe and "wukong" in moe.where else None)
         elif config.interaction == "cross":
-            self.interaction = self._cross_network()
+            self.interaction = self._cross_network(self.num_tokens)
         else:
             self.interaction = DotInteractionMLP(self.num_tokens, dim, config.interaction_dims,
                                                  config.dropout)
@@ -248,19 +248,18 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if not config.cross_branch:
             return
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
-        positions = (list(range(self.num_tokens)) if config.cross_branch_tokens == "all"
+        positions = (None if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
-        self.cross_branch = CrossBranch(
-            positions, config.embedding_dim, list(self.schema.tasks),
-            norm=config.cross_branch_norm, layers=config.cross_layers, rank=config.cross_rank,
-            hidden=config.interaction_dims, dropout=config.dropout,
-            multiplier=config.cross_multiplier)
+        self.cross_branch = CrossBranch(self.num_tokens, positions, list(self.schema.tasks),
+                                        norm=config.cross_branch_norm,
+                                        network=self._cross_network)
 
-    def _cross_network(self) -> CrossNetworkInteraction:
-        """The DCN-V2 cross network of ``cross_*`` as the interaction."""
+    def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
+        """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction,
+        or the branch beside it)."""
         config = self.config
         return CrossNetworkInteraction(
-            self.num_tokens, config.embedding_dim, layers=config.cross_layers,
+            num_tokens, config.embedding_dim, layers=config.cross_layers,
             rank=config.cross_rank, hidden=config.interaction_dims, dropout=config.dropout,
             multiplier=config.cross_multiplier)
 
