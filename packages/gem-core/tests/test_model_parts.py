@@ -329,6 +329,44 @@ def test_cross_branch_on_request_tokens_reads_no_history(data):
     assert not torch.allclose(branch_dense, branch)
 
 
+def test_cross_branch_skip_leaves_a_request_feature_out_of_the_branch_only(data):
+    """``cross_branch_skip``: the named sparse feature's token is not among the branch's
+    inputs (other ids of that feature leave the branch's input as it was, while the
+    interaction's changes), in both token choices; a name the data does not declare is
+    refused with the names it does."""
+    schema, batch = data
+    torch.manual_seed(0)
+    for tokens in ("request", "all"):
+        model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens=tokens,
+                       cross_branch_skip=("user_segment",), cross_attention=False, target_match=8)
+        skipped = model.num_tokens - model.num_context  # user_segment: the first context token
+        positions = model.cross_branch.positions.tolist()
+        kept = ([0, *range(skipped, model.num_tokens)] if tokens == "request"
+                else list(range(model.num_tokens)))
+        assert positions == [p for p in kept if p != skipped]
+        seen = {}
+        model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
+        model.cross_branch.network.register_forward_pre_hook(
+            lambda _, a: seen.update(branch=a[0]))
+        model.eval()
+
+        def inputs(changed):
+            with torch.no_grad():
+                model(changed)
+            return seen["interaction"].clone(), seen["branch"].clone()
+
+        raw, branch = inputs(batch)
+        segment = batch.sparse["user_segment"]
+        other = attrs.evolve(batch, sparse={**batch.sparse, "user_segment": attrs.evolve(
+            segment, values=(segment.values + 7) % 64)})
+        raw_other, branch_other = inputs(other)
+        assert not torch.allclose(raw_other, raw)
+        if tokens == "request":  # the history's summaries never read the segment either
+            assert torch.equal(branch_other, branch)
+    with pytest.raises(ValueError, match=r"user_id.*\['user_segment', 'context'\]"):
+        _model(schema, cross_branch=True, cross_branch_skip=("user_id",))
+
+
 def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():
     """``token_norm = "sample"``: every token of every sample over its own RMS times its
     position's gain; a zero token stays zero, and a sample scores the same alone as in a batch

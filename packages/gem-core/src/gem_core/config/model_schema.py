@@ -347,6 +347,13 @@ class ModelConfig:
     crosses of the request's fields, with fewer inputs that say nothing about a cross to search
     through (docs/results.md)."""
 
+    cross_branch_skip: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """``cross_branch``: the data's sparse (request) features whose tokens it leaves out, by
+    name (``["user_id"]``); the interaction still reads them. For an id with a row per user
+    or per page: crossed with the candidate it is a table of (user, item) pairs, which repeated
+    passes over the same users learn by heart (docs/results.md). A name the data does not
+    declare is refused at start-up."""
+
     cross_rank: int = attrs.field(default=0, validator=at_least(0))
     """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank
     cross); 0: full (tokens x embedding_dim square)."""

@@ -242,14 +242,24 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         """The cross network beside the interaction (``cross_branch``,
         :mod:`gem_core.model.cross_branch`), over every token or the candidate's and the
         request's own: position 0 and the ``num_context`` after the history's summaries (see
-        :meth:`_candidate_tokens` for the order)."""
+        :meth:`_candidate_tokens` for the order), less the tokens of ``cross_branch_skip``."""
         config = self.config
         self.cross_branch = None
         if not config.cross_branch:
             return
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
-        positions = (None if config.cross_branch_tokens == "all"
+        # The context tokens are the sparse features in the schema's order, then dense.
+        sparse = [feature.name for feature in self.schema.sparse_features]
+        unknown = sorted(set(config.cross_branch_skip) - set(sparse))
+        if unknown:
+            raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
+                             f"declare as sparse features; it declares {sparse}")
+        skipped = {first_context + sparse.index(name) for name in config.cross_branch_skip}
+        positions = (range(self.num_tokens) if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
+        positions = [position for position in positions if position not in skipped]
+        if len(positions) == self.num_tokens:
+            positions = None  # every token: no index copy
         self.cross_branch = CrossBranch(self.num_tokens, positions, list(self.schema.tasks),
                                         norm=config.cross_branch_norm,
                                         network=self._cross_network)
