@@ -30,6 +30,8 @@ VARIANTS = {
                                        cross_branch_norm="cap", cross_layers=2),
     "cross-branch-on-request-tokens": dict(interaction="dot", cross_branch=True,
                                            cross_branch_tokens="request", cross_rank=4),
+    "cross-branch-skipping-a-feature": dict(interaction="dot", cross_branch=True,
+                                            cross_branch_skip=("context",)),
     "target-match-windows": dict(target_match=8, action_feature="action",
                                  target_match_action_window=32, target_match_max_age_s=1e6),
 }
