@@ -272,16 +272,17 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     assert model.cross_branch.heads["click"].in_features == model.cross_branch.network.out_dim
 
 
-def test_cross_branch_leaves_the_rest_of_the_model_as_it_would_start_without(data):
+@pytest.mark.parametrize("opening", ["gate", "heads"])
+def test_cross_branch_leaves_the_rest_of_the_model_as_it_would_start_without(data, opening):
     """The branch is built from a random stream of its own: with it on, every other parameter
     starts exactly as without it (the same seed), the process's random stream is where it would
-    be, and with the gate at zero the logits are the branch-less model's."""
+    be, and shut (a zero gate, or zero heads) the logits are the branch-less model's."""
     schema, batch = data
     options = dict(interaction="wukong", target_match=8, pma_queries=2)
     plain = _model(schema, **options)
     after_plain = torch.rand(4)
     branched = _model(schema, cross_branch=True, cross_branch_tokens="request", cross_rank=4,
-                      **options)
+                      cross_branch_opening=opening, **options)
     after_branched = torch.rand(4)
     assert torch.equal(after_plain, after_branched)
     plain_state, branched_state = plain.state_dict(), branched.state_dict()
@@ -295,6 +296,31 @@ def test_cross_branch_leaves_the_rest_of_the_model_as_it_would_start_without(dat
         expected, got = plain(batch), branched(batch)
     for task in expected:
         torch.testing.assert_close(got[task], expected[task], rtol=0, atol=0)
+
+
+def test_cross_branch_opens_through_its_heads_from_the_first_step_not_behind_a_gate(data):
+    """Shut behind a zero gate, the first backward reaches only the gate (the heads' and the
+    network's gradients are multiplied by it); shut by zero heads, the heads learn at once and
+    the network waits for them; the network starts the same either way."""
+    schema, batch = data
+    grads = {}
+    for opening in ("gate", "heads"):
+        torch.manual_seed(0)
+        model = _model(schema, interaction="wukong", cross_branch=True, cross_rank=4,
+                       cross_branch_opening=opening)
+        branch = model.cross_branch
+        assert (branch.gate is None) == (opening == "heads")
+        model.train()
+        sum(logit.sum() for logit in model(batch).values()).backward()
+        grads[opening] = {name: (param.grad is not None and bool(param.grad.abs().sum() > 0))
+                          for name, param in branch.named_parameters()}
+        grads[opening + " network"] = [p.detach().clone() for p in branch.network.parameters()]
+    gate, heads = grads["gate"], grads["heads"]
+    assert gate["gate"] and not any(v for k, v in gate.items() if k != "gate")
+    assert all(v for k, v in heads.items() if k.startswith("heads."))
+    assert not any(v for k, v in heads.items() if k.startswith("network."))
+    for a, b in zip(grads["gate network"], grads["heads network"], strict=True):
+        assert torch.equal(a, b)
 
 
 def test_cross_branch_on_request_tokens_reads_no_history(data):
@@ -329,40 +355,38 @@ def test_cross_branch_on_request_tokens_reads_no_history(data):
     assert not torch.allclose(branch_dense, branch)
 
 
-def test_cross_branch_skip_leaves_a_request_feature_out_of_the_branch_only(data):
+@pytest.mark.parametrize("tokens", ["request", "all"])
+def test_cross_branch_skip_leaves_a_request_feature_out_of_the_branch_only(data, tokens):
     """``cross_branch_skip``: the named sparse feature's token is not among the branch's
     inputs (other ids of that feature leave the branch's input as it was, while the
     interaction's changes), in both token choices; a name the data does not declare is
     refused with the names it does."""
     schema, batch = data
     torch.manual_seed(0)
-    for tokens in ("request", "all"):
-        model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens=tokens,
-                       cross_branch_skip=("user_segment",), cross_attention=False, target_match=8)
-        skipped = model.num_tokens - model.num_context  # user_segment: the first context token
-        positions = model.cross_branch.positions.tolist()
-        kept = ([0, *range(skipped, model.num_tokens)] if tokens == "request"
-                else list(range(model.num_tokens)))
-        assert positions == [p for p in kept if p != skipped]
-        seen = {}
-        model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
-        model.cross_branch.network.register_forward_pre_hook(
-            lambda _, a: seen.update(branch=a[0]))
-        model.eval()
+    model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens=tokens,
+                   cross_branch_skip=("user_segment",), cross_attention=False, target_match=8)
+    skipped = model.num_tokens - model.num_context  # user_segment: the first context token
+    kept = ([0, *range(skipped, model.num_tokens)] if tokens == "request"
+            else list(range(model.num_tokens)))
+    assert model.cross_branch.positions.tolist() == [p for p in kept if p != skipped]
+    seen = {}
+    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
+    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.eval()
 
-        def inputs(changed):
-            with torch.no_grad():
-                model(changed)
-            return seen["interaction"].clone(), seen["branch"].clone()
+    def inputs(changed):
+        with torch.no_grad():
+            model(changed)
+        return seen["interaction"].clone(), seen["branch"].clone()
 
-        raw, branch = inputs(batch)
-        segment = batch.sparse["user_segment"]
-        other = attrs.evolve(batch, sparse={**batch.sparse, "user_segment": attrs.evolve(
-            segment, values=(segment.values + 7) % 64)})
-        raw_other, branch_other = inputs(other)
-        assert not torch.allclose(raw_other, raw)
-        if tokens == "request":  # the history's summaries never read the segment either
-            assert torch.equal(branch_other, branch)
+    raw, branch = inputs(batch)
+    segment = batch.sparse["user_segment"]
+    other = attrs.evolve(batch, sparse={**batch.sparse, "user_segment": attrs.evolve(
+        segment, values=(segment.values + 7) % 64)})
+    raw_other, branch_other = inputs(other)
+    assert not torch.allclose(raw_other, raw)
+    if tokens == "request":  # the history's summaries never read the segment either
+        assert torch.equal(branch_other, branch)
     with pytest.raises(ValueError, match=r"user_id.*\['user_segment', 'context'\]"):
         _model(schema, cross_branch=True, cross_branch_skip=("user_id",))
 

@@ -326,8 +326,9 @@ class ModelConfig:
     cross_branch: bool = False
     """A DCN-V2 cross network beside the interaction (DCN-V2's parallel form): it reads the
     tokens through ``cross_branch_norm`` while the interaction reads them as ``token_norm``
-    leaves them, and its output, times a learned gate that starts at zero (the model starts as
-    the interaction alone), goes through a head of its own whose logit is added to each task's.
+    leaves them, and its output goes through a head of its own whose logit is added to each
+    task's; it starts shut (``cross_branch_opening``), so the model starts as the interaction
+    alone.
     It is built from a random stream of its own, so every other parameter starts as it would
     without it. Its layers are ``cross_layers`` / ``cross_rank`` / ``cross_multiplier``, its
     MLP ``interaction_dims``. What it is for: scaling every token to one size lets the crosses
@@ -338,6 +339,12 @@ class ModelConfig:
     cross_branch_norm: str = attrs.field(default="sample", validator=choice(*TOKEN_NORMS))
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
     ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
+
+    cross_branch_opening: str = attrs.field(default="gate", validator=choice("gate", "heads"))
+    """``cross_branch``: how it starts shut. ``gate``: its output times a learned scalar that
+    starts at zero (only the scalar learns at first: the rest of the branch waits for it to
+    move); ``heads``: its heads start at zero and learn from the first step. Either way the
+    model starts as without the branch (``gem_core.model.cross_branch``)."""
 
     cross_branch_tokens: str = attrs.field(default="all", validator=choice("all", "request"))
     """``cross_branch``: which tokens it crosses. ``all``: every token the interaction reads.

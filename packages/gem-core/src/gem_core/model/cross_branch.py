@@ -1,7 +1,13 @@
 """A DCN-V2 cross network beside the interaction (``model.cross_branch``, DCN-V2's parallel
 form): it reads some of the interaction's tokens through its own per-token scaling, and its
-output, times a learned gate that starts at zero, goes through a head per task whose logit is
-added to the task's.
+output goes through a head per task whose logit is added to the task's. It starts shut, so the
+model starts as the interaction alone, in one of two ways (``opening``): ``gate``, its output
+times a learned scalar that starts at zero; ``heads``, its heads start at zero.
+
+Why two: behind a zero gate nothing in the branch but the gate has a gradient at the start (the
+heads' and the network's are multiplied by the gate), so the branch opens through a product of
+three factors; with zero heads the heads learn from the first step and the network once they
+have moved, a product of two.
 
 Why beside, and scaled: the interaction reads the tokens as the model has learnt to size them
 (on MovieLens-100k the match tokens are 2-3 in RMS, the user features 0.1); a cross network
@@ -35,10 +41,13 @@ class CrossBranch(nn.Module):
     """Gated cross network over ``positions`` of the interaction's tokens, one logit per task."""
 
     def __init__(self, num_tokens: int, positions: list[int] | None, tasks: list[str], *,
-                 norm: str, network: Callable[[int], CrossNetworkInteraction]) -> None:
+                 norm: str, network: Callable[[int], CrossNetworkInteraction],
+                 opening: str = "gate") -> None:
         """``positions``: which of the ``num_tokens`` tokens it crosses (None: all);
         ``network``: builds the cross network over that many tokens (the model's one builder
-        of ``cross_*``)."""
+        of ``cross_*``); ``opening``: ``gate`` or ``heads`` (above)."""
+        if opening not in ("gate", "heads"):
+            raise ValueError(f"cross branch opening {opening!r}: expected 'gate' or 'heads'")
         super().__init__()
         self.register_buffer("positions", None if positions is None else torch.tensor(positions),
                              persistent=False)
@@ -49,14 +58,20 @@ class CrossBranch(nn.Module):
             self.network = network(crossed)
             self.heads = nn.ModuleDict({task: nn.Linear(self.network.out_dim, 1, bias=False)
                                         for task in tasks})
-        self.gate = nn.Parameter(torch.zeros(1))
+        # Drawn above either way, so the stream (and the network) is the same for both.
+        if opening == "heads":
+            for head in self.heads.values():
+                nn.init.zeros_(head.weight)
+        self.gate = nn.Parameter(torch.zeros(1)) if opening == "gate" else None
 
     def forward(self, tokens: Tensor) -> dict[str, Tensor]:
         """``tokens``: ``(N, num_tokens, dim)``, the interaction's input; per task ``(N,)``
         logits to add to the task's."""
         if self.positions is not None:
             tokens = tokens.index_select(1, self.positions)
-        crossed = self.gate * self.network(tokens if self.norm is None else self.norm(tokens))
+        crossed = self.network(tokens if self.norm is None else self.norm(tokens))
+        if self.gate is not None:
+            crossed = self.gate * crossed
         return {task: head(crossed).squeeze(-1) for task, head in self.heads.items()}
 
     def flops(self, impressions: int) -> int:

@@ -262,7 +262,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             positions = None  # every token: no index copy
         self.cross_branch = CrossBranch(self.num_tokens, positions, list(self.schema.tasks),
                                         norm=config.cross_branch_norm,
-                                        network=self._cross_network)
+                                        network=self._cross_network,
+                                        opening=config.cross_branch_opening)
 
     def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
         """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction,
