@@ -1,6 +1,7 @@
 """The GEM model's parts: key gathering, ESMM, PMA independence from the candidate, cross- and
 Wukong blocks, and every switch training end to end (forward and backward)."""
 
+import logging
 import math
 
 import attrs
@@ -389,6 +390,23 @@ def test_cross_branch_skip_leaves_a_request_feature_out_of_the_branch_only(data,
         assert torch.equal(branch_other, branch)
     with pytest.raises(ValueError, match=r"user_id.*\['user_segment', 'context'\]"):
         _model(schema, cross_branch=True, cross_branch_skip=("user_id",))
+
+
+def test_cross_branch_max_rows_leaves_out_the_features_of_large_tables(data, caplog):
+    """``cross_branch_max_rows``: the features whose table has more rows than the limit are
+    left out as if named in ``cross_branch_skip`` (the same positions), and the start-up log
+    says which; at or above the largest table nothing is left out."""
+    schema, _ = data
+    rows = {f.name: schema.table(f.table).num_embeddings for f in schema.sparse_features}
+    assert rows["user_segment"] > rows["context"]
+    options = dict(interaction="wukong", cross_branch=True, cross_branch_tokens="request")
+    named = _model(schema, cross_branch_skip=("user_segment",), **options)
+    with caplog.at_level(logging.INFO, logger="gem_core.model.gem"):
+        limited = _model(schema, cross_branch_max_rows=rows["context"], **options)
+    assert torch.equal(limited.cross_branch.positions, named.cross_branch.positions)
+    assert f"leaves out user_segment ({rows['user_segment']} rows)" in caplog.text
+    whole = _model(schema, cross_branch_max_rows=rows["user_segment"], **options)
+    assert len(whole.cross_branch.positions) == 1 + whole.num_context
 
 
 def test_sample_token_norm_scales_each_token_of_each_sample_alone_in_float64():

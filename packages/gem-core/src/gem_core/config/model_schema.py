@@ -361,6 +361,12 @@ class ModelConfig:
     passes over the same users learn by heart (docs/results.md). A name the data does not
     declare is refused at start-up."""
 
+    cross_branch_max_rows: int = attrs.field(default=0, validator=at_least(0))
+    """``cross_branch``: it also leaves out the sparse (request) features whose table has more
+    rows than this (0: none): ``cross_branch_skip`` for a preset, which cannot name the data's
+    features. Buckets, categories, devices and surfaces have a few to a few hundred values; an
+    id per user or per page has as many as there are users or pages. Logged at start-up."""
+
     cross_rank: int = attrs.field(default=0, validator=at_least(0))
     """``interaction = "cross"``: rank of each cross layer's matrix (``U V``, DCN-V2's low-rank
     cross); 0: full (tokens x embedding_dim square)."""

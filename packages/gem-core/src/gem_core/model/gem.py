@@ -242,7 +242,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         """The cross network beside the interaction (``cross_branch``,
         :mod:`gem_core.model.cross_branch`), over every token or the candidate's and the
         request's own: position 0 and the ``num_context`` after the history's summaries (see
-        :meth:`_candidate_tokens` for the order), less the tokens of ``cross_branch_skip``."""
+        :meth:`_candidate_tokens` for the order), less the tokens of the sparse features of
+        :meth:`_cross_branch_skipped`."""
         config = self.config
         self.cross_branch = None
         if not config.cross_branch:
@@ -250,11 +251,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
         # The context tokens are the sparse features in the schema's order, then dense.
         sparse = [feature.name for feature in self.schema.sparse_features]
-        unknown = sorted(set(config.cross_branch_skip) - set(sparse))
-        if unknown:
-            raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
-                             f"declare as sparse features; it declares {sparse}")
-        skipped = {first_context + sparse.index(name) for name in config.cross_branch_skip}
+        skipped = {first_context + sparse.index(name) for name in self._cross_branch_skipped()}
         positions = (range(self.num_tokens) if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
         positions = [position for position in positions if position not in skipped]
@@ -264,6 +261,25 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                         norm=config.cross_branch_norm,
                                         network=self._cross_network,
                                         opening=config.cross_branch_opening)
+
+    def _cross_branch_skipped(self) -> list[str]:
+        """The sparse features whose tokens the cross branch leaves out: those named by
+        ``cross_branch_skip`` (each must be the data's) and those whose table has more than
+        ``cross_branch_max_rows`` rows; logged, since the second depends on the data."""
+        config = self.config
+        sparse = [feature.name for feature in self.schema.sparse_features]
+        unknown = sorted(set(config.cross_branch_skip) - set(sparse))
+        if unknown:
+            raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
+                             f"declare as sparse features; it declares {sparse}")
+        limit = config.cross_branch_max_rows
+        large = {feature.name: self.schema.table(feature.table).num_embeddings
+                 for feature in self.schema.sparse_features
+                 if 0 < limit < self.schema.table(feature.table).num_embeddings}
+        if large:
+            _log.info("model.cross_branch_max_rows = %d: the cross branch leaves out %s", limit,
+                      ", ".join(f"{name} ({rows} rows)" for name, rows in large.items()))
+        return [name for name in sparse if name in config.cross_branch_skip or name in large]
 
     def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
         """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction,
