@@ -16,6 +16,9 @@ TOKEN_NORMS = ("none", "batch", "rms", "sample", "cap")
 TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
 """The kinds that keep running statistics (one process only)."""
 
+CROSS_BRANCH_OPENINGS = ("gate", "heads")
+"""How ``cross_branch`` starts shut (built by ``gem_core.model.cross_branch.CrossBranch``)."""
+
 
 @attrs.frozen(kw_only=True)
 class EmbeddingOptimizerConfig:
@@ -340,7 +343,8 @@ class ModelConfig:
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
     ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
 
-    cross_branch_opening: str = attrs.field(default="gate", validator=choice("gate", "heads"))
+    cross_branch_opening: str = attrs.field(default="gate",
+                                            validator=choice(*CROSS_BRANCH_OPENINGS))
     """``cross_branch``: how it starts shut. ``gate``: its output times a learned scalar that
     starts at zero (only the scalar learns at first: the rest of the branch waits for it to
     move); ``heads``: its heads start at zero and learn from the first step. Either way the

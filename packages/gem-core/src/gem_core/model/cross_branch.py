@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from gem_core.config.model_schema import CROSS_BRANCH_OPENINGS
 from gem_core.flops import linear_layer_flops
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.token_norm import token_norm
@@ -38,16 +39,18 @@ _SEED_OFFSET = 0x5EED_C805
 
 
 class CrossBranch(nn.Module):
-    """Gated cross network over ``positions`` of the interaction's tokens, one logit per task."""
+    """A cross network over ``positions`` of the interaction's tokens, starting shut (``opening``),
+    one logit per task."""
 
     def __init__(self, num_tokens: int, positions: list[int] | None, tasks: list[str], *,
                  norm: str, network: Callable[[int], CrossNetworkInteraction],
-                 opening: str = "gate") -> None:
+                 opening: str) -> None:
         """``positions``: which of the ``num_tokens`` tokens it crosses (None: all);
         ``network``: builds the cross network over that many tokens (the model's one builder
         of ``cross_*``); ``opening``: ``gate`` or ``heads`` (above)."""
-        if opening not in ("gate", "heads"):
-            raise ValueError(f"cross branch opening {opening!r}: expected 'gate' or 'heads'")
+        if opening not in CROSS_BRANCH_OPENINGS:
+            raise ValueError(f"cross branch opening {opening!r}: expected one of "
+                             f"{list(CROSS_BRANCH_OPENINGS)}")
         super().__init__()
         self.register_buffer("positions", None if positions is None else torch.tensor(positions),
                              persistent=False)
