@@ -324,6 +324,22 @@ def test_cross_branch_opens_through_its_heads_from_the_first_step_not_behind_a_g
         assert torch.equal(a, b)
 
 
+def _branch_and_interaction_inputs(model):
+    """A function of a batch: the tokens the interaction and the cross branch's network read
+    (the model in evaluation, no gradients)."""
+    seen = {}
+    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
+    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
+    model.eval()
+
+    def inputs(batch):
+        with torch.no_grad():
+            model(batch)
+        return seen["interaction"].clone(), seen["branch"].clone()
+
+    return inputs
+
+
 def test_cross_branch_on_request_tokens_reads_no_history(data):
     """``cross_branch_tokens = "request"``: the branch crosses the candidate's token and the
     request's own feature tokens only. Moving every event of the history further into the past
@@ -334,16 +350,7 @@ def test_cross_branch_on_request_tokens_reads_no_history(data):
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_tokens="request",
                    cross_branch_norm="sample", cross_attention=False, target_match=8)
     assert len(model.cross_branch.positions) == 1 + model.num_context < model.num_tokens
-    seen = {}
-    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
-    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
-    model.eval()
-
-    def inputs(changed):
-        with torch.no_grad():
-            model(changed)
-        return seen["interaction"].clone(), seen["branch"].clone()
-
+    inputs = _branch_and_interaction_inputs(model)
     raw, branch = inputs(batch)
     positions = [0, *range(model.num_tokens - model.num_context, model.num_tokens)]
     torch.testing.assert_close(branch, model.cross_branch.norm(raw[:, positions]))
@@ -370,16 +377,7 @@ def test_cross_branch_skip_leaves_a_request_feature_out_of_the_branch_only(data,
     kept = ([0, *range(skipped, model.num_tokens)] if tokens == "request"
             else list(range(model.num_tokens)))
     assert model.cross_branch.positions.tolist() == [p for p in kept if p != skipped]
-    seen = {}
-    model.interaction.register_forward_pre_hook(lambda _, a: seen.update(interaction=a[0]))
-    model.cross_branch.network.register_forward_pre_hook(lambda _, a: seen.update(branch=a[0]))
-    model.eval()
-
-    def inputs(changed):
-        with torch.no_grad():
-            model(changed)
-        return seen["interaction"].clone(), seen["branch"].clone()
-
+    inputs = _branch_and_interaction_inputs(model)
     raw, branch = inputs(batch)
     segment = batch.sparse["user_segment"]
     other = attrs.evolve(batch, sparse={**batch.sparse, "user_segment": attrs.evolve(

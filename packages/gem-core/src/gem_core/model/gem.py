@@ -250,8 +250,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             return
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
         # The context tokens are the sparse features in the schema's order, then dense.
-        sparse = [feature.name for feature in self.schema.sparse_features]
-        skipped = {first_context + sparse.index(name) for name in self._cross_branch_skipped()}
+        skipped = {first_context + index for index in self._cross_branch_skipped()}
         positions = (range(self.num_tokens) if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
         positions = [position for position in positions if position not in skipped]
@@ -262,10 +261,11 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                         network=self._cross_network,
                                         opening=config.cross_branch_opening)
 
-    def _cross_branch_skipped(self) -> list[str]:
-        """The sparse features whose tokens the cross branch leaves out: those named by
-        ``cross_branch_skip`` (each must be the data's) and those whose table has more than
-        ``cross_branch_max_rows`` rows; logged, since the second depends on the data."""
+    def _cross_branch_skipped(self) -> list[int]:
+        """Indices (in the schema's order) of the sparse features whose tokens the cross branch
+        leaves out: those named by ``cross_branch_skip`` (each must be the data's) and those
+        whose table has more than ``cross_branch_max_rows`` rows; logged, since the second
+        depends on the data."""
         config = self.config
         sparse = [feature.name for feature in self.schema.sparse_features]
         unknown = sorted(set(config.cross_branch_skip) - set(sparse))
@@ -273,13 +273,14 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
                              f"declare as sparse features; it declares {sparse}")
         limit = config.cross_branch_max_rows
-        large = {feature.name: self.schema.table(feature.table).num_embeddings
-                 for feature in self.schema.sparse_features
-                 if 0 < limit < self.schema.table(feature.table).num_embeddings}
+        rows = {feature.name: self.schema.table(feature.table).num_embeddings
+                for feature in self.schema.sparse_features}
+        large = {name: count for name, count in rows.items() if 0 < limit < count}
         if large:
             _log.info("model.cross_branch_max_rows = %d: the cross branch leaves out %s", limit,
                       ", ".join(f"{name} ({rows} rows)" for name, rows in large.items()))
-        return [name for name in sparse if name in config.cross_branch_skip or name in large]
+        return [index for index, name in enumerate(sparse)
+                if name in config.cross_branch_skip or name in large]
 
     def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
         """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction,
