@@ -247,7 +247,8 @@ def test_cross_branch_reads_its_own_scaling_beside_the_interaction(data):
     zero (the model starts as the interaction alone)."""
     schema, batch = data
     model = _model(schema, interaction="wukong", cross_branch=True, cross_branch_norm="sample",
-                   target_match=8, match_token_scale="linear", candidate_bias=False)
+                   cross_branch_opening="gate", target_match=8, match_token_scale="linear",
+                   candidate_bias=False)
     assert torch.equal(model.cross_branch.gate.detach(), torch.zeros(1))
     with torch.no_grad():
         model.cross_branch.gate.fill_(0.5)

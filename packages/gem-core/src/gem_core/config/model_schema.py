@@ -343,12 +343,15 @@ class ModelConfig:
     """``cross_branch``: how its tokens are scaled, each position on its own (the kinds of
     ``token_norm``; ``batch`` and ``rms`` run in one process only)."""
 
-    cross_branch_opening: str = attrs.field(default="gate",
+    cross_branch_opening: str = attrs.field(default="heads",
                                             validator=choice(*CROSS_BRANCH_OPENINGS))
-    """``cross_branch``: how it starts shut. ``gate``: its output times a learned scalar that
-    starts at zero (only the scalar learns at first: the rest of the branch waits for it to
-    move); ``heads``: its heads start at zero and learn from the first step. Either way the
-    model starts as without the branch (``gem_core.model.cross_branch``)."""
+    """``cross_branch``: how it starts shut. ``heads``: its heads start at zero and learn from
+    the first step; ``gate``: its output times a learned scalar that starts at zero (only the
+    scalar learns at first: the rest of the branch waits for it to move). Either way the model
+    starts as without the branch (``gem_core.model.cross_branch``). ``heads`` found
+    ``synthetic-ads``' ``cross`` kind on every seed measured, ``gate`` on one of two; the
+    figures of docs/results.md before 2026-12-05 (night) were taken with ``gate``
+    (docs/results.md)."""
 
     cross_branch_tokens: str = attrs.field(default="all", validator=choice("all", "request"))
     """``cross_branch``: which tokens it crosses. ``all``: every token the interaction reads.
