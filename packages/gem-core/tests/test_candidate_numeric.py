@@ -2,7 +2,7 @@
 ``JaggedBatch.candidate_numeric``): declared apart from the history's content width, checked
 by ``validate`` (naming the row), kept by ``select``, passed to exported programs, and projected
 into the candidate's token by a Linear whose FLOPs the analytic count has (FlopCounterMode
-agrees)."""
+agrees), after the signed log of ``model.numeric_scale``."""
 
 from __future__ import annotations
 
@@ -76,3 +76,48 @@ def test_the_projection_joins_the_candidate_token_and_its_flops_are_counted(data
     plain = small_model(attrs.evolve(schema, candidate_numeric_dim=0), pma_queries=2)
     assert plain.candidate_numeric is None
     assert "candidate_numeric" not in plain.flops_by_module(batch.seq_lengths())
+
+
+@pytest.mark.parametrize("kind", ["log", "none"])
+def test_numbers_reach_their_projections_as_numeric_scale_reads_them(data, kind):
+    """``model.numeric_scale``: the candidate's numeric features and the request's dense ones
+    enter their projections as ``sign(x) log(1 + |x|)`` (``log``, checked against float64
+    arithmetic) or as they are (``none``)."""
+    schema, batch = data
+    assert schema.num_dense > 0
+    raw = attrs.evolve(batch, candidate_numeric=batch.candidate_numeric * 1000.0,
+                       dense=batch.dense * 1000.0)
+    model = small_model(schema, numeric_scale=kind)
+    seen = {}
+    model.candidate_numeric.register_forward_pre_hook(lambda _, a: seen.update(numeric=a[0]))
+    model.dense_proj.register_forward_pre_hook(lambda _, a: seen.update(dense=a[0]))
+    with torch.no_grad():
+        model(raw)
+    for name, values in (("numeric", raw.candidate_numeric), ("dense", raw.dense)):
+        x = values.double()
+        expected = x.sign() * (1 + x.abs()).log() if kind == "log" else x
+        torch.testing.assert_close(seen[name].double(), expected, rtol=1e-6, atol=1e-6)
+        assert (values.abs() > 100).any()  # large values, where the two kinds differ
+
+
+def test_a_raw_price_does_not_blow_up_the_first_gradients(data):
+    """Prices in the thousands, projected as they are and read by the candidate bias (a
+    linear read of the candidate's token, as in the presets), give a first loss and gradients
+    tens of times those of the same model reading them through the signed log."""
+    schema, batch = data
+    prices = torch.rand(batch.num_candidates, WIDTH, generator=torch.Generator().manual_seed(1))
+    priced = attrs.evolve(batch, candidate_numeric=(prices * 8).exp())  # 1 to about 3,000
+
+    def gradient_norm(kind: str) -> float:
+        model = small_model(schema, numeric_scale=kind, candidate_bias=True)
+        logits = model(priced)["click"]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, priced.labels["click"].float())
+        loss.backward()
+        losses[kind] = float(loss.detach())
+        return float(torch.cat([p.grad.flatten() for p in model.parameters()
+                                if p.grad is not None]).norm())
+
+    losses = {}
+    assert gradient_norm("none") > 20 * gradient_norm("log")
+    assert losses["none"] > 20 * losses["log"]

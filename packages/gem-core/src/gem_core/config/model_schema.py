@@ -19,6 +19,10 @@ TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
 CROSS_BRANCH_OPENINGS = ("gate", "heads")
 """How ``cross_branch`` starts shut (built by ``gem_core.model.cross_branch.CrossBranch``)."""
 
+NUMERIC_SCALES = ("log", "none")
+"""How the model reads numbers as they come in a batch (``numeric_scale``; applied by
+``gem_core.model.numeric.scale_numbers``)."""
+
 
 @attrs.frozen(kw_only=True)
 class EmbeddingOptimizerConfig:
@@ -255,6 +259,15 @@ class ModelConfig:
     one feature can be crossed with a sparse one on its own. On ``cross`` (whose label reads the
     sign of ``dense[2]``) it let the probe find the parity 250-500 steps sooner, and did not
     change ``tiny`` (docs/results.md)."""
+
+    numeric_scale: str = attrs.field(default="log", validator=choice(*NUMERIC_SCALES))
+    """How the request's dense features and the candidate's numeric features are read before
+    their projections: ``log``, each value ``x`` as ``sign(x) * log(1 + |x|)`` (near ``x`` for
+    small values, the order of magnitude for large ones, the sign kept); ``none``, as they come.
+    Logs carry raw numbers: a price of 1,299 projected as it is made ``tiny``'s gradient norms
+    reach 400 and its eval NE 1.25 after 100 steps on a Taobao-shaped log, against 0.95 with
+    the price left out (docs/results.md). Figures in docs/results.md before 2026-12-06 were
+    taken with ``none``; the bundled sources' features are small already."""
 
     match_token_scale: str = attrs.field(default="linear", validator=choice("linear", "log"))
     """The size of the target-match and attribute-attention tokens, sums over up to

@@ -33,6 +33,7 @@ from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import retrieve_matching_events
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
+from gem_core.model.numeric import scale_numbers
 from gem_core.model.pma import PooledMultiheadAttention
 from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTower, SwiGLU
 from gem_core.model.target_attention import TargetAwareAttention
@@ -345,10 +346,12 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         events = self.events(looked_up.events, ages, offsets, batch.seq_dense)
         # Non-sequence user/context tokens: candidate-independent, so the tower may see them.
         context = list(looked_up.context)
+        if self.dense_proj is not None or self.dense_tokens is not None:
+            dense = scale_numbers(batch.dense, self.config.numeric_scale)
         if self.dense_proj is not None:
-            context.append(self.dense_proj(batch.dense))
+            context.append(self.dense_proj(dense))
         if self.dense_tokens is not None:
-            context += list(self.dense_tokens(batch.dense).unbind(1))
+            context += list(self.dense_tokens(dense).unbind(1))
         return _Requests(offsets, lengths, max_len, rows, ages, events, context)
 
     def _upstream(self, batch: JaggedBatch, requests: _Requests
@@ -384,7 +387,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if candidate_content is not None:
             candidate = candidate + candidate_content
         if self.candidate_numeric is not None:
-            candidate = candidate + self.candidate_numeric(batch.candidate_numeric)
+            candidate = candidate + self.candidate_numeric(
+                scale_numbers(batch.candidate_numeric, self.config.numeric_scale))
         context = [token[owner] for token in requests.context]
 
         tokens = [candidate]
