@@ -1,9 +1,12 @@
 """``gem_data.peer_export``: the RecBole atomic files of ``tools/peers.py`` hold exactly the
-impressions the trainer trains and evaluates on (no RecBole needed here)."""
+impressions the trainer trains and evaluates on (no RecBole needed here); on data whose history
+has no item ids, without ``item_id_list``, and DIN and DIEN refused on it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +16,18 @@ from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
+from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
+from gem_data.bench import write_requests
 from gem_data.generator import AdsLogGenerator, achievable_ne
-from gem_data.peer_export import export_peer_dataset, read_atomic
+from gem_data.peer_export import (
+    export_peer_dataset,
+    history_has_item_ids,
+    item_feature,
+    read_atomic,
+)
 from gem_data.synth_options import SynthOptions
 
+REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64
 
 
@@ -166,3 +177,153 @@ def test_data_seed_train_start_and_history_cut(tmp_path):
     assert torch.equal(direct.candidate_ids["ad_id"], batches[1].candidate_ids["ad_id"])
     assert int(batches[0].seq_lengths().max()) > 8
     _check_rows(tmp_path / "peers" / "peers.train.inter", batches, 8, multi_valued=False)
+
+
+# -- a history without item ids (a Taobao-shaped log) --------------------------------------------
+
+#: Taobao-shaped: the candidate is an ad (adgroup_id, its category, the placement), the events
+#: are what the behaviour log records (a category and an action), never the ad.
+NO_ITEM_HISTORY = FeatureSchema(
+    tables=(EmbeddingTable(name="adgroup", num_embeddings=500, id_policy="hash"),
+            EmbeddingTable(name="cate", num_embeddings=40, id_policy="hash"),
+            EmbeddingTable(name="btag", num_embeddings=4),
+            EmbeddingTable(name="pid", num_embeddings=2),
+            EmbeddingTable(name="gender", num_embeddings=3)),
+    event_features=(SequenceFeature(name="cate", table="cate"),
+                    SequenceFeature(name="btag", table="btag")),
+    candidate_features=(SequenceFeature(name="adgroup_id", table="adgroup"),
+                        SequenceFeature(name="cate", table="cate"),
+                        SequenceFeature(name="pid", table="pid")),
+    sparse_features=(ContextFeature(name="gender", table="gender"),),
+    num_dense=1, tasks=("clk",), max_seq_len=SEQ)
+NO_ITEM_COLUMNS = ["user_id:token", "item_id:token", "cate:token", "pid:token",
+                   "gender:token_seq", "dense_0:float", "cate_list:token_seq",
+                   "btag_list:token_seq", "clk:float"]
+
+
+@pytest.fixture(scope="module")
+def no_item_history(tmp_path_factory):
+    """A parquet data set of :data:`NO_ITEM_HISTORY`: 64 training and 24 eval requests,
+    histories longer than 8 events (the cut below) included."""
+    out = tmp_path_factory.mktemp("no-item-history") / "data"
+    write_requests(out, NO_ITEM_HISTORY, rows=64, eval_rows=24, seed=1, row_group_rows=32,
+                   mean_length=12.0, max_length=SEQ)
+    return out
+
+
+def _no_item_data(path, max_seq_len=8):
+    return DataConfig(source="parquet", path=str(path), max_seq_len=max_seq_len,
+                      eval_rows=None)
+
+
+def _peers_module(name):
+    """``tools/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"_{name}_tool", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_history,
+                                                                      tmp_path):
+    out = tmp_path / "peers"
+    out.mkdir()
+    (out / "peers.item").write_text("item_id:token\n1\n")  # an earlier export's
+    data = _no_item_data(no_item_history)
+    manifest = export_peer_dataset(out, data=data, seed=2, steps=2, batch_size=BATCH)
+    assert manifest["history_item_ids"] is False and manifest["item_list_field"] is None
+    assert manifest["item_feature"] == "adgroup_id" and manifest["item_field"] == "item_id"
+    assert manifest["event_features"] == ["cate", "btag"]
+    assert manifest["columns"] == NO_ITEM_COLUMNS and manifest["item_columns"] == []
+    # no .item file: events that do not name their ad give no ad its attributes
+    assert not (out / "peers.item").exists()
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+
+    # The rows are the trainer's impressions: its stream's batches, histories cut at 8 events.
+    source = build_plugins().data_source(data, seed=2)
+    stream = source.train_stream(batch_size=BATCH, rank=0, world_size=1,
+                                 balancer=contiguous_balancer,
+                                 cost_fn=lambda b: [1.0] * b.batch_size)
+    batches = [next(stream) for _ in range(2)]
+    stream.close()
+    header, rows = read_atomic(out / "peers.train.inter")
+    assert header == NO_ITEM_COLUMNS
+    names = [h.split(":")[0] for h in header]
+    expected = []
+    for batch in batches:
+        for r in range(batch.batch_size):
+            s, e = int(batch.seq_offsets[r]), int(batch.seq_offsets[r + 1])
+            start = max(s, e - 8)
+            for c in range(int(batch.candidate_offsets[r]),
+                           int(batch.candidate_offsets[r + 1])):
+                expected.append({
+                    "user_id": str(int(batch.user_ids[r])),
+                    "item_id": str(int(batch.candidate_ids["adgroup_id"][c])),
+                    "cate": str(int(batch.candidate_ids["cate"][c])),
+                    "pid": str(int(batch.candidate_ids["pid"][c])),
+                    "gender": " ".join(_ids(batch.sparse["gender"], r)),
+                    "dense_0": float(batch.dense[r, 0]),
+                    "cate_list": _history(batch, "cate", start, e),
+                    "btag_list": _history(batch, "btag", start, e),
+                    "clk": float(batch.labels["clk"][c])})
+    assert len(rows) == len(expected) == manifest["train_impressions"]
+    assert max(len(row[names.index("btag_list")].split()) for row in rows) == 8
+    for got, want in zip(rows, expected):
+        got = dict(zip(names, got))
+        for key, value in want.items():
+            assert (float(got[key]) if key in ("dense_0", "clk") else got[key]) == value, key
+    # the items counted are the candidates' (training and eval)
+    _, test = read_atomic(out / "peers.test.inter")
+    assert manifest["items"] == len({row[1] for row in rows + test})
+
+    assert not history_has_item_ids(NO_ITEM_HISTORY)
+    assert item_feature(NO_ITEM_HISTORY).name == "adgroup_id"
+
+
+def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history, tmp_path):
+    runner = _peers_module("peers_recbole")
+    manifest = export_peer_dataset(tmp_path / "peers", data=_no_item_data(no_item_history),
+                                   seed=2, steps=1, batch_size=BATCH)
+    for model in ("DIN", "DIEN"):
+        reason = runner.model_refusal(manifest, model)
+        assert reason is not None and reason.startswith(f"{model} reads the history as item ids")
+        assert "item feature 'adgroup_id'" in reason
+        assert "the history's event features are cate, btag" in reason
+    for model in ("DeepFM", "DCNV2"):
+        assert runner.model_refusal(manifest, model) is None
+        # with the history as bags: the event features' lists, no item_id_list
+        config = runner._config_dict(manifest, tmp_path / "peers", model, "clk", 1, 2020,
+                                     tmp_path / "run", history_bags=True)
+        assert config["load_col"] == {"inter": [c.split(":")[0] for c in NO_ITEM_COLUMNS]}
+        assert config["alias_of_item_id"] is None
+        config = runner._config_dict(manifest, tmp_path / "peers", model, "clk", 1, 2020,
+                                     tmp_path / "run")
+        assert not any(c.endswith("_list") for c in config["load_col"]["inter"])
+
+    # tools/peers.py refuses them after the export, before any peer trains (no venv needed)
+    peers = _peers_module("peers")
+    peers.check_models(manifest, ["DeepFM", "DCNV2"], tmp_path / "peers")
+    with pytest.raises(SystemExit, match="(?s)DIN reads the history.*DIEN reads the history"):
+        peers.check_models(manifest, ["DeepFM", "DIN", "DIEN"], tmp_path / "peers")
+    out = tmp_path / "tool"
+    with pytest.raises(SystemExit, match="DIN reads the history as item ids"):
+        peers.main(["--data", "parquet", "--data-path", str(no_item_history), "--steps", "1",
+                    "--batch-size", str(BATCH), "--models", "DeepFM,DIN", "--out", str(out),
+                    "--peers-venv", str(tmp_path / "no-venv")])
+    assert (out / "peers" / "manifest.json").exists() and not (out / "runs").exists()
+    assert not (tmp_path / "no-venv").exists()
+
+
+def test_din_and_dien_run_on_a_history_with_item_ids(tmp_path):
+    runner = _peers_module("peers_recbole")
+    manifest = export_peer_dataset(tmp_path / "peers", data=_data({"planted": "ads"}), seed=3,
+                                   steps=1, batch_size=BATCH)
+    assert manifest["history_item_ids"] is True
+    assert manifest["item_list_field"] == "item_id_list"
+    assert manifest["event_features"] == ["ad_id", "advertiser", "category", "action"]
+    for model in ("DIN", "DIEN", "DeepFM", "DCNV2"):
+        assert runner.model_refusal(manifest, model) is None
+    # an export from before the field: its history had item ids (others were refused)
+    older = {k: v for k, v in manifest.items() if k not in ("history_item_ids",
+                                                             "event_features")}
+    assert runner.model_refusal(older, "DIN") is None

@@ -18,11 +18,15 @@ import torch
 
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
-from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
 from gem_data.movielens_source import MovieLensOptions
-from gem_data.peer_export import export_peer_dataset, item_feature, read_atomic
+from gem_data.peer_export import (
+    export_peer_dataset,
+    history_has_item_ids,
+    item_feature,
+    read_atomic,
+)
 from gem_data.testing import write_movielens_sample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,12 +247,13 @@ def test_our_synthetic_ads_run_on_other_data_is_refused(tmp_path, peers):
         "data.source = 'movielens-100k' (the export: 'synthetic-ads')"]
 
 
-def test_the_item_feature_must_be_in_the_history(root, tmp_path):
+def test_the_item_feature_is_the_first_candidate_feature_and_in_the_history(root, tmp_path):
     source = build_plugins().data_source(_data(root), seed=SEED)
     assert item_feature(source.schema).name == "movie"
+    assert history_has_item_ids(source.schema)
     without = attrs.evolve(source.schema, event_features=source.schema.event_features[1:])
-    with pytest.raises(GemDataError, match="item feature 'movie'.*not an event feature"):
-        item_feature(without)
+    assert item_feature(without).name == "movie"
+    assert not history_has_item_ids(without)
 
 
 def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path, peers):

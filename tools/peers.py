@@ -35,7 +35,10 @@ computed by ``gem_core.metrics``.
    says what each model reads), in ``OUT/runs/<model>-<task>/``. ``--history-keep
    FEATURE=ID,...`` gives DIN and DIEN only the history events whose ``FEATURE`` has one of
    these raw ids (``action=1,2``: the clicked and converted ones, DIN's behaviour sequence);
-   their predictions are kept apart (``OUT/runs/<model>-<task>-keep-.../``).
+   their predictions are kept apart (``OUT/runs/<model>-<task>-keep-.../``). On data whose
+   history has no item ids (the export's ``history_item_ids`` false: a Taobao-shaped log,
+   whose events name a category and a brand, not the ad) DIN and DIEN, which read the history
+   as item ids, are refused after the export and before any training (:func:`check_models`).
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
    both classes) of every peer's predictions against the exported labels and users; with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
@@ -59,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -187,6 +191,28 @@ def export(args: argparse.Namespace, data: DataConfig) -> tuple[Path, dict[str, 
 
 
 # -- peer runs -----------------------------------------------------------------------------------
+
+def _runner() -> Any:
+    """``tools/peers_recbole.py`` as a module (it imports RecBole only in its ``main``), for its
+    rules on what each model needs of an export."""
+    spec = importlib.util.spec_from_file_location("_peers_recbole", RUNNER)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {RUNNER}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_models(manifest: dict[str, Any], models: list[str], directory: Path) -> None:
+    """Refuses (SystemExit, every reason) the peers that cannot run on the export of
+    ``manifest`` in ``directory`` (``peers_recbole.model_refusal``: DIN and DIEN on a history
+    without item ids), before any of them trains."""
+    refusals = [reason for reason in (_runner().model_refusal(manifest, model)
+                                      for model in models) if reason]
+    if refusals:
+        raise SystemExit(f"cannot run these peers on the export {directory}:\n  "
+                         + "\n  ".join(refusals) + "\n(leave them out of --models)")
+
 
 def run_peer(python: Path, data: Path, model: str, task: str, args: argparse.Namespace
              ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -397,6 +423,9 @@ def describe_data(manifest: dict[str, Any]) -> str:
     and evaluated."""
     options = ", ".join(f"{k}={v}" for k, v in manifest["options_given"].items()) or "defaults"
     history = f"histories of at most {manifest['max_seq_len']} events"
+    if not manifest.get("history_item_ids", True):  # older manifests: always with item ids
+        history += (f" without item ids (the events' {', '.join(manifest['event_features'])} "
+                    "only)")
     if manifest["source"] == SYNTHETIC_ADS:
         return (f"`synthetic-ads` ({options}), seed {manifest['seed']} (data seed "
                 f"{manifest['data_seed']}), {manifest['steps']} steps x {manifest['batch_size']} "
@@ -556,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     directory, manifest = export(args, data)
+    check_models(manifest, models, directory)
     tasks = ([t for t in args.tasks.split(",") if t] if args.tasks is not None
              else manifest["tasks"][:1])
     unknown = sorted(set(tasks) - set(manifest["tasks"]))

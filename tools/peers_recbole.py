@@ -28,23 +28,29 @@ What each model reads:
   and the dense floats (as ``numerical_features``: value times a learned vector). On
   ``synthetic-ads``: advertiser, category, topics; user_segment, context; 4 dense. On
   MovieLens: genres (token_seq), decade; age_bucket, gender, occupation; the 2 dense history
-  statistics. With ``--history-bags`` also the history columns (``item_id_list`` and each
-  ``<event feature>_list``: on MovieLens ``rating_list``, ``genres_list``, ``decade_list``),
-  each a bag of ids: mean-pooled in the embeddings, but *summed* in RecBole's first-order term
-  (``FMFirstOrderLinear``), where a bag of 64 events over a 3-token vocabulary (actions; on
-  MovieLens the 5 ratings) with xavier-initialised weights starts at logits of +-60, which one
-  pass at RecBole's learning rate does not undo; so by default they are left out.
+  statistics. With ``--history-bags`` also the history columns (``item_id_list``, where the
+  history has item ids, and each ``<event feature>_list``: on MovieLens ``rating_list``,
+  ``genres_list``, ``decade_list``; on a Taobao-shaped log ``cate_list``, ``brand_list``,
+  ``btag_list`` alone), each a bag of ids: mean-pooled in the embeddings, but *summed* in
+  RecBole's first-order term (``FMFirstOrderLinear``), where a bag of 64 events over a
+  3-token vocabulary (actions; on MovieLens the 5 ratings) with xavier-initialised weights
+  starts at logits of +-60, which one pass at RecBole's learning rate does not undo; so by
+  default they are left out.
 - DIN, DIEN (RecBole's sequential CTR models): the user id, the candidate's item id and the
-  history ``item_id_list``; an item's attributes (the ``.item`` columns: advertiser, category,
-  topics on ``synthetic-ads``; genres, decade on MovieLens) come from ``<name>.item`` for the
-  candidate and every history event alike. RecBole's DIN feeds the DNN only the
-  attention-pooled history and the candidate (its ``user_feat_list`` is unused); DIEN adds the
-  user's features (here: the user id). Neither reads the request's context features (on
-  MovieLens: age_bucket, gender, occupation), the dense floats, or the per-event attributes
-  that are not the item's (``action_list``; on MovieLens ``rating_list``, the user's rating of
-  each history movie): RecBole's DIN and DIEN take the history as item ids only, every other
-  history feature looked up per item in the ``.item`` file, and a rating belongs to the event,
-  not to the movie.
+  history ``item_id_list``; an item's attributes (the ``.item`` columns: advertiser,
+  category, topics on ``synthetic-ads``; genres, decade on MovieLens) come from
+  ``<name>.item`` for the candidate and every history event alike. RecBole's DIN feeds the
+  DNN only the attention-pooled history and the candidate (its ``user_feat_list`` is unused);
+  DIEN adds the user's features (here: the user id). Neither reads the request's context
+  features (on MovieLens: age_bucket, gender, occupation), the dense floats, or the
+  per-event attributes that are not the item's (``action_list``; on MovieLens
+  ``rating_list``, the user's rating of each history movie): RecBole's DIN and DIEN take the
+  history as item ids only, every other history feature looked up per item in the ``.item``
+  file, and a rating belongs to the event, not to the movie. So they need an export whose
+  history has item ids (``history_item_ids`` in its manifest): on one without (a
+  Taobao-shaped log, whose events carry a category, a brand and an action but no ad id) they
+  are refused before RecBole starts (:func:`model_refusal`), naming the event features the
+  history has.
 - ``--history-keep FEATURE=ID,...`` (DIN, DIEN): the history keeps only the events whose
   ``FEATURE`` (an event feature with a ``<FEATURE>_list`` column: ``action`` on
   ``synthetic-ads``, ``rating`` on MovieLens) has one of these raw ids, in their order: DIN's
@@ -71,6 +77,21 @@ from pathlib import Path
 
 SEQUENTIAL = ("DIN", "DIEN")
 CONTEXT = ("DeepFM", "DCNV2")
+
+
+def model_refusal(manifest: dict, model: str) -> str | None:
+    """Why ``model`` cannot run on the export of ``manifest``, or None where it can: DIN and
+    DIEN read the history as item ids (``item_id_list``), which an export whose history has
+    no item ids (``history_item_ids`` false) does not have. A manifest without the field is
+    of an export that had them (see ``gem_data.peer_export.FORMAT``)."""
+    if model not in SEQUENTIAL or manifest.get("history_item_ids", True):
+        return None
+    events = manifest.get("event_features", [])
+    return (f"{model} reads the history as item ids (RecBole's item_id_list), and this data's "
+            f"history has none: its item feature {manifest['item_feature']!r} (the first "
+            f"candidate feature) is not an event feature; the history's event features are "
+            f"{', '.join(events) or 'none'}. Models that read the candidate and the request "
+            f"only ({', '.join(CONTEXT)}) can run on it")
 
 
 def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: int,
@@ -245,6 +266,9 @@ def main() -> None:
                  f"({manifest['name']!r}), as RecBole looks for its files")
     if args.task not in manifest["tasks"]:
         sys.exit(f"task {args.task!r} is not one of the export's: {manifest['tasks']}")
+    refusal = model_refusal(manifest, args.model)
+    if refusal:
+        sys.exit(f"{export}: {refusal}")
     keep = None
     if args.history_keep is not None:
         if args.model not in SEQUENTIAL:

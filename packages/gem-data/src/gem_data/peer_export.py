@@ -33,27 +33,41 @@ batch by batch, request by request, candidate by candidate. The columns (RecBole
                                 ``user_id`` column (checked row by row), not written twice
     dense_<j>:float             the request's dense features (the float32 value, exactly)
     item_id_list:token_seq      the item ids of the last ``max_seq_len`` history events,
-                                oldest first (RecBole's ``ITEM_ID_FIELD + LIST_SUFFIX``)
+                                oldest first (RecBole's ``ITEM_ID_FIELD + LIST_SUFFIX``),
+                                where the history has item ids (see below)
     <event feature>_list:token_seq  the same events' other attributes (advertiser, category,
                                 action; rating, decade; a multi-valued one, topics or genres,
                                 flattened event by event)
     <task>:float                the labels (click, conversion; like), 0.0 or 1.0
 
 The **item feature** (RecBole's ``item_id``) is the schema's first candidate feature
-(:func:`item_feature`): ``ad_id`` on ``synthetic-ads``, ``movie`` on ``movielens-100k``. It must
-be single-valued and also an event feature (the history's ``item_id_list``), else the export
-is refused. The other features keep their names.
+(:func:`item_feature`): ``ad_id`` on ``synthetic-ads``, ``movie`` on ``movielens-100k``,
+``adgroup_id`` on a Taobao-shaped log. It must be single-valued, else the export is refused.
+The other features keep their names.
+
+**The history's item ids.** Where the item feature is also an event feature (``synthetic-ads``,
+``movielens-100k``), the history has item ids: ``item_id_list``, and the ``.item`` file below.
+Where it is not (a Taobao-shaped log records the category and brand a user acted on, not the
+ad: event features cate, brand, btag), the history has no item ids
+(:func:`history_has_item_ids`): no ``item_id_list`` column and no ``.item`` file are written
+(an item's attributes cannot be joined to events that do not name the item, and the models
+that read the history as item ids, DIN and DIEN, cannot run on it; ``tools/peers.py`` refuses
+them), while the other event features' ``<name>_list`` columns are (``cate_list``,
+``brand_list``, ``btag_list``). The manifest says which: ``history_item_ids`` (true / false)
+and ``item_list_field`` (``item_id_list`` / null).
 
 ``<name>.train.inter`` holds the training impressions, ``<name>.test.inter`` the eval ones and
 ``<name>.valid.inter`` their first :data:`VALID_ROWS` (RecBole's benchmark mode reads three
-files; nothing is selected on them). ``<name>.item`` has every item that appears (candidate or
-event) with the attributes candidates and events both carry (the candidate features that are
-also event features), for models that look them up by item id (DIN, DIEN).
+files; nothing is selected on them). ``<name>.item`` (only where the history has item ids) has
+every item that appears (candidate or event) with the attributes candidates and events both
+carry (the candidate features that are also event features), for models that look them up by
+item id (DIN, DIEN).
 ``eval_keys.npz`` holds the eval impressions' user ids and labels (exact, for metrics on the
 peers' predictions, row for row), and ``manifest.json`` what was exported: ``[data]`` as the
 source applied it (source, path, order, options with every default, eval_rows, max_seq_len),
-the training seed, steps and batch size, the RecBole fields, the columns, the counts and, where
-the source has one (``synthetic-ads``), its data seed and achievable NE.
+the training seed, steps and batch size, the RecBole fields, whether the history has item ids
+(``history_item_ids``) and its event features, the columns, the counts and, where the source
+has one (``synthetic-ads``), its data seed and achievable NE.
 """
 
 from __future__ import annotations
@@ -79,7 +93,9 @@ from gem_data.synthetic_source import SyntheticAdsSource
 
 FORMAT = "gem-peer-export/2"
 """Version 2: any data source; the manifest names the source's path and order and the RecBole
-fields (``user_field``, ``item_field``, ``item_list_field``, ``item_feature``)."""
+fields (``user_field``, ``item_field``, ``item_list_field``, ``item_feature``). Later exports
+of this version add ``history_item_ids`` and ``event_features``; a manifest without them is of
+an export that refused data without the history's item ids, so its history has them."""
 ITEM_FIELD = "item_id"
 USER_FIELD = "user_id"
 LIST_SUFFIX = "_list"
@@ -121,27 +137,32 @@ def _source_options(source: DataSource, data: DataConfig) -> dict[str, Any]:
 
 
 def item_feature(schema: FeatureSchema) -> SequenceFeature:
-    """The candidate feature that identifies the item (RecBole's ``item_id``, and
-    ``item_id_list`` for the history): the schema's first candidate feature, which is the item
-    id in the schemas of this trainer's sources (``ad_id``, ``movie``). Refused when it is
-    multi-valued or not an event feature too (the history needs it)."""
+    """The candidate feature that identifies the item (RecBole's ``item_id``): the schema's
+    first candidate feature, which is the item id in the schemas of this trainer's sources
+    (``ad_id``, ``movie``, ``adgroup_id``). Refused when it is multi-valued. Whether the history
+    carries it too is :func:`history_has_item_ids`."""
     if not schema.candidate_features:
         raise GemDataError("the schema has no candidate features: nothing identifies the item")
     feature = schema.candidate_features[0]
     if feature.multi_valued:
         raise GemDataError(f"the first candidate feature {feature.name!r} is multi-valued; the "
                          "item id (RecBole's item_id) must be one id per candidate")
-    if feature.name not in {f.name for f in schema.event_features}:
-        raise GemDataError(
-            f"the item feature {feature.name!r} (the first candidate feature) is not an event "
-            f"feature (event features: {[f.name for f in schema.event_features]}); the "
-            f"history's {ITEM_LIST_FIELD} needs it")
     return feature
+
+
+def history_has_item_ids(schema: FeatureSchema) -> bool:
+    """Whether the history carries the item feature (the first candidate feature is an event
+    feature too): the export writes ``item_id_list`` and the ``.item`` file only then."""
+    return item_feature(schema).name in {f.name for f in schema.event_features}
 
 
 def item_attribute_features(schema: FeatureSchema) -> list[SequenceFeature]:
     """The ``.item`` file's features: the item feature and the other candidate features that
-    events carry too (an item's attributes, wherever it appears)."""
+    events carry too (an item's attributes, wherever it appears). None where the history has
+    no item ids: events that do not name their item give no item its attributes, and no
+    ``.item`` file is written."""
+    if not history_has_item_ids(schema):
+        return []
     events = {f.name for f in schema.event_features}
     return [f for f in schema.candidate_features if f.name in events]
 
@@ -219,7 +240,8 @@ def _check_unique(columns: Sequence[Column], what: str) -> list[Column]:
 
 
 def peer_columns(schema: FeatureSchema) -> list[Column]:
-    """The ``.inter`` columns for data of ``schema``, in file order."""
+    """The ``.inter`` columns for data of ``schema``, in file order: one ``<name>_list`` per
+    event feature (``item_id_list`` for the item feature, where the history has it)."""
     field = _field(schema)
     columns = [Column(name=USER_FIELD, type="token")]
     for feature in schema.candidate_features:
@@ -234,7 +256,8 @@ def peer_columns(schema: FeatureSchema) -> list[Column]:
 
 
 def item_columns(schema: FeatureSchema) -> list[Column]:
-    """The ``.item`` columns: the item id and its attributes (:func:`item_attribute_features`)."""
+    """The ``.item`` columns: the item id and its attributes (:func:`item_attribute_features`);
+    none where the history has no item ids (no ``.item`` file)."""
     field = _field(schema)
     return _check_unique([Column(name=field(f.name),
                                  type="token_seq" if f.multi_valued else "token")
@@ -320,7 +343,12 @@ def impression_rows(batch: JaggedBatch, schema: FeatureSchema, *,
 def _item_rows(batch: JaggedBatch, schema: FeatureSchema,
                items: dict[str, tuple[str, ...]]) -> None:
     """Adds every item of ``batch`` (candidates and events) to ``items`` (item id ->
-    attributes), checking that an item keeps its attributes."""
+    attributes), checking that an item keeps its attributes. Where the history has no item
+    ids: the candidates' item ids alone (counted, not written)."""
+    if not history_has_item_ids(schema):
+        for item in _ints(batch.candidate_ids[item_feature(schema).name]):
+            items.setdefault(item, (item,))
+        return
     features = item_attribute_features(schema)
     for store in (batch.candidate_ids, batch.event_ids):
         columns = []
@@ -365,6 +393,7 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
     schema = source.schema
     columns = peer_columns(schema)
     item = item_feature(schema)
+    history_item_ids = history_has_item_ids(schema)
     max_seq_len = applied.max_seq_len
     items: dict[str, tuple[str, ...]] = {}
     counts = {"train_requests": 0, "eval_requests": 0}
@@ -405,7 +434,12 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
     with test_path.open(encoding="utf-8") as f:
         head = [next(f) for _ in range(min(test_rows, VALID_ROWS) + 1)]
     (out / f"{name}.valid.inter").write_text("".join(head), encoding="utf-8")
-    _write(out / f"{name}.item", item_columns(schema), items.values())
+    item_file = out / f"{name}.item"
+    if history_item_ids:
+        _write(item_file, item_columns(schema), items.values())
+    else:
+        # An earlier export's .item in out_dir would describe other data.
+        item_file.unlink(missing_ok=True)
     np.savez(out / "eval_keys.npz", user_ids=np.concatenate(users).astype(np.int64),
              **{task: np.concatenate(labels[task]).astype(np.float32)
                 for task in schema.tasks})
@@ -432,15 +466,18 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
         "tasks": list(schema.tasks),
         "user_field": USER_FIELD,
         "item_field": ITEM_FIELD,
-        "item_list_field": ITEM_LIST_FIELD,
+        # null where the history has no item ids (no item_id_list column: DIN, DIEN refused)
+        "item_list_field": ITEM_LIST_FIELD if history_item_ids else None,
         "item_feature": item.name,
+        "history_item_ids": history_item_ids,
+        "event_features": [f.name for f in schema.event_features],
         "columns": [c.header for c in columns],
         "item_columns": [c.header for c in item_columns(schema)],
         "multi_valued": [f.name for f in schema.candidate_features if f.multi_valued],
         "train_impressions": train_rows,
         "eval_impressions": test_rows,
         "valid_impressions": min(test_rows, VALID_ROWS),
-        "items": len(items),
+        "items": len(items),  # candidates' and events' (without history item ids: candidates')
         **counts,
     }
     if synthetic:  # what the generating process allows on this eval split
