@@ -23,6 +23,7 @@ from gem_core.checkpoint.layout import complete_checkpoints, read_info
 from gem_core.checkpoint.resume import MODEL_FORMAT
 from gem_core.checkpoint.retention import BEST_BY, best_checkpoint
 from gem_core.config import DataConfig, GemConfig, load_config, structure, unstructure
+from gem_core.config.written_before import as_written
 from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
@@ -142,7 +143,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     config_file = run_dir / "config.toml"
     if not config_file.is_file():
         raise GemConfigError(f"{run_dir} is not a run directory (no config.toml)")
-    edited = load_config(path=config_file)
+    edited = load_config(path=config_file, stored=True)
     if backends:
         unknown = sorted(set(backends) - set(attrs.fields_dict(type(edited.backends))))
         if unknown:
@@ -207,7 +208,7 @@ def checkpoint_config(state: dict[str, Any], path: Path, edited: GemConfig,
     if not isinstance(stored, dict):
         raise GemConfigError(f"{path} holds no configuration (trainer.json has no 'config'); "
                              "it was not written by gem train")
-    config = structure(GemConfig, stored, str(path / "trainer.json"))
+    config = structure(GemConfig, as_written(stored), str(path / "trainer.json"))
     trained, current = unstructure(config), unstructure(edited)
     differing = [key for section in CHECKED_SECTIONS
                  for key in _differing_keys(trained[section], current[section], section)]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gem_core.config import GemConfig, structure, unstructure
+from gem_core.config.written_before import as_written
 from gem_core.errors import GemConfigError, GemDataError
 
 #: Version of the model's parameter layout and data model in checkpoints. 2: request-level
@@ -18,11 +19,12 @@ MODEL_FORMAT = 2
 
 def with_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's stored configuration with the keys added since it was written at their
-    defaults (which is what that version did), so a new key alone is not a difference. One this
-    version cannot read (a key it does not know) is compared as stored: the difference is
-    named."""
+    defaults, or where the default changed at what that version did
+    (:func:`~gem_core.config.written_before.as_written`), so a new key alone is not a
+    difference. One this version cannot read (a key it does not know) is compared as stored:
+    the difference is named."""
     try:
-        return unstructure(structure(GemConfig, saved))
+        return unstructure(structure(GemConfig, as_written(saved)))
     except (GemConfigError, TypeError, ValueError):
         return saved
 

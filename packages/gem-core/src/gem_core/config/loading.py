@@ -15,6 +15,7 @@ from typing import Any, Iterable, TypeVar
 import attrs
 
 from gem_core.config.schema import GemConfig
+from gem_core.config.written_before import as_written
 from gem_core.errors import GemConfigError
 
 T = TypeVar("T")
@@ -75,13 +76,17 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
 
 
 def load_config(
-    *, preset: str | None = None, path: str | Path | None = None, overrides: Iterable[str] = ()
+    *, preset: str | None = None, path: str | Path | None = None, overrides: Iterable[str] = (),
+    stored: bool = False,
 ) -> GemConfig:
-    """A preset (default ``tiny``) or a TOML file, with overrides applied, validated."""
+    """A preset (default ``tiny``) or a TOML file, with overrides applied, validated.
+    ``stored``: the file is one a run wrote (its ``config.toml``), whose missing keys mean what
+    the version that wrote it did (:func:`gem_core.config.written_before.as_written`)."""
     if preset is not None and path is not None:
         raise GemConfigError("give either a preset or a config file, not both")
     if path is not None:
         data = read_toml(path)
+        data = as_written(data) if stored else data
         data.setdefault("name", Path(path).stem)
     else:
         name = preset or DEFAULT_PRESET

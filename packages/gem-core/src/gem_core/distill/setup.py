@@ -25,7 +25,7 @@ def read_teacher_config(teacher: str | Path) -> GemConfig:
     if not config_file.is_file():
         raise GemConfigError(f"distill.teacher = {str(teacher)!r} is not a run directory (no "
                              "config.toml); name the run directory of a finished gem train")
-    return load_config(path=config_file)
+    return load_config(path=config_file, stored=True)
 
 
 def resolve_distillation(config: GemConfig) -> GemConfig:
