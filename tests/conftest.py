@@ -1,7 +1,9 @@
-"""Helpers for the cross-package tests: run ``gem`` as a user would, in a subprocess."""
+"""Helpers for the cross-package tests: run ``gem`` as a user would, in a subprocess; load a
+script of ``tools/`` as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,6 +25,27 @@ def run_gem(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
 @pytest.fixture(scope="session")
 def gem():
     return run_gem
+
+
+def tool_module(name: str):
+    """``tools/<name>.py`` as a module (its ``main`` does not run)."""
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tools():
+    """``tools(name)``: ``tools/<name>.py`` as a module, loaded once a session."""
+    loaded: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = tool_module(name)
+        return loaded[name]
+
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,7 @@ has no item ids, without ``item_id_list``, and DIN and DIEN refused on it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +25,6 @@ from gem_data.peer_export import (
 )
 from gem_data.synth_options import SynthOptions
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, EVAL_ROWS, SEQ = 3, 16, 24, 64
 
 
@@ -216,14 +213,6 @@ def _no_item_data(path, max_seq_len=8):
                       eval_rows=None)
 
 
-def _peers_module(name):
-    """``tools/<name>.py`` as a module."""
-    spec = importlib.util.spec_from_file_location(f"_{name}_tool", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_history,
                                                                       tmp_path):
     out = tmp_path / "peers"
@@ -280,8 +269,9 @@ def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_his
     assert item_feature(NO_ITEM_HISTORY).name == "adgroup_id"
 
 
-def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history, tmp_path):
-    runner = _peers_module("peers_recbole")
+def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history, tmp_path,
+                                                                tools):
+    runner = tools("peers_recbole")
     manifest = export_peer_dataset(tmp_path / "peers", data=_no_item_data(no_item_history),
                                    seed=2, steps=1, batch_size=BATCH)
     for model in ("DIN", "DIEN"):
@@ -301,7 +291,7 @@ def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history,
         assert not any(c.endswith("_list") for c in config["load_col"]["inter"])
 
     # tools/peers.py refuses them after the export, before any peer trains (no venv needed)
-    peers = _peers_module("peers")
+    peers = tools("peers")
     peers.check_models(manifest, ["DeepFM", "DCNV2"], tmp_path / "peers")
     with pytest.raises(SystemExit, match="(?s)DIN reads the history.*DIEN reads the history"):
         peers.check_models(manifest, ["DeepFM", "DIN", "DIEN"], tmp_path / "peers")
@@ -314,8 +304,8 @@ def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history,
     assert not (tmp_path / "no-venv").exists()
 
 
-def test_din_and_dien_run_on_a_history_with_item_ids(tmp_path):
-    runner = _peers_module("peers_recbole")
+def test_din_and_dien_run_on_a_history_with_item_ids(tmp_path, tools):
+    runner = tools("peers_recbole")
     manifest = export_peer_dataset(tmp_path / "peers", data=_data({"planted": "ads"}), seed=3,
                                    steps=1, batch_size=BATCH)
     assert manifest["history_item_ids"] is True

@@ -6,7 +6,6 @@ download."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -29,7 +28,6 @@ from gem_data.peer_export import (
 )
 from gem_data.testing import write_movielens_sample
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, SEQ, SEED = 3, 16, 8, 5
 COLUMNS = ["user_id:token", "item_id:token", "genres:token_seq", "decade:token",
            "age_bucket:token_seq", "gender:token_seq", "occupation:token_seq",
@@ -186,12 +184,8 @@ def test_the_data_sets_own_max_seq_len_applies_as_in_a_run(root, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def peers():
-    """``tools/peers.py`` as a module."""
-    spec = importlib.util.spec_from_file_location("_peers_tool", REPO / "tools" / "peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def peers(tools):
+    return tools("peers")
 
 
 def _summary(manifest: dict, data: DataConfig, **train) -> dict:

@@ -3,9 +3,6 @@ given actions, checked against the trainer's own batches (no RecBole needed here
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,18 +11,13 @@ from gem_core.data.api import contiguous_balancer
 from gem_core.plugins import build_plugins
 from gem_data.peer_export import export_peer_dataset, read_atomic
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, EVAL_ROWS, SEQ = 2, 16, 8, 48
 
 
 @pytest.fixture(scope="module")
-def runner():
-    """``tools/peers_recbole.py`` as a module (it imports RecBole only inside ``main``)."""
-    spec = importlib.util.spec_from_file_location("_peers_recbole",
-                                                  REPO / "tools" / "peers_recbole.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def runner(tools):
+    """``tools/peers_recbole.py`` (it imports RecBole only inside ``main``)."""
+    return tools("peers_recbole")
 
 
 def test_engaged_history_is_the_trainers_engaged_events(tmp_path, runner):

@@ -4,7 +4,6 @@ stops, naming the impression, when truth.csv lacks its row or holds it twice).""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -16,17 +15,10 @@ from click.testing import CliRunner
 from gem_data.importer import import_command
 from gem_data.manifest import read_manifest
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
-def tool():
-    """``tools/taobao_shaped.py`` as a module."""
-    spec = importlib.util.spec_from_file_location("_taobao_shaped_tool",
-                                                  REPO / "tools" / "taobao_shaped.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tool(tools):
+    return tools("taobao_shaped")
 
 
 @pytest.fixture(scope="module")
