@@ -26,6 +26,7 @@ from gem_data.peer_export import (
     item_feature,
     read_atomic,
 )
+from gem_data.peer_runs import run_data_differences
 from gem_data.testing import write_movielens_sample
 
 STEPS, BATCH, SEQ, SEED = 3, 16, 8, 5
@@ -197,46 +198,46 @@ def _summary(manifest: dict, data: DataConfig, **train) -> dict:
     return {"config": config, "run": {"steps": train["steps"]}}
 
 
-def test_our_run_on_other_data_is_refused(root, tmp_path, peers):
+def test_our_run_on_other_data_is_refused(root, tmp_path):
     data = _data(root)
     manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=SEED, steps=STEPS,
                                    batch_size=BATCH)
-    assert peers.ours_differences(_summary(manifest, data), manifest) == []
+    assert run_data_differences(_summary(manifest, data), manifest) == []
     # how far a stream reads ahead is not data
     same = _data(root, options={**data.options, "prefetch": 0})
-    assert peers.ours_differences(_summary(manifest, same), manifest) == []
+    assert run_data_differences(_summary(manifest, same), manifest) == []
 
     other_source = _summary(manifest, DataConfig(source="synthetic-ads", max_seq_len=SEQ))
-    assert peers.ours_differences(other_source, manifest) == [
+    assert run_data_differences(other_source, manifest) == [
         "data.source = 'synthetic-ads' (the export: 'movielens-100k')"]
-    differences = peers.ours_differences(_summary(manifest, _data(root, eval_rows=20)),
+    differences = run_data_differences(_summary(manifest, _data(root, eval_rows=20)),
                                          manifest)
     assert differences == ["data.eval_rows = 20 (the export: None)"]
     split = _data(root, options={**data.options, "eval_fraction": 0.2})
-    assert peers.ours_differences(_summary(manifest, split), manifest) == [
+    assert run_data_differences(_summary(manifest, split), manifest) == [
         "data.options.eval_fraction = 0.2 (the export: 0.1)"]
-    differences = peers.ours_differences(
+    differences = run_data_differences(
         _summary(manifest, _data(root, max_seq_len=16), seed=1, steps=STEPS + 1), manifest)
     assert [d.split(" = ")[0] for d in differences] == [
         "data.max_seq_len", "run.steps (steps trained; train.steps", "train.seed"]
 
 
-def test_our_synthetic_ads_run_on_other_data_is_refused(tmp_path, peers):
+def test_our_synthetic_ads_run_on_other_data_is_refused(tmp_path):
     data = DataConfig(source="synthetic-ads", max_seq_len=16, eval_rows=24,
                       options={"planted": "ads"})
     manifest = export_peer_dataset(tmp_path / "peers", data=data, seed=3, steps=2,
                                    batch_size=BATCH)
-    assert peers.ours_differences(_summary(manifest, data, seed=3), manifest) == []
+    assert run_data_differences(_summary(manifest, data, seed=3), manifest) == []
     # train.seed is the data seed unless data.options.data_seed is set
     pinned = attrs.evolve(data, options={"planted": "ads", "data_seed": 3})
-    assert peers.ours_differences(_summary(manifest, pinned, seed=9), manifest) == []
-    assert peers.ours_differences(_summary(manifest, data, seed=9), manifest) == [
+    assert run_data_differences(_summary(manifest, pinned, seed=9), manifest) == []
+    assert run_data_differences(_summary(manifest, data, seed=9), manifest) == [
         "data seed (data.options.data_seed, else train.seed) = 9 (the export: 3)"]
     other = attrs.evolve(data, eval_rows=8192, options={"planted": "multi_valued"})
-    assert peers.ours_differences(_summary(manifest, other, seed=3), manifest) == [
+    assert run_data_differences(_summary(manifest, other, seed=3), manifest) == [
         "data.eval_rows = 8192 (the export: 24)",
         "data.options.planted = 'multi_valued' (the export: 'ads')"]
-    assert peers.ours_differences(
+    assert run_data_differences(
         _summary(manifest, attrs.evolve(data, source="movielens-100k"), seed=3), manifest) == [
         "data.source = 'movielens-100k' (the export: 'synthetic-ads')"]
 
