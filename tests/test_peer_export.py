@@ -179,7 +179,8 @@ def test_data_seed_train_start_and_history_cut(tmp_path):
 # -- a history without item ids (a Taobao-shaped log) --------------------------------------------
 
 #: Taobao-shaped: the candidate is an ad (adgroup_id, its category, the placement), the events
-#: are what the behaviour log records (a category and an action), never the ad.
+#: are what the behaviour log records (a category and an action), never the ad; the ad has a
+#: price (a candidate numeric feature).
 NO_ITEM_HISTORY = FeatureSchema(
     tables=(EmbeddingTable(name="adgroup", num_embeddings=500, id_policy="hash"),
             EmbeddingTable(name="cate", num_embeddings=40, id_policy="hash"),
@@ -192,9 +193,9 @@ NO_ITEM_HISTORY = FeatureSchema(
                         SequenceFeature(name="cate", table="cate"),
                         SequenceFeature(name="pid", table="pid")),
     sparse_features=(ContextFeature(name="gender", table="gender"),),
-    num_dense=1, tasks=("clk",), max_seq_len=SEQ)
+    num_dense=1, candidate_numeric_dim=1, tasks=("clk",), max_seq_len=SEQ)
 NO_ITEM_COLUMNS = ["user_id:token", "item_id:token", "cate:token", "pid:token",
-                   "gender:token_seq", "dense_0:float", "cate_list:token_seq",
+                   "candidate_numeric_0:float", "gender:token_seq", "dense_0:float", "cate_list:token_seq",
                    "btag_list:token_seq", "clk:float"]
 
 
@@ -224,6 +225,7 @@ def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_his
     assert manifest["item_feature"] == "adgroup_id" and manifest["item_field"] == "item_id"
     assert manifest["event_features"] == ["cate", "btag"]
     assert manifest["columns"] == NO_ITEM_COLUMNS and manifest["item_columns"] == []
+    assert manifest["candidate_numeric_columns"] == ["candidate_numeric_0"]
     # no .item file: events that do not name their ad give no ad its attributes
     assert not (out / "peers.item").exists()
     assert json.loads((out / "manifest.json").read_text()) == manifest
@@ -250,6 +252,7 @@ def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_his
                     "item_id": str(int(batch.candidate_ids["adgroup_id"][c])),
                     "cate": str(int(batch.candidate_ids["cate"][c])),
                     "pid": str(int(batch.candidate_ids["pid"][c])),
+                    "candidate_numeric_0": float(batch.candidate_numeric[c, 0]),
                     "gender": " ".join(_ids(batch.sparse["gender"], r)),
                     "dense_0": float(batch.dense[r, 0]),
                     "cate_list": _history(batch, "cate", start, e),
@@ -260,7 +263,8 @@ def test_a_history_without_item_ids_is_exported_without_item_id_list(no_item_his
     for got, want in zip(rows, expected):
         got = dict(zip(names, got))
         for key, value in want.items():
-            assert (float(got[key]) if key in ("dense_0", "clk") else got[key]) == value, key
+            exact = key in ("dense_0", "candidate_numeric_0", "clk")
+            assert (float(got[key]) if exact else got[key]) == value, key
     # the items counted are the candidates' (training and eval)
     _, test = read_atomic(out / "peers.test.inter")
     assert manifest["items"] == len({row[1] for row in rows + test})
@@ -286,6 +290,9 @@ def test_din_and_dien_are_refused_on_a_history_without_item_ids(no_item_history,
                                      tmp_path / "run", history_bags=True)
         assert config["load_col"] == {"inter": [c.split(":")[0] for c in NO_ITEM_COLUMNS]}
         assert config["alias_of_item_id"] is None
+        # the price is a numerical feature, read through RecBole's logarithm buckets
+        assert config["numerical_features"] == ["dense_0", "candidate_numeric_0"]
+        assert config["discretization"] == {"candidate_numeric_0": {"method": "LD"}}
         config = runner._config_dict(manifest, tmp_path / "peers", model, "clk", 1, 2020,
                                      tmp_path / "run")
         assert not any(c.endswith("_list") for c in config["load_col"]["inter"])

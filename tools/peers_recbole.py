@@ -28,7 +28,11 @@ What each model reads:
   and the dense floats (as ``numerical_features``: value times a learned vector). On
   ``synthetic-ads``: advertiser, category, topics; user_segment, context; 4 dense. On
   MovieLens: genres (token_seq), decade; age_bucket, gender, occupation; the 2 dense history
-  statistics. With ``--history-bags`` also the history columns (``item_id_list``, where the
+  statistics. On a Taobao-shaped log the candidate's price (``candidate_numeric_0``),
+  through RecBole's logarithm discretization (``discretization`` ``LD``: one learned vector
+  per bucket ``floor(ln(x)^2 + 1)``; values up to 2 keep a bucket each), as its authors offer
+  it for heavy-tailed numbers (the raw value times a vector swamps the model: prices run to
+  thousands). With ``--history-bags`` also the history columns (``item_id_list``, where the
   history has item ids, and each ``<event feature>_list``: on MovieLens ``rating_list``,
   ``genres_list``, ``decade_list``; on a Taobao-shaped log ``cate_list``, ``brand_list``,
   ``btag_list`` alone), each a bag of ids: mean-pooled in the embeddings, but *summed* in
@@ -100,6 +104,8 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
     user, item = manifest["user_field"], manifest["item_field"]
     item_list = manifest["item_list_field"]
     columns = [c.split(":")[0] for c in manifest["columns"]]
+    # absent from the manifests of exports that wrote no candidate numeric columns
+    candidate_numeric = list(manifest.get("candidate_numeric_columns", []))
     other_tasks = set(manifest["tasks"]) - {task}
     if not history_bags:
         other_tasks |= {c for c in columns if c.endswith("_list")}
@@ -110,7 +116,7 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
         numerical = []
     else:
         load_col = {"inter": [c for c in columns if c not in other_tasks]}
-        numerical = [c for c in columns if c.startswith("dense_")]
+        numerical = [c for c in columns if c.startswith("dense_")] + candidate_numeric
     return {
         "data_path": str(export.parent),
         "checkpoint_dir": str(out / "saved"),
@@ -123,6 +129,10 @@ def _config_dict(manifest: dict, export: Path, model: str, task: str, epochs: in
         "threshold": None,
         "load_col": load_col,
         "numerical_features": numerical,
+        # RecBole's logarithm discretization (floor(ln(x)^2 + 1) above 2, the Criteo winners'
+        # transform): a raw price of thousands, as value times a vector, swamps the model
+        "discretization": ({c: {"method": "LD"} for c in candidate_numeric}
+                           if numerical and candidate_numeric else None),
         "alias_of_item_id": [item_list] if item_list in load_col["inter"] else None,
         "MAX_ITEM_LIST_LENGTH": int(manifest["max_seq_len"]),
         "filter_inter_by_user_or_item": False,

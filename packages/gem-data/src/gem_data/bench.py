@@ -133,6 +133,9 @@ def make_requests(schema: Any, rows: int, *, seed: int, index: int = 0,
     def floats(*shape: int) -> torch.Tensor:
         return torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
 
+    def prices(*shape: int) -> torch.Tensor:  # heavy-tailed and positive, as prices are
+        return torch.from_numpy(np.round(rng.lognormal(4.0, 1.3, shape), 2).astype(np.float32))
+
     return JaggedBatch(
         seq_offsets=torch.from_numpy(offsets),
         seq_timestamps=torch.from_numpy(stamps.astype(np.int64)),
@@ -145,6 +148,8 @@ def make_requests(schema: Any, rows: int, *, seed: int, index: int = 0,
         dense=floats(rows, schema.num_dense) if schema.num_dense else None,
         seq_dense=floats(e, d) if d else None,
         candidate_dense=floats(n, d) if schema.candidate_content else None,
+        candidate_numeric=(prices(n, schema.candidate_numeric_dim)
+                           if schema.candidate_numeric_dim else None),
         user_embedding=(floats(rows, schema.user_embedding_dim)
                         if schema.user_embedding_dim else None),
         user_ids=torch.from_numpy(rng.integers(0, 1_000_000, rows, dtype=np.int64)),

@@ -27,6 +27,9 @@ batch by batch, request by request, candidate by candidate. The columns (RecBole
     <candidate feature>:token   its other single-valued attributes (advertiser, category;
                                 decade)
     <candidate feature>:token_seq   its multi-valued ones (topics; genres)
+    candidate_numeric_<j>:float its numeric features (a Taobao-shaped log's price: the
+                                float32 value, exactly), where the schema declares
+                                ``candidate_numeric_dim``
     <context feature>:token_seq     the request's multi-hot features (user_segment, context;
                                 age_bucket, gender, occupation). A context feature named
                                 ``user_id`` (MovieLens's) is the request's user: it is the
@@ -66,7 +69,8 @@ item id (DIN, DIEN).
 peers' predictions, row for row), and ``manifest.json`` what was exported: ``[data]`` as the
 source applied it (source, path, order, options with every default, eval_rows, max_seq_len),
 the training seed, steps and batch size, the RecBole fields, whether the history has item ids
-(``history_item_ids``) and its event features, the columns, the counts and, where the source
+(``history_item_ids``) and its event features, the columns (``candidate_numeric_columns``
+naming the candidates' numeric ones), the counts and, where the source
 has one (``synthetic-ads``), its data seed and achievable NE.
 """
 
@@ -101,6 +105,7 @@ USER_FIELD = "user_id"
 LIST_SUFFIX = "_list"
 ITEM_LIST_FIELD = ITEM_FIELD + LIST_SUFFIX
 SYNTHETIC_ADS = "synthetic-ads"
+CANDIDATE_NUMERIC_PREFIX = "candidate_numeric_"
 VALID_ROWS = 256
 """Rows of ``<name>.valid.inter`` (the first eval impressions): RecBole's benchmark mode wants
 a validation file; the peers runner does not evaluate on it."""
@@ -247,12 +252,19 @@ def peer_columns(schema: FeatureSchema) -> list[Column]:
     for feature in schema.candidate_features:
         columns.append(Column(name=field(feature.name),
                               type="token_seq" if feature.multi_valued else "token"))
+    columns += [Column(name=name, type="float") for name in candidate_numeric_columns(schema)]
     columns += [Column(name=f.name, type="token_seq") for f in written_context_features(schema)]
     columns += [Column(name=f"dense_{j}", type="float") for j in range(schema.num_dense)]
     columns += [Column(name=field(f.name) + LIST_SUFFIX, type="token_seq")
                 for f in schema.event_features]
     columns += [Column(name=task, type="float") for task in schema.tasks]
     return _check_unique(columns, ".inter")
+
+
+def candidate_numeric_columns(schema: FeatureSchema) -> list[str]:
+    """The ``.inter`` columns of the candidates' numeric features, one per
+    ``candidate_numeric_dim``."""
+    return [f"{CANDIDATE_NUMERIC_PREFIX}{j}" for j in range(schema.candidate_numeric_dim)]
 
 
 def item_columns(schema: FeatureSchema) -> list[Column]:
@@ -330,6 +342,13 @@ def impression_rows(batch: JaggedBatch, schema: FeatureSchema, *,
     for feature in schema.candidate_features:
         ids = batch.candidate_ids[feature.name]
         candidates.append(_bags(ids) if isinstance(ids, Jagged) else _ints(ids))
+    if schema.candidate_numeric_dim:
+        if batch.candidate_numeric is None:
+            raise GemDataError(f"the schema declares candidate_numeric_dim = "
+                               f"{schema.candidate_numeric_dim} but the batch carries no "
+                               "candidate_numeric")
+        candidates += [[_float(v) for v in column]
+                       for column in batch.candidate_numeric.t().tolist()]
     labels = [[_float(v) for v in batch.labels[task].tolist()] for task in schema.tasks]
 
     cand_offsets = batch.candidate_offsets.tolist()
@@ -474,6 +493,8 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
         "columns": [c.header for c in columns],
         "item_columns": [c.header for c in item_columns(schema)],
         "multi_valued": [f.name for f in schema.candidate_features if f.multi_valued],
+        # the candidates' numeric features (a price): a peer reads them as it chooses
+        "candidate_numeric_columns": candidate_numeric_columns(schema),
         "train_impressions": train_rows,
         "eval_impressions": test_rows,
         "valid_impressions": min(test_rows, VALID_ROWS),
