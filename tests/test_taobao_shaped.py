@@ -64,3 +64,40 @@ def test_measure_stops_naming_an_impression_without_exactly_one_truth_row(
                                                   rf"{what} in truth.csv, e.g. .*"
                                                   rf"'adgroup_id': {first['adgroup_id']}"):
         tool.measure(changed, data)
+
+
+def test_ad_described_says_which_ads_the_imported_tables_give_a_category(tool, world):
+    """truth.csv's ``ad_described`` is 0 exactly where the imported candidate has no category
+    (the ad has no row in ad_feature.csv: the importer's default, 0), so the ``*_described``
+    regressions see what a model sees."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    from gem_data.dataset import DatasetReader, split_units
+
+    raw, data = world
+    reader = DatasetReader(data)
+    cates = np.concatenate([pc.list_flatten(reader.read(unit).column("candidate.cate"))
+                            .to_numpy() for unit in split_units(reader.manifest, "eval")])
+    truth = pacsv.read_csv(raw / "truth.csv", convert_options=pacsv.ConvertOptions(
+        column_types={"user": pa.int64(), "time_stamp": pa.int64(),
+                      "adgroup_id": pa.int64(), "pid": pa.string()}))
+    joined = tool.join_truth(tool.imported_impressions(data, "eval"), truth, "eval")
+    described = joined.column("ad_described").to_numpy()
+    assert 0 < described.sum() < described.size  # both kinds occur in this small world
+    assert np.array_equal(described == 0, cates == 0)
+
+
+def test_measure_refuses_a_truth_file_of_an_older_version(tool, world, tmp_path):
+    raw, data = world
+    old = tmp_path / "raw"
+    shutil.copytree(raw, old)
+    table = (old / "truth.csv").read_text().splitlines()
+    columns = table[0].split(",")
+    drop = columns.index("ad_described")
+    (old / "truth.csv").write_text("\n".join(
+        ",".join(v for i, v in enumerate(line.split(",")) if i != drop) for line in table) + "\n")
+    with pytest.raises(tool.TruthJoinError, match="no ad_described column.*generate again"):
+        tool.measure(old, data)
