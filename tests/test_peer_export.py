@@ -195,8 +195,8 @@ NO_ITEM_HISTORY = FeatureSchema(
     sparse_features=(ContextFeature(name="gender", table="gender"),),
     num_dense=1, candidate_numeric_dim=1, tasks=("clk",), max_seq_len=SEQ)
 NO_ITEM_COLUMNS = ["user_id:token", "item_id:token", "cate:token", "pid:token",
-                   "candidate_numeric_0:float", "gender:token_seq", "dense_0:float", "cate_list:token_seq",
-                   "btag_list:token_seq", "clk:float"]
+                   "candidate_numeric_0:float", "gender:token_seq", "dense_0:float",
+                   "cate_list:token_seq", "btag_list:token_seq", "clk:float"]
 
 
 @pytest.fixture(scope="module")

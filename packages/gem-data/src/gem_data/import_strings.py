@@ -207,6 +207,13 @@ class Vocabulary:
         """Ids it uses: the values and the two reserved rows."""
         return FIRST_ID + len(self.values)
 
+    def id_of(self, text: str) -> int | None:
+        """The id of one text, None when it is not in the vocabulary."""
+        try:
+            return FIRST_ID + self.values.index(text)
+        except ValueError:
+            return None
+
     def ids(self, texts: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, out_of_vocabulary)`` of a pyarrow string array: nulls get :data:`MISSING_ID`
         (for the caller to fill), unknown texts :data:`OUT_OF_VOCABULARY_ID`."""
@@ -250,7 +257,7 @@ def read_vocabularies(dataset: str | Path) -> dict[str, Vocabulary]:
     """The vocabularies a data set was imported with (``--vocabulary-from``), each file checked
     against the size and SHA-256 its manifest records."""
     from gem_core.errors import GemDataError
-    from gem_data.manifest import confined_path, file_digest, read_manifest
+    from gem_data.manifest import read_manifest
 
     directory = Path(dataset)
     manifest = read_manifest(directory)
@@ -259,17 +266,25 @@ def read_vocabularies(dataset: str | Path) -> dict[str, Vocabulary]:
         raise GemDataError(f"{directory}: the data set has no vocabularies (info.vocabularies "
                            "in its manifest is empty); it was not imported with "
                            "import.strings = \"vocabulary\"")
-    result = {}
-    for table, entry in entries.items():
-        path = confined_path(directory, entry["path"], where=f"{directory}: vocabulary {table!r}")
-        if not path.is_file():
-            raise GemDataError(f"{path}: the vocabulary of table {table!r} is missing")
-        if path.stat().st_size != entry.get("size") or file_digest(path) != entry.get("sha256"):
-            raise GemDataError(f"{path}: the vocabulary of table {table!r} differs from the one "
-                               "its manifest records (size or SHA-256); it was changed or "
-                               "damaged")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("first_id") != FIRST_ID:
-            raise GemDataError(f"{path}: first_id {data.get('first_id')!r} is not {FIRST_ID}")
-        result[table] = Vocabulary(table, data["values"], source=str(directory))
-    return result
+    return {table: read_vocabulary(directory, table, entry) for table, entry in entries.items()}
+
+
+def read_vocabulary(directory: str | Path, table: str, entry: dict[str, Any]) -> Vocabulary:
+    """The vocabulary of ``table`` in the data set ``directory``, whose manifest's
+    ``info.vocabularies`` entry is ``entry``; its file checked against the size and SHA-256
+    recorded there (GemDataError naming the file otherwise)."""
+    from gem_core.errors import GemDataError
+    from gem_data.manifest import confined_path, file_digest
+
+    directory = Path(directory)
+    path = confined_path(directory, entry["path"], where=f"{directory}: vocabulary {table!r}")
+    if not path.is_file():
+        raise GemDataError(f"{path}: the vocabulary of table {table!r} is missing")
+    if path.stat().st_size != entry.get("size") or file_digest(path) != entry.get("sha256"):
+        raise GemDataError(f"{path}: the vocabulary of table {table!r} differs from the one "
+                           "its manifest records (size or SHA-256); it was changed or "
+                           "damaged")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("first_id") != FIRST_ID:
+        raise GemDataError(f"{path}: first_id {data.get('first_id')!r} is not {FIRST_ID}")
+    return Vocabulary(table, data["values"], source=str(directory))

@@ -35,7 +35,7 @@ from gem_core.config import DataConfig
 from gem_core.config.validators import at_least, choice, greater_than
 from gem_core.contracts import DataWindow, WindowedSource
 from gem_core.data.api import Balancer, local_share
-from gem_core.errors import GemDataError
+from gem_core.errors import GemConfigError, GemDataError
 from gem_data.batch_ops import slice_batch
 from gem_data.dataset import DatasetReader, Unit, split_units, warn_without_digests
 from gem_data.loader import ParquetStream
@@ -45,6 +45,9 @@ from gem_data.time_stream import TimeOrderedStream
 from gem_data.validation import ValidationPolicy, ValidationReport
 
 log = logging.getLogger(__name__)
+
+#: Values of a vocabulary an error lists when a text is not among them (the first ones, sorted).
+SHOWN_VALUES = 20
 
 
 @attrs.frozen(kw_only=True)
@@ -143,6 +146,35 @@ class ParquetSource(WindowedSource):
         """``given`` with the data set's own ``max_seq_len`` and whole eval split where
         ``given.data_set_wins`` names them (see :mod:`gem_data.source_config`)."""
         return applied_data_config(given, self.manifest.schema.max_seq_len)
+
+    def raw_id(self, feature: str, text: str) -> int:
+        """The id ``text`` has in the vocabulary of ``feature``'s table, which the data set was
+        imported with (``[import.strings] TABLE = "vocabulary"``: its manifest's
+        ``info.vocabularies``, file ``vocabulary.TABLE.json``)."""
+        from gem_data.import_strings import read_vocabulary
+
+        tables = {f.name: f.table for f in self.schema.event_features}
+        if feature not in tables:
+            raise GemConfigError(f"{feature!r} is not an event feature of {self.directory}; its "
+                                 f"event features: {', '.join(tables)}")
+        table = tables[feature]
+        entry = (self.manifest.info.get("vocabularies") or {}).get(table)
+        if entry is None:
+            raise GemConfigError(
+                f"event feature {feature!r} (table {table!r}) has no vocabulary of texts in "
+                f"{self.directory / 'manifest.json'} (the data set was not imported with "
+                f"[import.strings] {table} = \"vocabulary\"), so {text!r} cannot be looked up; "
+                "give the raw id (an integer) instead")
+        vocabulary = read_vocabulary(self.directory, table, entry)
+        found = vocabulary.id_of(text)
+        if found is None:
+            shown = ", ".join(repr(v) for v in vocabulary.values[:SHOWN_VALUES])
+            more = (f", ... ({len(vocabulary.values)} in all)"
+                    if len(vocabulary.values) > SHOWN_VALUES else "")
+            raise GemConfigError(
+                f"{text!r} is not in the vocabulary of event feature {feature!r} (table "
+                f"{table!r}, {self.directory / entry['path']}); its values: {shown}{more}")
+        return found
 
     def _reader(self) -> DatasetReader:
         return DatasetReader(self.directory, policy=self.options.validation, report=self._report,

@@ -36,9 +36,11 @@ def _model_summary(resolved) -> dict:
     give its schema here (a data set that is not there)."""
     from gem_core.model.summary import model_summary
     from gem_core.plugins import build_plugins
+    from gem_core.train.assembly import resolve_view_action
 
-    schema = build_plugins().data_source(resolved.data, seed=resolved.train.seed).schema
-    return model_summary(resolved.model, schema)
+    source = build_plugins().data_source(resolved.data, seed=resolved.train.seed)
+    # a view action given as text is looked up as the run will (the source's vocabulary)
+    return model_summary(resolve_view_action(resolved, source).model, source.schema)
 
 
 def _size_comments(resolved) -> str:

@@ -302,9 +302,12 @@ class ModelConfig:
     a recent match of any action from an older engaged one. 0: off; needs
     ``action_feature``."""
 
-    view_action: int = 0
-    """The action id (raw, of ``action_feature``) of the most common, least engaged action,
-    "view": the engaged-only windows and searches skip these events."""
+    view_action: int | str = 0
+    """The most common, least engaged action, "view", of ``action_feature``: the engaged-only
+    windows and searches skip these events. An integer is its raw id (as the data holds it); a
+    string is the action's text (``"pv"``), looked up at start-up in the data set's vocabulary
+    of ``action_feature``'s table (``[import.strings] TABLE = "vocabulary"``), and the run
+    records the id it resolved to. A string needs ``action_feature``."""
 
     target_match_max_age_s: float = attrs.field(default=0.0, validator=at_least(0))
     """Target match (both windows) sees only events younger than this many seconds (the
@@ -464,6 +467,11 @@ class ModelConfig:
             raise ValueError("model.attribute_attention_retrieve_engaged needs "
                              "attribute_attention_retrieve > 0 and model.action_feature (the "
                              "event feature holding the action)")
+        if isinstance(self.view_action, str) and not self.action_feature:
+            raise ValueError(f"model.view_action = {self.view_action!r} is an action's text, "
+                             "looked up in the vocabulary of model.action_feature's table: it "
+                             "needs model.action_feature (the event feature holding the "
+                             "action), or give the raw id (an integer)")
         if self.moe.enabled and "sequence" in self.moe.where and not self.num_layers:
             raise ValueError("moe.where includes 'sequence' but model.num_layers is 0")
         if self.teacher_match_dim and not (self.pma_queries and self.user_embeddings == "live"):

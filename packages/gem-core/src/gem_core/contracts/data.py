@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import attrs
 
+from gem_core.errors import GemConfigError
+
 if TYPE_CHECKING:
     from gem_core.batch import JaggedBatch
     from gem_core.config import DataConfig
@@ -85,6 +87,19 @@ class DataSource(abc.ABC):
         ``eval_rows`` cap); this default applies ``given`` as it is (generated data), with
         that list emptied."""
         return attrs.evolve(given, data_set_wins=())
+
+    def raw_id(self, feature: str, text: str) -> int:
+        """The raw id this source's data uses for the category ``text`` of the event feature
+        ``feature`` (what ``batch.event_ids[feature]`` holds for it), for settings given as
+        text (``model.view_action = "pv"``), which the trainer resolves at start-up. Raises
+        :class:`~gem_core.errors.GemConfigError` naming the feature (and, where the source has
+        them, its table, the file and the values) when ``feature`` is not an event feature,
+        has no vocabulary of texts, or ``text`` is not one of them. This default: the source
+        has no string vocabularies, so every text is refused."""
+        raise GemConfigError(
+            f"event feature {feature!r}: {text!r} is text, and data source "
+            f"{type(self).__name__} has no string vocabularies to look it up in; give the raw "
+            "id (an integer) instead")
 
     def requests_per_pass(self) -> int | None:
         """Training requests in one pass over the training data, where global batches of

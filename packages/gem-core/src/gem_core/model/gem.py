@@ -39,6 +39,7 @@ from gem_core.model.sequence_tower import JaggedSelfAttentionBlock, SequenceTowe
 from gem_core.model.target_attention import TargetAwareAttention
 from gem_core.model.target_match import (
     check_action_feature,
+    check_view_action,
     shared_attributes,
     target_match_from_config,
 )
@@ -191,6 +192,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
+            check_view_action(config.view_action)
         self.target_match = target_match_from_config(dim, config, schema)
 
     def _build_distillation(self) -> None:

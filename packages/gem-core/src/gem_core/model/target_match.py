@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from gem_core.batch import Ids
 from gem_core.config import ModelConfig
+from gem_core.errors import GemConfigError
 from gem_core.flops import linear_layer_flops
 from gem_core.jagged import Jagged, max_length, offsets_from_lengths
 from gem_core.schema import FeatureSchema
@@ -141,6 +142,8 @@ class TargetMatch(nn.Module):
         if window < 1 or action_window < 0 or max_age_s < 0:
             raise ValueError("model.target_match must be >= 1, target_match_action_window and "
                              "target_match_max_age_s >= 0")
+        if action_window:
+            check_view_action(view_action)
         self.pairs, self.window = pairs, window
         self.count = overlap == "count"
         self.action_feature, self.action_window = action_feature, action_window
@@ -226,6 +229,20 @@ def check_action_feature(schema: FeatureSchema, name: str) -> None:
         raise ValueError(f"model.action_feature = {name!r} is multi-valued; "
                          "engaged events are told by a single-valued event feature (one action "
                          "per event)")
+
+
+def check_view_action(view_action: int | str) -> None:
+    """Raise GemConfigError unless ``view_action`` (``model.view_action``) is an integer id:
+    the model compares it with the event ids, and a text (``"pv"``) compared with a tensor
+    would silently match nothing. The trainer resolves a text to its id from the data
+    source's vocabulary at start-up; whatever builds a model from a configuration elsewhere
+    must do the same first."""
+    if isinstance(view_action, bool) or not isinstance(view_action, int):
+        raise GemConfigError(
+            f"model.view_action = {view_action!r} reached the model unresolved: it must be the "
+            "action's raw id (an integer); a text is looked up in the data set's vocabulary "
+            "when gem train starts (DataSource.raw_id), and this model was built from a "
+            "configuration that was not")
 
 
 def target_match_from_config(dim: int, config: ModelConfig,

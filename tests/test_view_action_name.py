@@ -1,0 +1,143 @@
+"""``model.view_action`` given as the action's text (``"pv"``) on a data set imported with
+``[import.strings] btag = "vocabulary"``: the data source's ``raw_id`` looks it up in the data
+set's vocabulary (first id + index), the trainer puts the id in its place at start-up and the
+run records the integer; texts that cannot be looked up are refused naming the feature, table,
+file and values."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gem_core.config import DataConfig, load_config
+from gem_core.contracts import DataSource
+from gem_core.errors import GemConfigError
+from gem_core.model.target_match import TargetMatch, check_view_action
+from gem_core.plugins import build_plugins
+from gem_core.train.assembly import resolve_view_action
+from gem_data.import_strings import FIRST_ID
+from gem_data.importer import import_logs
+
+ACTIONS = ("pv", "cart", "fav", "buy")  # sorted in the vocabulary: buy 2, cart 3, fav 4, pv 5
+SCHEMA = ('tasks = ["click"]\nmax_seq_len = 32\n'
+          '[[tables]]\nname = "ad"\nnum_embeddings = 50\n'
+          '[[tables]]\nname = "btag"\nnum_embeddings = 6\n'
+          '[[event_features]]\nname = "ad"\ntable = "ad"\n'
+          '[[event_features]]\nname = "btag"\ntable = "btag"\n'
+          '[[candidate_features]]\nname = "ad"\ntable = "ad"\n'
+          '[import]\neval_fraction = 0.25\n'
+          '[import.strings]\nbtag = "vocabulary"\n')
+
+
+@pytest.fixture(scope="module")
+def data_set(tmp_path_factory) -> Path:
+    """40 users' clicks and page views, mostly ``pv``, through the real importer."""
+    raw = tmp_path_factory.mktemp("logs")
+    rng = np.random.default_rng(0)
+    impressions = ["user_id,request_id,timestamp,ad,click"]
+    events = ["user_id,timestamp,ad,btag"]
+    for user in range(1, 41):
+        for request in range(3):
+            time = 1000 + 100 * request
+            impressions += [f"{user},u{user}r{request},{time},{ad},{int(rng.random() < 0.3)}"
+                            for ad in rng.integers(1, 50, size=2)]
+            events += [f"{user},{time - 50 + i},{rng.integers(1, 50)},"
+                       f"{rng.choice(ACTIONS, p=[0.7, 0.1, 0.1, 0.1])}" for i in range(8)]
+    (raw / "imp.csv").write_text("\n".join(impressions) + "\n")
+    (raw / "ev.csv").write_text("\n".join(events) + "\n")
+    (raw / "schema.toml").write_text(SCHEMA)
+    out = tmp_path_factory.mktemp("data") / "data"
+    import_logs(raw / "imp.csv", raw / "ev.csv", raw / "schema.toml", out)
+    return out
+
+
+def _source(data_set: Path) -> DataSource:
+    return build_plugins().data_source(DataConfig(source="parquet", path=str(data_set)), seed=0)
+
+
+def test_raw_id_is_the_first_id_plus_the_texts_place_in_the_vocabulary(data_set):
+    values = json.loads((data_set / "vocabulary.btag.json").read_text())["values"]
+    assert values == sorted(ACTIONS)
+    source = _source(data_set)
+    assert [source.raw_id("btag", text) for text in values] == [
+        FIRST_ID + i for i in range(len(values))]
+    assert source.raw_id("btag", "pv") == 5
+
+
+def test_texts_that_cannot_be_looked_up_are_refused_naming_what_was_asked(data_set):
+    source = _source(data_set)
+    with pytest.raises(GemConfigError, match=r"'view' is not in the vocabulary of event feature "
+                                             r"'btag' \(table 'btag', .*vocabulary\.btag\.json\); "
+                                             r"its values: 'buy', 'cart', 'fav', 'pv'"):
+        source.raw_id("btag", "view")
+    with pytest.raises(GemConfigError, match=r"event feature 'ad' \(table 'ad'\) has no "
+                                             r"vocabulary of texts in .*manifest\.json .*"
+                                             r'\[import\.strings\] ad = "vocabulary".*raw id'):
+        source.raw_id("ad", "pv")
+    with pytest.raises(GemConfigError, match=r"'action' is not an event feature of .*; its "
+                                             r"event features: ad, btag"):
+        source.raw_id("action", "pv")
+
+
+def test_a_source_without_vocabularies_refuses_texts_and_the_trainer_names_the_key():
+    config = load_config(preset="tiny", overrides=["model.action_feature=action",
+                                                   "model.view_action=pv"])
+    source = build_plugins().data_source(config.data, seed=0)  # generated data
+    with pytest.raises(GemConfigError, match=r"event feature 'action': 'pv' is text, and data "
+                                             r"source SyntheticSource has no string "
+                                             r"vocabularies .*give the raw id"):
+        DataSource.raw_id(source, "action", "pv")
+    with pytest.raises(GemConfigError, match=r"^model\.view_action = 'pv': event feature "
+                                             r"'action'"):
+        resolve_view_action(config, source)
+    # An id stays as it is, without asking the source.
+    given = load_config(preset="tiny", overrides=["model.view_action=3"])
+    assert resolve_view_action(given, source) is given
+
+
+def test_a_text_needs_action_feature():
+    with pytest.raises(GemConfigError, match=r"model\.view_action = 'pv' is an action's text, "
+                                             r".*needs model\.action_feature"):
+        load_config(preset="tiny", overrides=["model.view_action=pv"])
+    assert load_config(preset="tiny", overrides=["model.view_action=5"]).model.view_action == 5
+
+
+def test_the_model_refuses_a_text_it_would_compare_with_ids():
+    with pytest.raises(GemConfigError, match=r"model\.view_action = 'pv' reached the model "
+                                             r"unresolved"):
+        check_view_action("pv")
+    with pytest.raises(GemConfigError, match="unresolved"):
+        TargetMatch(4, [("ad", "ad")], 3, action_feature="btag", action_window=5,
+                    view_action="pv")
+
+
+def test_gem_train_resolves_the_text_and_records_the_id(data_set, tmp_path, gem):
+    run = tmp_path / "run"
+    result = gem("train", "--preset", "tiny", "--out", str(run), "--no-progress",
+                 *[arg for setting in [
+                     "data.source=parquet", f"data.path={data_set}", "data.options={}",
+                     "train.steps=2", "train.batch_size=16", "train.eval_every=0",
+                     "train.checkpoint_every=0", "train.warmup_steps=1",
+                     "train.eval_batch_size=64", "model.action_feature=btag",
+                     "model.view_action=pv", "model.target_match_action_window=8"]
+                   for arg in ("--set", setting)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("model.view_action 'pv' is id 5 of event feature btag (the vocabulary of data "
+            "source 'parquet')") in result.stderr
+    recorded = tomllib.loads((run / "config.toml").read_text())["model"]
+    assert recorded["view_action"] == 5 and recorded["action_feature"] == "btag"
+
+
+def test_the_resolution_is_logged(data_set, caplog):
+    config = load_config(preset="tiny", overrides=[
+        "data.source=parquet", f"data.path={data_set}", "data.options={}",
+        "model.action_feature=btag", "model.view_action=fav"])
+    with caplog.at_level(logging.INFO):
+        resolved = resolve_view_action(config, _source(data_set))
+    assert resolved.model.view_action == 4
+    assert "model.view_action 'fav' is id 4 of event feature btag" in caplog.text
