@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -80,8 +81,21 @@ class ReferenceEmbeddingCollection(nn.Module):
         self.tables = nn.ModuleDict(
             {t.name: nn.Embedding(t.num_embeddings, t.dim) for t in tables}
         )
+        self.init_std = init_std
         for table in self.tables.values():
             nn.init.normal_(table.weight, std=init_std)
+
+    @torch.no_grad()
+    def reinitialize(self, generator: torch.Generator) -> None:
+        """Draw every table's rows anew from the initial distribution, with ``generator``
+        (``train.tables_each_pass = "reinitialize"``). A table held as a DTensor draws its
+        local rows."""
+        from torch.distributed.tensor import DTensor
+
+        for name in sorted(self.tables):
+            weight = self.tables[name].weight
+            local = weight.to_local() if isinstance(weight, DTensor) else weight
+            local.normal_(0.0, self.init_std, generator=generator)
 
     def forward(self, features: Mapping[str, Jagged]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

@@ -34,6 +34,7 @@ from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
 from gem_core.train.table_optimizer import resolve_table_optimizer
+from gem_core.train.table_reset import check_table_reset
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,12 @@ class RunAssembly:
             embedding_sharding=self.backends.embedding_sharding.spec,
             dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
         self.model = build_run_model(self.backends, config.model, self.schema)
+        if self.tc.tables_each_pass == "reinitialize":
+            check_table_reset(tables=self.model.embeddings, embedding=self.backends.embedding.spec,
+                              embedding_sharding=self.backends.embedding_sharding.spec,
+                              dense_sharding=self.backends.dense_sharding.spec, plugins=plugins,
+                              has_passes=self.source.requests_per_pass() is not None,
+                              time_order=self.time_order is not None)
         window = config.model.window or None
         self.stream_args = dict(
             batch_size=self.tc.batch_size, rank=ctx.rank, world_size=ctx.world_size,

@@ -54,6 +54,7 @@ from gem_core.train.run_end import (
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
 from gem_core.train.summary import evaluation_summary, run_record
+from gem_core.train.table_reset import reinitialize_tables
 from gem_core.train.teardown import stop_background_work
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class _Trainer(RunAssembly):
         self.ending: dict[str, str] | None = None  # why the run ends before train.steps
         self.warnings: list[str] = []
         self.passes_done: int | None = 0
+        self.tables_reinitialized = 0  # passes after which train.tables_each_pass drew them anew
         self.accounting = RunAccounting(self.schema.tasks, ctx)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -172,6 +174,8 @@ class _Trainer(RunAssembly):
         self.accounting.totals = state["totals"]
         self.eval_history = state["eval_history"]
         self.guard.load_state_dict(state["guard"])
+        # absent from checkpoints written before train.tables_each_pass (none were reset)
+        self.tables_reinitialized = state.get("tables_reinitialized", 0)
 
     def _roll_back(self) -> None:
         self.checkpointer.wait()  # a checkpoint still being written in the background counts
@@ -196,6 +200,7 @@ class _Trainer(RunAssembly):
             "rng": rng_states, "totals": self.accounting.totals, "eval_history": self.eval_history,
             "config": unstructure(self.config), "world_size": self.ctx.world_size,
             "guard": self.guard.state_dict(),
+            "tables_reinitialized": self.tables_reinitialized,
             "dense_sharding": self.backends.dense_sharding.spec.name,
             "embedding_sharding": self.backends.embedding_sharding.spec.name,
             "model_format": MODEL_FORMAT, "schema": schema_to_dict(self.schema),
@@ -235,6 +240,7 @@ class _Trainer(RunAssembly):
         bar = self._start(stop)
         while self.step < stop and self.ending is None:
             looped = time.perf_counter()  # the step as the loop sees it, batch fetch included
+            self._reinitialize_tables_at_a_new_pass()
             record = self.steps.run_step(lambda batch: self._train_step(batch, peak))
             record["loop_step_time_s"] = time.perf_counter() - looped
             if self.guard.must_roll_back:
@@ -442,6 +448,20 @@ class _Trainer(RunAssembly):
         return True
 
     # -- when to end, which checkpoint counts ----------------------------------------------------
+
+    def _reinitialize_tables_at_a_new_pass(self) -> None:
+        """``train.tables_each_pass = "reinitialize"``: before the first step of each pass after
+        the first (:mod:`gem_core.train.table_reset`)."""
+        if (self.tc.tables_each_pass != "reinitialize" or not self.passes_done
+                or self.passes_done <= self.tables_reinitialized):
+            return
+        reinitialize_tables(self.model.embeddings, self.engine.optimizer, seed=self.tc.seed,
+                            passes=self.passes_done)
+        self.tables_reinitialized = self.passes_done
+        if self.ctx.is_main:
+            log.info("train.tables_each_pass = reinitialize: the feature tables start pass %d "
+                     "with fresh rows and no optimizer state (step %d)", self.passes_done + 1,
+                     self.step)
 
     def _count_passes(self) -> None:
         if self.passes_done is None:

@@ -1,0 +1,133 @@
+"""``train.tables_each_pass = "reinitialize"`` (MEDA): the feature tables draw their rows anew
+before the first step of each pass after the first, their optimizer state zeroed, the dense
+layers untouched; a run stopped at the end of a pass (its checkpoint holds the trained tables)
+and resumed trains the same steps as one run straight through; layouts whose tables the trainer
+cannot redraw, and data without passes, are refused at start-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gem_core.embedding import ReferenceEmbeddingCollection
+from gem_core.embedding_tables import EmbeddingTableConfig
+from gem_core.errors import GemConfigError
+from gem_core.train.table_reset import reinitialize_tables, table_parameters
+
+# 128 training requests in batches of 32: a pass is 4 steps, train.epochs = 3 is 12 steps.
+TRAIN = ("train.steps=100", "train.epochs=3", "train.batch_size=32", "train.lr=0.01",
+         "train.warmup_steps=1", "train.eval_every=4", "train.checkpoint_every=2",
+         "data.max_seq_len=16", "model.interaction_dims=[16]", "data.eval_rows=64",
+         "train.eval_batch_size=64", "data.source=parquet", "data.options={}",
+         "train.tables_each_pass=reinitialize")
+
+
+def _collection() -> ReferenceEmbeddingCollection:
+    tables = [EmbeddingTableConfig(name=name, num_embeddings=rows, dim=4, features=(name,))
+              for name, rows in (("ad", 50), ("category", 7))]
+    return ReferenceEmbeddingCollection(tables, init_std=0.05)
+
+
+def test_reinitialize_draws_the_initial_distribution_and_zeroes_the_optimizer_state():
+    torch.manual_seed(0)
+    tables = _collection()
+    weights = table_parameters(tables)
+    optimizer = torch.optim.AdamW(weights, lr=0.1)
+    for weight in weights:
+        weight.grad = torch.randn_like(weight)
+    optimizer.step()
+    trained = [w.detach().clone() for w in weights]
+
+    reinitialize_tables(tables, optimizer, seed=3, passes=1)
+    drawn = [w.detach().clone() for w in weights]
+    for before, after in zip(trained, drawn):
+        assert not torch.equal(before, after)
+    everything = torch.cat([w.flatten() for w in drawn]).double()
+    assert everything.mean().abs() < 0.01 and abs(everything.std().item() - 0.05) < 0.005
+    for weight in weights:
+        state = optimizer.state[weight]
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}  # the keys stay, zeroed
+        assert all(not value.any() for value in state.values())
+
+    # The same seed and pass draw the same rows (every rank, a resumed run); another pass not.
+    again = _collection()
+    reinitialize_tables(again, torch.optim.AdamW(table_parameters(again)), seed=3, passes=1)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, table_parameters(again)))
+    reinitialize_tables(again, torch.optim.AdamW(table_parameters(again)), seed=3, passes=2)
+    assert not any(torch.equal(a, b) for a, b in zip(drawn, table_parameters(again)))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, gem) -> Path:
+    out = tmp_path_factory.mktemp("reset-data") / "data"
+    done = gem("data", "synth", "--rows", "128", "--eval-rows", "64", "--row-group-rows", "64",
+               "--out", str(out), "--set", "num_items=300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _train(data: Path, out: Path, *extra: str, until_step: int | None = None) -> dict:
+    from gem_core.config import load_config
+    from gem_core.plugins import build_plugins
+    from gem_core.train.trainer import train
+
+    config = load_config(preset="tiny", overrides=[*TRAIN, f"data.path={data}", *extra])
+    return train(config, build_plugins(), out, progress=False, until_step=until_step).summary
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {row["step"]: row["loss"] for row in map(json.loads, (
+        run / "metrics.jsonl").read_text().splitlines()) if "loss" in row}
+
+
+def _eval_ne(summary: dict) -> dict[str, float]:
+    return {task: figures["ne"] for task, figures in summary["eval_last"].items()}
+
+
+def test_each_later_pass_starts_with_fresh_tables_and_a_resumed_run_does_the_same(
+        data, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="gem_core.train.trainer"):
+        straight = _train(data, tmp_path / "straight")
+    assert straight["run"]["steps"] == 12 and straight["run"]["data_passes"] == 3
+    said = [r.getMessage() for r in caplog.records if "tables_each_pass" in r.getMessage()]
+    assert len(said) == 2 and "start pass 2" in said[0] and "(step 4)" in said[0]
+    assert "start pass 3" in said[1] and "(step 8)" in said[1]
+    losses = _losses(tmp_path / "straight")
+    # Against the same run keeping its tables: the same first pass, then other steps from the
+    # first step of pass 2 on (its forward reads the fresh rows).
+    _train(data, tmp_path / "kept", "train.tables_each_pass=keep")
+    kept = _losses(tmp_path / "kept")
+    # (threads sum in their own order: runs agree to float32 rounding, not bit for bit)
+    assert [losses[s] for s in range(1, 5)] == pytest.approx([kept[s] for s in range(1, 5)],
+                                                             rel=1e-6)
+    assert abs(losses[5] - kept[5]) > 1e-3, (losses, kept)
+
+    # Stopped at the end of pass 1 (the checkpoint holds the trained tables) and at a step
+    # inside pass 2 (after the reset): resumed, each trains the same steps as the run above.
+    for stop in (4, 6):
+        run = tmp_path / f"stopped-{stop}"
+        _train(data, run, until_step=stop)
+        resumed = _train(data, run)
+        assert _losses(run) == pytest.approx(losses, rel=1e-6, abs=1e-7), stop
+        assert _eval_ne(resumed) == pytest.approx(_eval_ne(straight), rel=1e-5), stop
+
+
+def test_the_tables_of_a_one_pass_run_are_never_redrawn(data, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="gem_core.train.trainer"):
+        summary = _train(data, tmp_path / "run", "train.epochs=1")
+    assert summary["run"]["steps"] == 4
+    assert not [r for r in caplog.records if "tables_each_pass" in r.getMessage()]
+
+
+@pytest.mark.parametrize("extra, refusal", [
+    (("data.source=synthetic", "data.path="), "needs data whose passes the trainer counts"),
+    (("backends.embedding=reference-fused",), "trains its tables inside the backward"),
+])
+def test_what_cannot_redraw_the_tables_is_refused_before_training(data, tmp_path, extra,
+                                                                   refusal):
+    with pytest.raises(GemConfigError, match=refusal):
+        _train(data, tmp_path / "run", *extra)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
