@@ -131,3 +131,26 @@ def test_what_cannot_redraw_the_tables_is_refused_before_training(data, tmp_path
     with pytest.raises(GemConfigError, match=refusal):
         _train(data, tmp_path / "run", *extra)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_tables_whose_rows_are_split_across_ranks_are_refused(tmp_path):
+    """FSDP2 holds the tables as DTensors (dim-0 shards): one seed on every rank would give
+    every shard the same rows, so the run is refused after the model is parallelized."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gem_core.train.table_reset import check_tables_whole
+
+    tables = _collection()
+    check_tables_whole(tables, "ddp")  # whole tables: nothing to refuse
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        table = tables.tables["ad"]
+        table.weight = torch.nn.Parameter(distribute_tensor(table.weight.detach(), mesh,
+                                                            [Shard(0)]))
+        with pytest.raises(GemConfigError, match="'fsdp2' splits the feature tables' rows"):
+            check_tables_whole(tables, "fsdp2")
+    finally:
+        dist.destroy_process_group()

@@ -88,14 +88,9 @@ class ReferenceEmbeddingCollection(nn.Module):
     @torch.no_grad()
     def reinitialize(self, generator: torch.Generator) -> None:
         """Draw every table's rows anew from the initial distribution, with ``generator``
-        (``train.tables_each_pass = "reinitialize"``). A table held as a DTensor draws its
-        local rows."""
-        from torch.distributed.tensor import DTensor
-
+        (``train.tables_each_pass = "reinitialize"``; whole tables only)."""
         for name in sorted(self.tables):
-            weight = self.tables[name].weight
-            local = weight.to_local() if isinstance(weight, DTensor) else weight
-            local.normal_(0.0, self.init_std, generator=generator)
+            self.tables[name].weight.normal_(0.0, self.init_std, generator=generator)
 
     def forward(self, features: Mapping[str, Jagged]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

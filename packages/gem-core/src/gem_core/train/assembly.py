@@ -34,7 +34,7 @@ from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
 from gem_core.train.table_optimizer import resolve_table_optimizer
-from gem_core.train.table_reset import check_table_reset
+from gem_core.train.table_reset import check_table_reset, check_tables_whole
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,8 @@ class RunAssembly:
                                           feature_tables=self.model.embeddings),
             config=config,
         )
+        if self.tc.tables_each_pass == "reinitialize":
+            check_tables_whole(self.model.embeddings, self.backends.dense_sharding.spec.name)
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
                               if isinstance(m, LearningRateFollower)]
         self._say_where_embedding_lr_scale_applies()

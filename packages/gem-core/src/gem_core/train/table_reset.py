@@ -73,6 +73,19 @@ def check_table_reset(*, tables: nn.Module, embedding: ImplementationSpec,
                              "ReferenceEmbeddingCollection.reinitialize)")
 
 
+def check_tables_whole(tables: ReferenceEmbeddingCollection, dense_sharding: str) -> None:
+    """After the model is parallelized: a refusal where the dense sharding split the tables'
+    rows across ranks (FSDP2's DTensors). The draw is seeded alike on every rank, which is
+    right for whole (replicated) tables and would give every rank's shard the same rows."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(weight, DTensor) for weight in table_parameters(tables)):
+        raise GemConfigError(
+            f"train.tables_each_pass = 'reinitialize': the dense sharding {dense_sharding!r} "
+            "splits the feature tables' rows across ranks, and fresh rows are drawn for whole "
+            "tables only (one process, or replicated: ddp)")
+
+
 def table_parameters(tables: ReferenceEmbeddingCollection) -> list[nn.Parameter]:
     """The feature tables' weights, in a fixed order."""
     return [tables.tables[name].weight for name in sorted(tables.tables)]
