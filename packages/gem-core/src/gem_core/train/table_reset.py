@@ -20,7 +20,6 @@ checkpoint.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,8 +32,6 @@ from gem_core.errors import GemConfigError
 if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
-
-log = logging.getLogger(__name__)
 
 #: Mixed with ``train.seed`` so the tables' draws are a stream of their own.
 _STREAM = 0x7AB1E5
