@@ -58,3 +58,15 @@ def small_run(tmp_path_factory, gem) -> Path:
     result = gem("train", "--out", str(out), *SMALL_RUN)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def small_data_set(tmp_path_factory, gem) -> Path:
+    """A parquet data set of ``gem data synth``: 128 training and 128 eval requests in row
+    groups of 64 (two per pass, so passes and resumes inside one are testable), 300 items (so a
+    few steps can overfit); made once a session, read only."""
+    out = tmp_path_factory.mktemp("small-data") / "data"
+    done = gem("data", "synth", "--rows", "128", "--eval-rows", "128", "--row-group-rows", "64",
+               "--out", str(out), "--set", "num_items=300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out

@@ -40,12 +40,8 @@ def _mean_ne(entry: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, gem) -> Path:
-    out = tmp_path_factory.mktemp("best-data") / "data"
-    done = gem("data", "synth", "--rows", "128", "--eval-rows", "128", "--row-group-rows", "64",
-               "--out", str(out), "--set", "num_items=300")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def data(small_data_set) -> Path:
+    return small_data_set
 
 
 @pytest.fixture(scope="module")

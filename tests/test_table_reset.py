@@ -61,12 +61,8 @@ def test_reinitialize_draws_the_initial_distribution_and_zeroes_the_optimizer_st
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, gem) -> Path:
-    out = tmp_path_factory.mktemp("reset-data") / "data"
-    done = gem("data", "synth", "--rows", "128", "--eval-rows", "64", "--row-group-rows", "64",
-               "--out", str(out), "--set", "num_items=300")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def data(small_data_set) -> Path:
+    return small_data_set
 
 
 def _train(data: Path, out: Path, *extra: str, until_step: int | None = None) -> dict:
