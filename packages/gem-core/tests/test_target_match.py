@@ -1,5 +1,6 @@
 """Target match against a plain-Python float64 oracle: single- and multi-valued attributes
-(overlap counts), the action window and the age limit; its validation and its gradients."""
+(overlap counts), the action window (and its limit counted in engaged events) and the age limit;
+its validation and its gradients."""
 
 import random
 
@@ -121,7 +122,8 @@ def matvec(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 
 def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool,
-           window: int, action_window: int = 0, max_age: float = 0.0) -> torch.Tensor:
+           window: int, action_window: int = 0, max_age: float = 0.0,
+           engaged_limit: int = 0) -> torch.Tensor:
     """The token of every candidate, by loops over candidates, their request's events (most
     recent first) and the shared attributes, in Python floats."""
     d = history.shape[1]
@@ -134,10 +136,14 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
         r = data["owner"][n]
         acc = [0.0] * d
         recent_first = list(range(data["cut"][r + 1] - 1, data["cut"][r] - 1, -1))
+        engaged_seen = 0  # engaged events of the action window met so far, most recent first
         for rank, e in enumerate(recent_first):
             event = data["events"][e]
             if max_age and not data["request_ts"][r] - event["time"] < max_age:
                 continue
+            engaged_here = rank < action_window and event["action"][0] != VIEW
+            engaged_seen += engaged_here
+            within_limit = not engaged_limit or engaged_seen <= engaged_limit
             for p, (cf, ef) in enumerate(PAIRS):
                 shared = set(candidate[cf]) & set(event[ef])
                 weight = len(shared) if count else float(bool(shared))
@@ -146,7 +152,7 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                 terms = []
                 if rank < window:
                     terms.append(values)
-                if engaged is not None and rank < action_window and event["action"][0] != VIEW:
+                if engaged is not None and engaged_here and within_limit:
                     terms.append(engaged)
                 for matrix in terms:
                     projected = matvec(matrix[p * d:(p + 1) * d], h[e])
@@ -162,6 +168,9 @@ CASES = {
     "action-window-shorter": dict(count=True, window=6, action_window=3),
     "age-limit": dict(count=True, window=5, max_age=1500.5),
     "all": dict(count=False, window=3, action_window=8, max_age=2000.0),
+    "engaged-limit": dict(count=True, window=2, action_window=9, engaged_limit=2),
+    "engaged-limit-aged": dict(count=False, window=3, action_window=10, engaged_limit=1,
+                               max_age=2500.0),
 }
 
 
@@ -178,6 +187,7 @@ def test_matches_the_oracle(case, seed):
                         overlap="count" if options["count"] else "any",
                         action_feature="action" if action_window else "",
                         action_window=action_window, view_action=VIEW,
+                        engaged_limit=options.get("engaged_limit", 0),
                         max_age_s=options.get("max_age", 0.0)).double()
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
     out = match(history, **module_inputs(data))
@@ -187,6 +197,10 @@ def test_matches_the_oracle(case, seed):
     bias = match.proj.bias.detach().expand_as(out)
     unmatched = torch.isclose(expected, bias).all(dim=1)
     assert unmatched.any() and not unmatched.all()
+    if options.get("engaged_limit"):
+        # the batch has engaged matches beyond the limit, which the limit leaves out
+        unlimited = oracle(match, history, data, **{**options, "engaged_limit": 0})
+        assert not torch.allclose(expected, unlimited)
 
 
 def test_overlap_counts_distinct_candidate_ids_and_compares_exactly():
@@ -274,6 +288,13 @@ def test_the_model_validates_the_options_and_passes_the_ages():
                         target_match_max_age_s=60.0)
     assert model.target_match.action_window == 16 and model.target_match.view_action == VIEW
     assert small_model(s).target_match is None
+    with pytest.raises(ValueError, match="engaged_limit counts the engaged events"):
+        small_model(s, target_match=4, target_match_engaged_limit=2)
+    with pytest.raises(ValueError, match="engaged_limit = 2 limits.*target_match is 0"):
+        small_model(s, target_match_engaged_limit=2)
+    limited = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
+                          target_match_action_window=16, target_match_engaged_limit=3)
+    assert limited.target_match.engaged_limit == 3
 
     # In the model: the ages of the events at their requests reach target match, and the
     # whole thing trains.

@@ -302,6 +302,14 @@ class ModelConfig:
     a recent match of any action from an older engaged one. 0: off; needs
     ``action_feature``."""
 
+    target_match_engaged_limit: int = attrs.field(default=0, validator=at_least(0))
+    """Only the most recent this many engaged events of ``target_match_action_window`` are
+    matched: a window counted in engaged events (a rule like "the ad's category is among the
+    user's last 10 cart/fav/buy events") rather than in all events, where a matching purchase
+    older than ten others counts as much as the latest. The events before the limit still bound
+    the search (``target_match_action_window``). 0: every engaged event of the window; needs
+    ``target_match_action_window``."""
+
     view_action: int | str = 0
     """The most common, least engaged action, "view", of ``action_feature``: the engaged-only
     windows and searches skip these events. An integer is its raw id (as the data holds it); a

@@ -14,6 +14,8 @@ Two refinements, both optional:
 - an **action window**: a second, longer window (by count) in which only engaged events (an
   action other than the "view" action) are matched, through a value projection of its own, so
   a purchase 200 page views ago is found and told apart from a recent match of any action;
+  optionally only its most recent ``engaged_limit`` engaged events, so the window is counted
+  in engaged events ("among the last 10 cart/fav/buy events") rather than in all events;
 - an **age limit**: only events younger than ``max_age_s`` seconds at the request are matched,
   in both windows.
 
@@ -127,7 +129,8 @@ class TargetMatch(nn.Module):
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
-                 view_action: int = 0, max_age_s: float = 0.0) -> None:
+                 view_action: int = 0, engaged_limit: int = 0,
+                 max_age_s: float = 0.0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
@@ -139,15 +142,19 @@ class TargetMatch(nn.Module):
             raise ValueError("model.target_match_action_window and "
                              "model.action_feature go together: set both or "
                              "neither")
-        if window < 1 or action_window < 0 or max_age_s < 0:
-            raise ValueError("model.target_match must be >= 1, target_match_action_window and "
-                             "target_match_max_age_s >= 0")
+        if window < 1 or action_window < 0 or max_age_s < 0 or engaged_limit < 0:
+            raise ValueError("model.target_match must be >= 1, target_match_action_window, "
+                             "target_match_engaged_limit and target_match_max_age_s >= 0")
+        if engaged_limit and not action_window:
+            raise ValueError("model.target_match_engaged_limit counts the engaged events of "
+                             "the action window: it needs model.target_match_action_window")
         if action_window:
             check_view_action(view_action)
         self.pairs, self.window = pairs, window
         self.count = overlap == "count"
         self.action_feature, self.action_window = action_feature, action_window
         self.view_action, self.max_age_s = view_action, max_age_s
+        self.engaged_limit = engaged_limit
         self.values = nn.Linear(dim, dim * len(pairs), bias=False)
         self.engaged_values = (nn.Linear(dim, dim * len(pairs), bias=False)
                                if action_window else None)
@@ -191,8 +198,12 @@ class TargetMatch(nn.Module):
             if isinstance(actions, Jagged):
                 raise ValueError(f"model.action_feature {self.action_feature!r} "
                                  "must be single-valued (one action per event)")
-            windows.append((self.action_window, valid & (actions[index] != self.view_action),
-                            self.engaged_values))
+            engaged = valid & (actions[index] != self.view_action)
+            if self.engaged_limit:
+                # index runs most recent first, so the running count is each engaged event's
+                # rank among the engaged events (1 for the latest).
+                engaged = engaged & (engaged.cumsum(dim=1) <= self.engaged_limit)
+            windows.append((self.action_window, engaged, self.engaged_values))
         values = torch.cat([project(tokens[:, :width]).reshape(requests, -1, dim)
                             for width, _, project in windows], dim=1)  # (R, slots * P, d)
         weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
@@ -249,9 +260,13 @@ def target_match_from_config(dim: int, config: ModelConfig,
                              schema: FeatureSchema) -> TargetMatch | None:
     """The target match of ``config`` (``model.target_match*``) on ``schema``; None when
     ``model.target_match`` is 0. Raises ValueError naming the option the schema cannot serve."""
-    if not config.target_match:
-        return None
     name, window = config.action_feature, config.target_match_action_window
+    if not config.target_match:
+        if config.target_match_engaged_limit:
+            raise ValueError(f"model.target_match_engaged_limit = "
+                             f"{config.target_match_engaged_limit} limits target match's "
+                             "action window, and model.target_match is 0 (off)")
+        return None
     if window and not name:
         raise ValueError(f"model.target_match_action_window = {window} needs "
                          "model.action_feature: the event feature holding each "
@@ -262,4 +277,5 @@ def target_match_from_config(dim: int, config: ModelConfig,
                        overlap=config.target_match_overlap,
                        action_feature=name if window else "",
                        action_window=window, view_action=config.view_action,
+                       engaged_limit=config.target_match_engaged_limit,
                        max_age_s=config.target_match_max_age_s)
