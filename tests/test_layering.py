@@ -67,6 +67,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # strategies and the compiler, checkpoints and their reading back.
     ("run parts", (
         "gem_core.compile", "gem_core.parallelize", "gem_core.train.backends",
+        # The config as the data source applies it: the trainer, an opened trained run, the
+        # benches and gem plan build their model from it.
+        "gem_core.train.applied",
         "gem_core.checkpoint.checkpointer", "gem_core.checkpoint.resume",
         "gem_core.checkpoint.sharded_modules",
         "gem_core.trained_run",

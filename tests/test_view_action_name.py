@@ -2,7 +2,9 @@
 ``[import.strings] btag = "vocabulary"``: the data source's ``raw_id`` looks it up in the data
 set's vocabulary (first id + index), the trainer puts the id in its place at start-up and the
 run records the integer; texts that cannot be looked up are refused naming the feature, table,
-file and values."""
+file and values. Every command that builds the model from a configuration and a data source
+(``gem plan``, the benches, ``gem config show``) looks the text up the same way
+(:func:`gem_core.train.applied.config_as_source_applies`)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,18 @@ import logging
 import tomllib
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from gem_core.cli.main import cli
 from gem_core.config import DataConfig, load_config
 from gem_core.contracts import DataSource
 from gem_core.errors import GemConfigError
 from gem_core.model.target_match import TargetMatch, check_view_action
 from gem_core.plugins import build_plugins
-from gem_core.train.assembly import resolve_view_action
+from gem_core.train.applied import config_as_source_applies, resolve_view_action
 from gem_data.import_strings import FIRST_ID
 from gem_data.importer import import_logs
 
@@ -141,3 +146,74 @@ def test_the_resolution_is_logged(data_set, caplog):
         resolved = resolve_view_action(config, _source(data_set))
     assert resolved.model.view_action == 4
     assert "model.view_action 'fav' is id 4 of event feature btag" in caplog.text
+
+
+def _on_data_set(data_set: Path, view_action: str) -> list[str]:
+    """``--set`` arguments of tiny on ``data_set`` with the view action given as text."""
+    return [arg for setting in [
+        "data.source=parquet", f"data.path={data_set}", "data.options={}",
+        "model.action_feature=btag", f"model.view_action={view_action}",
+        "model.target_match_action_window=8"] for arg in ("--set", setting)]
+
+
+def test_the_config_as_the_source_applies_it_has_its_data_and_the_id_together(data_set):
+    config = load_config(preset="tiny", overrides=[
+        "data.source=parquet", f"data.path={data_set}", "data.options={}",
+        "model.action_feature=btag", "model.view_action=pv"])
+    assert config.data.max_seq_len == 128 and "max_seq_len" in config.data.data_set_wins
+    source = _source(data_set)
+    applied = config_as_source_applies(config, source)
+    # The data set's own max_seq_len (32) and whole eval split, and 'pv' as its id: nothing else
+    # changes.
+    assert applied.data.max_seq_len == 32 and applied.data.eval_rows is None
+    assert applied.data.data_set_wins == ()
+    assert applied.model.view_action == 5
+    assert applied == attrs.evolve(config, data=source.applied_config(config.data),
+                                   model=attrs.evolve(config.model, view_action=5))
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--gpus", "1", "--gpu-memory", "80", "--json"],
+    ["bench", "flops", "--batch-size", "4", "--json"],
+    # the peer's view action is text too, looked up in the subject's data set
+    ["bench", "step", "--against", "model.view_action=buy", "--batch-size", "4", "--repeats",
+     "1", "--rounds", "1", "--json"],
+], ids=["plan", "bench-flops", "bench-step"])
+def test_commands_that_build_the_model_look_the_text_up(data_set, command):
+    """Each builds the model from the config and the data source: the text reaches the model as
+    its id (the model refuses a text, see above)."""
+    result = CliRunner().invoke(cli, [*command, "--preset", "tiny",
+                                      *_on_data_set(data_set, "pv")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    report = json.loads(result.stdout)
+    assert report["parameters"] if command[0] == "plan" else report["benchmark"]
+
+
+def test_gem_config_show_sizes_the_model_with_the_text(data_set):
+    result = CliRunner().invoke(cli, ["config", "show", "--preset", "tiny",
+                                      *_on_data_set(data_set, "pv")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "# parameters: " in result.stdout
+    assert 'view_action = "pv"' in result.stdout  # the configuration shown is the one given
+
+
+def test_gem_plan_refuses_a_text_not_in_the_vocabulary_naming_the_key(data_set):
+    result = CliRunner().invoke(cli, ["plan", "--gpus", "1", "--gpu-memory", "80", "--preset",
+                                      "tiny", *_on_data_set(data_set, "view")])
+    assert result.exit_code == 1
+    assert ("model.view_action = 'view': 'view' is not in the vocabulary of event feature "
+            "'btag'") in result.output
+
+
+def test_gem_plan_measures_activations_at_its_own_lengths_on_a_data_set(data_set):
+    """The plan's activation fit cuts histories at lengths of its own; a data set's own
+    max_seq_len (which wins over a preset's) must not make both measurements alike."""
+    from gem_core.plugins import build_plugins
+    from gem_parallel.plan import measure_activations
+
+    config = load_config(preset="tiny", overrides=[
+        "data.source=parquet", f"data.path={data_set}", "data.options={}"])
+    assert "max_seq_len" in config.data.data_set_wins  # the data set's 32 would replace both
+    fit = measure_activations(config, build_plugins(), "none", lengths=(4, 16))
+    short, long = fit["tokens"]
+    assert short < long and fit["per_sample"] > 0

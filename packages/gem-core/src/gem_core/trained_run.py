@@ -29,6 +29,7 @@ from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
 from gem_core.plugins import GemPlugins, build_data_source, build_plugins
 from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, without_teacher_signals
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.backends import RunBackends, resolve_backends
 
 
@@ -170,7 +171,7 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     plugins = plugins if plugins is not None else build_plugins()
     resolved = resolve_backends(config, plugins, ParallelContext())
     source = build_data_source(resolved.data, config.data, seed=config.train.seed)
-    config = attrs.evolve(config, data=source.applied_config(config.data))  # as the run did
+    config = config_as_source_applies(config, source)  # as the run did
     # Teacher columns (gem distill-precompute) are not features: a data set that has them is
     # the same data for this model.
     trained = state.get("schema")

@@ -44,6 +44,7 @@ from gem_core.plan_estimate import (
 from gem_core.plugins import GemPlugins
 from gem_core.registry import AutoContext
 from gem_core.schema import EmbeddingTable, FeatureSchema
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.table_optimizer import resolve_table_optimizer
 
 GIB = 2**30
@@ -154,7 +155,8 @@ def _measuring_schema(schema: FeatureSchema) -> FeatureSchema:
 def configured_model(config: GemConfig, schema: FeatureSchema, plugins: GemPlugins
                      ) -> torch.nn.Module:
     """The config's model (``backends.model``) on the reference backends (on the device in
-    effect: ``meta`` for sizes)."""
+    effect: ``meta`` for sizes); ``config`` as the data source applies it
+    (:func:`gem_core.train.applied.config_as_source_applies`)."""
     return build_checked(plugins.resolve("model", config.backends.model, None), config.model,
                          schema, attention=plugins.resolve("attention", "reference", None).impl,
                          embedding_backend=ReferenceEmbeddingBackend(), norm=ReferenceNorm())
@@ -165,18 +167,24 @@ def measure_activations(config: GemConfig, plugins: GemPlugins, policy: str,
                         ) -> dict[str, float]:
     """Fit saved-activation bytes to ``per_token * tokens + per_sample * samples`` (samples are
     requests, with the data's candidates each) from two real batches of the configured data,
-    histories cut at each of ``lengths``."""
+    histories cut at each of ``lengths``. ``config`` as given (each length's source applies it
+    for the model it measures)."""
     from gem_parallel.bench_memory import saved_activation_bytes
 
     ctx = ParallelContext()
     points = []
     for length in lengths:
-        data = attrs.evolve(config.data, max_seq_len=length)
+        # The measuring length is chosen here, so a data set's own max_seq_len must not replace
+        # it (it would, where data_set_wins names the key: both batches would be alike and the
+        # fit would put every byte on the tokens); a data set shorter than it still cuts it.
+        data = attrs.evolve(config.data, max_seq_len=length, data_set_wins=tuple(
+            key for key in config.data.data_set_wins if key != "max_seq_len"))
         source = plugins.data_source(data, seed=0)
+        measured = config_as_source_applies(attrs.evolve(config, data=data), source)
         schema = _measuring_schema(source.schema)
         batch = next(iter(source.eval_batches(batch_size=samples)))
         torch.manual_seed(0)
-        model = configured_model(config, schema, plugins)
+        model = configured_model(measured, schema, plugins)
         resolved = plugins.resolve("activation_checkpointing", policy, None)
         model = resolved.impl.apply(model, ctx=ctx, options=resolved.options)
         counter = _MoeRows(model)
@@ -252,8 +260,11 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     check_token_norm(config.model, world_size=n)  # what gem train refuses at start-up
     source = plugins.data_source(config.data, seed=0)
     with torch.device("meta"):  # shapes only: a billion-row table costs nothing
-        model = configured_model(config, source.schema, plugins)
+        model = configured_model(config_as_source_applies(config, source), source.schema,
+                                 plugins)
     counts = parameter_counts(model)
+    # The config as given: the measurement sets its own history lengths on [data] and applies
+    # the result with each length's source.
     fit = measure_activations(config, plugins, layout.activation_checkpointing)
     samples = config.train.batch_size / n  # requests
     profile = data_profile(config, plugins)

@@ -39,6 +39,7 @@ from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.plugins import build_plugins
 from gem_core.registry import AutoContext
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import make_optimizer
 
@@ -99,6 +100,7 @@ def compile_report(config, batch_size: int, repeats: int) -> dict[str, Any]:
         use_inductor_cache(Path(config.train.compile_cache))
     plugins = build_plugins()
     source = plugins.data_source(config.data, seed=config.train.seed)
+    config = config_as_source_applies(config, source)  # the model a run on this data builds
     batches = iter(source.eval_batches(batch_size=batch_size))
     batches = [next(batches) for _ in range(repeats + 1)]
     tasks = source.schema.tasks

@@ -24,6 +24,7 @@ from gem_core.flops import TRAIN_FACTOR
 from gem_core.model import build_model
 from gem_core.model.summary import parameter_counts
 from gem_core.plugins import build_plugins
+from gem_core.train.applied import config_as_source_applies
 
 
 def _counted_by_module(counter: FlopCounterMode, analytic_keys: list[str]) -> dict[str, int]:
@@ -51,6 +52,7 @@ def _grouped(analytic: dict[str, int]) -> dict[str, int]:
 def flops_report(config, batch_size: int, seed: int) -> dict:
     """Analytic and counted FLOPs of one batch of ``batch_size`` samples of the configured data."""
     source = build_plugins().data_source(config.data, seed=seed)
+    config = config_as_source_applies(config, source)  # the model a run on this data builds
     batch = next(iter(source.eval_batches(batch_size=batch_size)))
     torch.manual_seed(seed)
     model = build_model(config.model, source.schema, attention=ReferenceAttention(),

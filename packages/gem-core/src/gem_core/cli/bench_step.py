@@ -36,6 +36,7 @@ from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.plugins import build_plugins
 from gem_core.registry import AutoContext
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import make_optimizer
 
@@ -86,6 +87,10 @@ def step_report(subject_config, peer_config, *, batch_size: int, repeats: int,
     """Median step times of the subject and the peer configuration, measured side by side."""
     plugins = build_plugins()
     source = plugins.data_source(subject_config.data, seed=subject_config.train.seed)
+    # Both models as a run on this data builds them (the peer differs in model keys only, so
+    # the subject's source is the peer's too).
+    subject_config = config_as_source_applies(subject_config, source)
+    peer_config = config_as_source_applies(peer_config, source)
     batches = iter(source.eval_batches(batch_size=batch_size))
     batches = [next(batches) for _ in range(repeats + 1)]
     tasks = source.schema.tasks

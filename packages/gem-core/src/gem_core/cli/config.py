@@ -36,11 +36,12 @@ def _model_summary(resolved) -> dict:
     give its schema here (a data set that is not there)."""
     from gem_core.model.summary import model_summary
     from gem_core.plugins import build_plugins
-    from gem_core.train.assembly import resolve_view_action
+    from gem_core.train.applied import config_as_source_applies
 
     source = build_plugins().data_source(resolved.data, seed=resolved.train.seed)
-    # a view action given as text is looked up as the run will (the source's vocabulary)
-    return model_summary(resolve_view_action(resolved, source).model, source.schema)
+    # the model the run would build: e.g. a view action given as text is looked up as the run
+    # will (the source's vocabulary)
+    return model_summary(config_as_source_applies(resolved, source).model, source.schema)
 
 
 def _size_comments(resolved) -> str:

@@ -95,9 +95,12 @@ def run_sweep(*, preset: str | None, common: Sequence[str], points: Sequence[Swe
 def _dense_parameters(config: Any) -> int:
     from gem_core.model.summary import meta_model, parameter_counts
     from gem_core.plugins import build_plugins
+    from gem_core.train.applied import config_as_source_applies
 
     source = build_plugins().data_source(config.data, seed=0)
-    return parameter_counts(meta_model(config.model, source.schema))["dense"]
+    # the model the point's run trained (e.g. a view action given as text, as its id)
+    return parameter_counts(meta_model(config_as_source_applies(config, source).model,
+                                       source.schema))["dense"]
 
 
 def markdown_table(report: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from gem_core.embedding import ReferenceEmbeddingBackend
 from gem_core.model import build_model
 from gem_core.model.moe import MixtureOfExperts
 from gem_core.plugins import build_plugins
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.loss import task_loss_sums
 from gem_kernels.attention.blocked_backend import BlockedAttention
 from gem_kernels.attention.triton_backend import TritonAttention
@@ -113,6 +114,7 @@ def check_model(device: str, size: str) -> list[dict[str, Any]]:
     spec = MODEL_SIZES[size]
     config = load_config(preset=spec["preset"], overrides=spec["overrides"])
     source = build_plugins().data_source(config.data, seed=0)
+    config = config_as_source_applies(config, source)  # the model a run on this data builds
     batch = source.generate(spec["rows"], split=0, index=0).to(device)
     tasks = list(batch.labels)
 
