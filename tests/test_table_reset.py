@@ -128,24 +128,76 @@ def test_what_cannot_redraw_the_tables_is_refused_before_training(data, tmp_path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_tables_whose_rows_are_split_across_ranks_are_refused(tmp_path):
-    """FSDP2 holds the tables as DTensors (dim-0 shards): one seed on every rank would give
-    every shard the same rows, so the run is refused after the model is parallelized."""
+def test_a_row_is_drawn_alike_whichever_part_of_its_table_a_rank_holds(monkeypatch):
+    """A rank holding some rows of a table (FSDP2's dim-0 shard) draws for them what one
+    process draws for the whole table, across block boundaries and at the table's end."""
+    from gem_core.train import table_reset
+
+    monkeypatch.setattr(table_reset, "DRAW_BLOCK_ROWS", 8)
+    kwargs = dict(std=0.05, seed=3, passes=1, table=1, device=torch.device("cpu"),
+                  dtype=torch.float32)
+    whole = table_reset.draw_rows(range(0, 29), (29, 4), **kwargs)
+    parts = [table_reset.draw_rows(rows, (29, 4), **kwargs)
+             for rows in (range(0, 5), range(5, 5), range(5, 17), range(17, 29))]
+    assert torch.equal(torch.cat(parts), whole)
+    # blocks are streams of their own: no two blocks repeat each other, nor two tables
+    assert not torch.equal(whole[:8], whole[8:16])
+    other = table_reset.draw_rows(range(0, 29), (29, 4), **{**kwargs, "table": 0})
+    assert not torch.equal(other, whole)
+
+
+def test_dim_0_shards_are_drawn_in_place_and_columns_split_are_refused(tmp_path):
+    """A table held as a DTensor: dim-0 shards (FSDP2, HSDP) draw their own rows, the values
+    one process draws; a table split by columns cannot be drawn by rows and is refused."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from gem_core.train.table_reset import check_tables_whole
+    from gem_core.train.table_reset import check_tables_drawable
 
+    whole = _collection()
+    reinitialize_tables(whole, torch.optim.AdamW(table_parameters(whole)), seed=5, passes=2)
     tables = _collection()
-    check_tables_whole(tables, "ddp")  # whole tables: nothing to refuse
+    check_tables_drawable(tables, "ddp")  # whole tables: nothing to refuse
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
+        for table in tables.tables.values():
+            table.weight = torch.nn.Parameter(distribute_tensor(table.weight.detach(), mesh,
+                                                                [Shard(0)]))
+        check_tables_drawable(tables, "fsdp2")
+        optimizer = torch.optim.AdamW(table_parameters(tables))
+        reinitialize_tables(tables, optimizer, seed=5, passes=2)
+        for a, b in zip(table_parameters(whole), table_parameters(tables)):
+            assert torch.equal(a, b.full_tensor())
         table = tables.tables["ad"]
-        table.weight = torch.nn.Parameter(distribute_tensor(table.weight.detach(), mesh,
-                                                            [Shard(0)]))
-        with pytest.raises(GemConfigError, match="'fsdp2' splits the feature tables' rows"):
-            check_tables_whole(tables, "fsdp2")
+        by_columns = distribute_tensor(table.weight.full_tensor().detach(), mesh, [Shard(1)])
+        table.weight = torch.nn.Parameter(by_columns)
+        with pytest.raises(GemConfigError, match="'tp' splits feature table 'ad'.s columns"):
+            check_tables_drawable(tables, "tp")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_fsdp2_ranks_redraw_their_shards_as_one_process_draws_the_tables(data, tmp_path, gem):
+    """Two FSDP2 ranks (each holding half of every table's rows) over two passes, stopped
+    inside the second pass and resumed, train the steps of one process: the fresh rows of
+    pass 2 are the same values on any layout."""
+    sets = [arg for setting in (*TRAIN, f"data.path={data}") for arg in ("--set", setting)]
+    single = _train(data, tmp_path / "single")
+    assert single["run"]["data_passes"] == 2
+    out = tmp_path / "fsdp2"
+    command = ["train", "--preset", "tiny", "--out", str(out), "--nproc-per-node", "2",
+               "--sharding", "fsdp2", "--no-progress", *sets]
+    stopped = gem(*command, "--until-step", "6")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    resumed = gem(*command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    losses, reference = _losses(out), _losses(tmp_path / "single")
+    assert sorted(losses) == sorted(reference) == list(range(1, 9))
+    # reduce-scatter sums in another order than one backward: float32 rounding, no more
+    assert losses == pytest.approx(reference, rel=1e-5)
+    assert _eval_ne(json.loads((out / "summary.json").read_text())) == pytest.approx(
+        _eval_ne(single), rel=1e-4)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -84,13 +83,6 @@ class ReferenceEmbeddingCollection(nn.Module):
         self.init_std = init_std
         for table in self.tables.values():
             nn.init.normal_(table.weight, std=init_std)
-
-    @torch.no_grad()
-    def reinitialize(self, generator: torch.Generator) -> None:
-        """Draw every table's rows anew from the initial distribution, with ``generator``
-        (``train.tables_each_pass = "reinitialize"``; whole tables only)."""
-        for name in sorted(self.tables):
-            self.tables[name].weight.normal_(0.0, self.init_std, generator=generator)
 
     def forward(self, features: Mapping[str, Jagged]) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}

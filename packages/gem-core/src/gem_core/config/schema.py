@@ -148,10 +148,11 @@ class TrainConfig:
     optimizer state, while the dense layers carry on (MEDA, Fan et al. 2024: the one-epoch
     overfitting of CTR models lives in the id embeddings, which memorise the impressions they
     saw, while the layers above learn relations between embeddings that a new draw keeps).
-    Needs data with passes (a file-backed source, ``train.epochs`` > 1 or 0) and whole tables
-    that are parameters of the model, on one process or replicated (``ddp``: not an embedding
-    backend with its fused optimizer, TorchRec's sharded tables, DeepSpeed, or FSDP2's rows
-    split across ranks); refused at start-up otherwise."""
+    Needs data with passes (a file-backed source, ``train.epochs`` > 1 or 0) and tables that
+    are parameters of the model under the trainer's optimizer: one process, ``ddp``, or the
+    row shards of ``fsdp2`` and ``hsdp`` (a row draws the same values on any layout and world
+    size); not an embedding backend with its fused optimizer, TorchRec's sharded tables or
+    DeepSpeed, which are refused at start-up."""
 
     early_stopping_patience: int = attrs.field(default=0, validator=at_least(0))
     """Stop (checkpointed, exit 0) once the evaluation NE (as for ``keep_best``) has not improved

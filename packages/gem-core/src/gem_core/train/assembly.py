@@ -9,23 +9,22 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from torch import nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER
 from gem_core.compile import start_compiled_run
 from gem_core.config import GemConfig
-from gem_core.contracts import DataSource, LearningRateFollower
+from gem_core.contracts import LearningRateFollower
 from gem_core.distill.distiller import build_distiller
 from gem_core.distributed import ParallelContext, all_reduce_max
 from gem_core.embedding import check_fused_optimizer
-from gem_core.errors import GemConfigError
 from gem_core.flops import sample_costs
 from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model, check_token_norm
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins, build_data_source
+from gem_core.train.applied import config_as_source_applies
 from gem_core.train.backends import RunBackends, resolve_backends
 from gem_core.train.data_fingerprint import data_fingerprint
 from gem_core.train.data_log import data_report
@@ -34,7 +33,7 @@ from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
 from gem_core.train.table_optimizer import resolve_table_optimizer
-from gem_core.train.table_reset import check_table_reset, check_tables_whole
+from gem_core.train.table_reset import check_table_reset, check_tables_drawable
 from gem_core.train.time_order import TimeOrder, check_time_order
 
 log = logging.getLogger(__name__)
@@ -54,10 +53,10 @@ class RunAssembly:
                                            plugins.registry("attention").specs(), run_dir)
         seed_everything(self.tc.seed)
         self.source = build_data_source(self.backends.data, config.data, seed=self.tc.seed)
-        # [data] as the source applies it (e.g. a data set's own max_seq_len in place of a
-        # preset's): what the run records (config.toml, checkpoints) and builds the rest from.
-        self.config = config = resolve_view_action(
-            attrs.evolve(config, data=self.source.applied_config(config.data)), self.source)
+        # The config as the source applies it (e.g. a data set's own max_seq_len in place of a
+        # preset's, a view action's text as its id): what the run records (config.toml,
+        # checkpoints) and builds the rest from.
+        self.config = config = config_as_source_applies(config, self.source)
         # Where the data's passes end the run before train.steps (train.epochs), the
         # learning-rate schedule ends with them (read before distillation wraps the source).
         self.schedule_steps = schedule_steps(self.tc, self.source.requests_per_pass())
@@ -116,7 +115,7 @@ class RunAssembly:
             config=config,
         )
         if self.tc.tables_each_pass == "reinitialize":
-            check_tables_whole(self.model.embeddings, self.backends.dense_sharding.spec.name)
+            check_tables_drawable(self.model.embeddings, self.backends.dense_sharding.spec.name)
         self._lr_followers = [m for m in self.engine.unwrapped.modules()
                               if isinstance(m, LearningRateFollower)]
         self._say_where_embedding_lr_scale_applies()
@@ -208,19 +207,3 @@ class RunAssembly:
             **({"distill": self.distiller.summary()} if self.distiller is not None else {}),
         }
 
-
-def resolve_view_action(config: GemConfig, source: DataSource) -> GemConfig:
-    """``config`` with ``model.view_action`` given as the action's text (``"pv"``) replaced by
-    the raw id ``source`` uses for it in ``model.action_feature`` (:meth:`DataSource.raw_id`),
-    so the run records, and the model compares the event ids with, an integer; ``config`` as
-    it is where ``view_action`` is already an id."""
-    text, feature = config.model.view_action, config.model.action_feature
-    if not isinstance(text, str):
-        return config
-    try:
-        raw = source.raw_id(feature, text)
-    except GemConfigError as error:
-        raise GemConfigError(f"model.view_action = {text!r}: {error}") from None
-    log.info("model.view_action %r is id %d of event feature %s (the vocabulary of data "
-             "source %r)", text, raw, feature, config.data.source)
-    return attrs.evolve(config, model=attrs.evolve(config.model, view_action=raw))

@@ -9,10 +9,16 @@ through other embeddings (an augmentation).
 
 What is reset: the rows of the model's feature tables (``model.embeddings``, the tables of
 ``[[tables]]``; the age and position buckets are not feature tables) from their initial
-distribution, with a generator seeded by ``train.seed`` and the pass, so every rank draws the same
-replicated rows and a resumed run the same values; and the optimizer state of those parameters
-(AdamW's moments and step count, row-wise Adagrad's sums), zeroed in place so that a checkpoint
-keeps the same keys. When: before the first step of the next pass (after the evaluation and the
+distribution; and the optimizer state of those parameters (AdamW's moments and step count,
+row-wise Adagrad's sums), zeroed in place so that a checkpoint keeps the same keys.
+
+How the rows are drawn: in blocks of ``DRAW_BLOCK_ROWS`` rows, each block from a generator seeded
+by ``train.seed``, the pass, the table and the block. A row's value therefore depends on where it
+is in its table and on nothing about the layout: one process, replicated ranks (``ddp``), the
+dim-0 shards of FSDP2 and HSDP (each rank draws only the blocks its rows fall in, and replicas of
+a shard draw the same rows) and a resumed run all hold the same tables, whatever the world size.
+
+When: before the first step of the next pass (after the evaluation and the
 checkpoint of the step that ended the pass), so the checkpoint of that step holds the trained
 tables and a run resumed from it resets them again; the number of resets done is in the
 checkpoint.
@@ -35,6 +41,10 @@ if TYPE_CHECKING:
 
 #: Mixed with ``train.seed`` so the tables' draws are a stream of their own.
 _STREAM = 0x7AB1E5
+
+#: Rows drawn from one generator: large enough that seeding costs nothing next to the draw,
+#: small enough that a rank holding a few rows of a large table draws little beyond them.
+DRAW_BLOCK_ROWS = 4096
 
 
 def check_table_reset(*, tables: nn.Module, embedding: ImplementationSpec,
@@ -66,22 +76,44 @@ def check_table_reset(*, tables: nn.Module, embedding: ImplementationSpec,
                              f"trainer built ({TABLE_OPTIMIZER}); those that do: {able}")
     if not isinstance(tables, ReferenceEmbeddingCollection):
         raise GemConfigError(f"{what}: the model's feature tables ({type(tables).__name__}) "
-                             "cannot draw their rows anew (no "
-                             "ReferenceEmbeddingCollection.reinitialize)")
+                             "are not a ReferenceEmbeddingCollection, whose tables and initial "
+                             "distribution the trainer redraws")
 
 
-def check_tables_whole(tables: ReferenceEmbeddingCollection, dense_sharding: str) -> None:
-    """After the model is parallelized: a refusal where the dense sharding split the tables'
-    rows across ranks (FSDP2's DTensors). The draw is seeded alike on every rank, which is
-    right for whole (replicated) tables and would give every rank's shard the same rows."""
+def check_tables_drawable(tables: ReferenceEmbeddingCollection, dense_sharding: str) -> None:
+    """After the model is parallelized: a refusal where the dense sharding split a table other
+    than by rows (each rank must hold whole rows to draw them by their place in the table), or
+    nothing. Whole tables and FSDP2's and HSDP's dim-0 shards pass."""
+    from torch.distributed.tensor import Shard
+
+    for name, weight in zip(sorted(tables.tables), table_parameters(tables)):
+        if _is_dtensor(weight) and any(isinstance(placement, Shard) and placement.dim != 0
+                                       for placement in weight.placements):
+            raise GemConfigError(
+                f"train.tables_each_pass = 'reinitialize': the dense sharding "
+                f"{dense_sharding!r} splits feature table {name!r}'s columns across ranks "
+                f"({weight.placements}); fresh rows are drawn for whole rows only (whole tables "
+                "or dim-0 shards)")
+
+
+def _is_dtensor(weight: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
-    if any(isinstance(weight, DTensor) for weight in table_parameters(tables)):
-        raise GemConfigError(
-            f"train.tables_each_pass = 'reinitialize': the dense sharding {dense_sharding!r} "
-            "splits the feature tables' rows across ranks, and fresh rows are drawn for whole "
-            "tables only (one process, or replicated: ddp)")
+    return isinstance(weight, DTensor)
 
+
+def local_rows(weight: torch.Tensor) -> tuple[range, tuple[int, ...]]:
+    """The rows of the whole table that this rank holds of ``weight`` (all of them unless it
+    is a DTensor), and the offset of its local part in the whole table."""
+    if not _is_dtensor(weight):
+        return range(weight.shape[0]), (0,) * weight.dim()
+    # DTensor's own arithmetic for where a rank's part lies (the one DCP saves by), so uneven
+    # shards and 2-D meshes (HSDP: replicated x sharded) need no rule of ours.
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh,
+                                                          weight.placements)
+    return range(offset[0], offset[0] + shape[0]), tuple(offset)
 
 def table_parameters(tables: ReferenceEmbeddingCollection) -> list[nn.Parameter]:
     """The feature tables' weights, in a fixed order."""
@@ -94,10 +126,40 @@ def reinitialize_tables(tables: ReferenceEmbeddingCollection, optimizer: torch.o
     """Draw the tables' rows anew for the pass after ``passes`` completed ones and zero their
     optimizer state (module docstring)."""
     weights = table_parameters(tables)
-    generator = torch.Generator(device=weights[0].device)
-    generator.manual_seed((seed * 1_000_003 + passes) ^ _STREAM)
-    tables.reinitialize(generator)
+    for index, weight in enumerate(weights):
+        local = weight.to_local() if _is_dtensor(weight) else weight
+        rows, _ = local_rows(weight)
+        local.copy_(draw_rows(rows, tuple(weight.shape), std=tables.init_std, seed=seed,
+                              passes=passes, table=index, device=local.device, dtype=local.dtype))
     for weight in weights:
         for value in optimizer.state.get(weight, {}).values():
             if isinstance(value, torch.Tensor):
                 value.zero_()
+
+
+def draw_rows(rows: range, shape: tuple[int, int], *, std: float, seed: int, passes: int,
+              table: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``rows`` of table number ``table`` (in ``table_parameters``' order; ``shape``, the
+    whole table's) as drawn for the pass after ``passes``: ``(len(rows), dim)`` from N(0, std),
+    the same values for a row whichever range it is drawn in (each block is drawn whole)."""
+    total, dim = shape
+    out = torch.empty(len(rows), dim, device=device, dtype=dtype)
+    generator = torch.Generator(device=device)
+    for block in range(rows.start // DRAW_BLOCK_ROWS, -(-rows.stop // DRAW_BLOCK_ROWS)):
+        start = block * DRAW_BLOCK_ROWS
+        stop = min(start + DRAW_BLOCK_ROWS, total)
+        generator.manual_seed(_block_seed(seed, passes, table, block))
+        values = torch.empty(stop - start, dim, device=device, dtype=torch.float32)
+        values.normal_(0.0, std, generator=generator)
+        lo, hi = max(rows.start, start), min(rows.stop, stop)
+        out[lo - rows.start:hi - rows.start] = values[lo - start:hi - start]
+    return out
+
+
+def _block_seed(seed: int, passes: int, table: int, block: int) -> int:
+    """A generator seed for one block, well mixed from its coordinates (numpy's SeedSequence:
+    the same on every rank, process and Python version)."""
+    import numpy as np
+
+    words = np.random.SeedSequence([seed, passes, table, block, _STREAM]).generate_state(2)
+    return int(words[0]) << 32 | int(words[1])
