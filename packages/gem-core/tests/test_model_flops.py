@@ -36,7 +36,8 @@ VARIANTS = {
                                  target_match_action_window=32, target_match_max_age_s=1e6),
     "target-match-engaged-limit": dict(target_match=8, action_feature="action",
                                        target_match_action_window=32,
-                                       target_match_engaged_limit=3),
+                                       target_match_engaged_limit=3,
+                                       target_match_engaged_rank=True),
 }
 
 

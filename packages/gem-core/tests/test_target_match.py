@@ -2,6 +2,7 @@
 (overlap counts), the action window (and its limit counted in engaged events) and the age limit;
 its validation and its gradients."""
 
+import math
 import random
 
 import attrs
@@ -123,13 +124,14 @@ def matvec(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool,
            window: int, action_window: int = 0, max_age: float = 0.0,
-           engaged_limit: int = 0) -> torch.Tensor:
+           engaged_limit: int = 0, engaged_rank: bool = False) -> torch.Tensor:
     """The token of every candidate, by loops over candidates, their request's events (most
     recent first) and the shared attributes, in Python floats."""
     d = history.shape[1]
     h = history.tolist()
     values = match.values.weight.tolist()
     engaged = match.engaged_values.weight.tolist() if action_window else None
+    ranks = match.engaged_rank.weight.tolist() if engaged_rank else None
     proj_w, proj_b = match.proj.weight.tolist(), match.proj.bias.tolist()
     out = []
     for n, candidate in enumerate(data["candidates"]):
@@ -151,11 +153,16 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                     continue
                 terms = []
                 if rank < window:
-                    terms.append(values)
+                    terms.append((values, h[e]))
                 if engaged is not None and engaged_here and within_limit:
-                    terms.append(engaged)
-                for matrix in terms:
-                    projected = matvec(matrix[p * d:(p + 1) * d], h[e])
+                    token = h[e]
+                    if ranks is not None:  # ranks 1-16 their own vector, then per doubling
+                        bucket = (engaged_seen if engaged_seen <= 16
+                                  else 16 + math.ceil(math.log2(engaged_seen / 16)))
+                        token = [a + b for a, b in zip(token, ranks[bucket])]
+                    terms.append((engaged, token))
+                for matrix, token in terms:
+                    projected = matvec(matrix[p * d:(p + 1) * d], token)
                     acc = [a + weight * v for a, v in zip(acc, projected)]
         out.append([b + s for b, s in zip(proj_b, matvec(proj_w, acc))])
     return torch.tensor(out, dtype=torch.float64).reshape(len(data["candidates"]), d)
@@ -171,6 +178,9 @@ CASES = {
     "engaged-limit": dict(count=True, window=2, action_window=9, engaged_limit=2),
     "engaged-limit-aged": dict(count=False, window=3, action_window=10, engaged_limit=1,
                                max_age=2500.0),
+    "engaged-rank": dict(count=True, window=2, action_window=11, engaged_rank=True),
+    "engaged-rank-limited": dict(count=False, window=7, action_window=4, engaged_limit=2,
+                                 engaged_rank=True),
 }
 
 
@@ -188,6 +198,7 @@ def test_matches_the_oracle(case, seed):
                         action_feature="action" if action_window else "",
                         action_window=action_window, view_action=VIEW,
                         engaged_limit=options.get("engaged_limit", 0),
+                        engaged_rank=options.get("engaged_rank", False),
                         max_age_s=options.get("max_age", 0.0)).double()
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
     out = match(history, **module_inputs(data))
@@ -197,10 +208,27 @@ def test_matches_the_oracle(case, seed):
     bias = match.proj.bias.detach().expand_as(out)
     unmatched = torch.isclose(expected, bias).all(dim=1)
     assert unmatched.any() and not unmatched.all()
+    if options.get("engaged_rank"):
+        # the rank vectors reach the tokens: without them the tokens differ
+        with torch.no_grad():
+            match.engaged_rank.weight.zero_()
+        assert not torch.allclose(match(history, **module_inputs(data)), out)
     if options.get("engaged_limit"):
         # the batch has engaged matches beyond the limit, which the limit leaves out
         unlimited = oracle(match, history, data, **{**options, "engaged_limit": 0})
         assert not torch.allclose(expected, unlimited)
+
+
+def test_engaged_ranks_fall_in_exact_buckets_then_one_per_doubling():
+    from gem_core.model.target_match import rank_bucket, rank_buckets
+
+    for window in (1, 16, 17, 256, 5000):
+        ranks = torch.arange(window + 1)
+        expected = [r if r <= 16 else 16 + math.ceil(math.log2(r / 16)) for r in range(window + 1)]
+        assert rank_bucket(ranks, window).tolist() == expected
+        # none beyond the table; from a window of 16 on, every bucket is used
+        assert max(expected) <= rank_buckets(window) - 1
+        assert window < 16 or max(expected) == rank_buckets(window) - 1
 
 
 def test_overlap_counts_distinct_candidate_ids_and_compares_exactly():
@@ -288,10 +316,11 @@ def test_the_model_validates_the_options_and_passes_the_ages():
                         target_match_max_age_s=60.0)
     assert model.target_match.action_window == 16 and model.target_match.view_action == VIEW
     assert small_model(s).target_match is None
-    with pytest.raises(ValueError, match="engaged_limit counts the engaged events"):
-        small_model(s, target_match=4, target_match_engaged_limit=2)
-    with pytest.raises(ValueError, match="engaged_limit = 2 limits.*target_match is 0"):
-        small_model(s, target_match_engaged_limit=2)
+    for option in ("target_match_engaged_limit", "target_match_engaged_rank"):
+        with pytest.raises(ValueError, match="count the engaged events of the action window"):
+            small_model(s, target_match=4, **{option: 2})
+        with pytest.raises(ValueError, match="shape target match's action window.*is 0"):
+            small_model(s, **{option: 2})
     limited = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
                           target_match_action_window=16, target_match_engaged_limit=3)
     assert limited.target_match.engaged_limit == 3

@@ -310,6 +310,13 @@ class ModelConfig:
     the search (``target_match_action_window``). 0: every engaged event of the window; needs
     ``target_match_action_window``."""
 
+    target_match_engaged_rank: bool = False
+    """Each engaged event of ``target_match_action_window`` carries a learned vector of its rank
+    among the engaged events (1 for the latest; ranks 1-16 a vector each, then one per
+    doubling) into its matched sum, so the model learns how far back an engaged match counts
+    instead of being told (``target_match_engaged_limit``). Needs
+    ``target_match_action_window``."""
+
     view_action: int | str = 0
     """The most common, least engaged action, "view", of ``action_feature``: the engaged-only
     windows and searches skip these events. An integer is its raw id (as the data holds it); a

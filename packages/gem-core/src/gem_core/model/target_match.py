@@ -15,7 +15,10 @@ Two refinements, both optional:
   action other than the "view" action) are matched, through a value projection of its own, so
   a purchase 200 page views ago is found and told apart from a recent match of any action;
   optionally only its most recent ``engaged_limit`` engaged events, so the window is counted
-  in engaged events ("among the last 10 cart/fav/buy events") rather than in all events;
+  in engaged events ("among the last 10 cart/fav/buy events") rather than in all events; or,
+  learned rather than set, each engaged event's token carries its **engaged rank** (1 for the
+  latest engaged event; ranks 1-16 one learned vector each, then one per doubling), so the
+  sum of matches can tell a match among the last few engaged events from an older one;
 - an **age limit**: only events younger than ``max_age_s`` seconds at the request are matched,
   in both windows.
 
@@ -121,6 +124,27 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
     return ages < math.ceil(max_age_s)
 
 
+#: Engaged ranks with a learned vector each (``engaged_rank``); beyond, one per doubling.
+EXACT_RANKS = 16
+
+
+def rank_buckets(window: int) -> int:
+    """How many engaged-rank buckets a window of ``window`` events needs (:func:`rank_bucket`
+    of ranks 0 to ``window``)."""
+    return EXACT_RANKS + 1 + max(0, math.ceil(math.log2(max(window, 1) / EXACT_RANKS)))
+
+
+def rank_bucket(rank: Tensor, window: int) -> Tensor:
+    """The bucket of each engaged rank (``rank``, int64, 0 to ``window``): ranks up to
+    ``EXACT_RANKS`` are their own bucket, a rank in ``(16 * 2**(j-1), 16 * 2**j]`` is bucket
+    ``16 + j``. Exact for integers, and a fixed number of comparisons (no loop on the data, so
+    the model exports)."""
+    above = (rank - 1).clamp(min=0) // EXACT_RANKS  # 0 up to rank 16, 1 for 17-32, 2-3, 4-7..
+    doublings = sum((above >= (1 << j)).to(rank.dtype)
+                    for j in range(rank_buckets(window) - EXACT_RANKS - 1))
+    return torch.where(rank <= EXACT_RANKS, rank, EXACT_RANKS + doublings)
+
+
 class TargetMatch(nn.Module):
     """One token per candidate: per shared attribute, the sum of a learned projection of the
     recent events that share an id with the candidate (weighted by the overlap), summed over
@@ -129,7 +153,7 @@ class TargetMatch(nn.Module):
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
-                 view_action: int = 0, engaged_limit: int = 0,
+                 view_action: int = 0, engaged_limit: int = 0, engaged_rank: bool = False,
                  max_age_s: float = 0.0) -> None:
         super().__init__()
         if not pairs:
@@ -145,9 +169,10 @@ class TargetMatch(nn.Module):
         if window < 1 or action_window < 0 or max_age_s < 0 or engaged_limit < 0:
             raise ValueError("model.target_match must be >= 1, target_match_action_window, "
                              "target_match_engaged_limit and target_match_max_age_s >= 0")
-        if engaged_limit and not action_window:
-            raise ValueError("model.target_match_engaged_limit counts the engaged events of "
-                             "the action window: it needs model.target_match_action_window")
+        if (engaged_limit or engaged_rank) and not action_window:
+            raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
+                             "count the engaged events of the action window: they need "
+                             "model.target_match_action_window")
         if action_window:
             check_view_action(view_action)
         self.pairs, self.window = pairs, window
@@ -158,6 +183,8 @@ class TargetMatch(nn.Module):
         self.values = nn.Linear(dim, dim * len(pairs), bias=False)
         self.engaged_values = (nn.Linear(dim, dim * len(pairs), bias=False)
                                if action_window else None)
+        self.engaged_rank = (nn.Embedding(rank_buckets(action_window), dim)
+                             if engaged_rank else None)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
@@ -192,22 +219,28 @@ class TargetMatch(nn.Module):
         grid = weights.new_zeros(requests, max_candidates, span, len(self.pairs)).index_put_(
             (owner, slot), weights)
         tokens = history[index]  # (R, span, d)
-        windows = [(self.window, valid, self.values)]
+        windows = [(self.window, valid, self.values, tokens)]
         if self.engaged_values is not None:
             actions = event_ids[self.action_feature]
             if isinstance(actions, Jagged):
                 raise ValueError(f"model.action_feature {self.action_feature!r} "
                                  "must be single-valued (one action per event)")
             engaged = valid & (actions[index] != self.view_action)
+            # index runs most recent first, so the running count is each engaged event's rank
+            # among the engaged events (1 for the latest).
+            rank = engaged.cumsum(dim=1)
             if self.engaged_limit:
-                # index runs most recent first, so the running count is each engaged event's
-                # rank among the engaged events (1 for the latest).
-                engaged = engaged & (engaged.cumsum(dim=1) <= self.engaged_limit)
-            windows.append((self.action_window, engaged, self.engaged_values))
-        values = torch.cat([project(tokens[:, :width]).reshape(requests, -1, dim)
-                            for width, _, project in windows], dim=1)  # (R, slots * P, d)
+                engaged = engaged & (rank <= self.engaged_limit)
+            engaged_tokens = tokens[:, :self.action_window]
+            if self.engaged_rank is not None:
+                engaged_tokens = engaged_tokens + self.engaged_rank(
+                    rank_bucket(rank[:, :self.action_window], self.action_window))
+            windows.append((self.action_window, engaged, self.engaged_values, engaged_tokens))
+        values = torch.cat([project(window_tokens[:, :width]).reshape(requests, -1, dim)
+                            for width, _, project, window_tokens in windows],
+                           dim=1)  # (R, slots * P, d)
         weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
-                            for width, mask, _ in windows], dim=2).to(values.dtype)
+                            for width, mask, _, _ in windows], dim=2).to(values.dtype)
         summed = torch.bmm(weight, values)[owner, slot]  # (N, d)
         return self.proj(summed)
 
@@ -262,10 +295,10 @@ def target_match_from_config(dim: int, config: ModelConfig,
     ``model.target_match`` is 0. Raises ValueError naming the option the schema cannot serve."""
     name, window = config.action_feature, config.target_match_action_window
     if not config.target_match:
-        if config.target_match_engaged_limit:
-            raise ValueError(f"model.target_match_engaged_limit = "
-                             f"{config.target_match_engaged_limit} limits target match's "
-                             "action window, and model.target_match is 0 (off)")
+        if config.target_match_engaged_limit or config.target_match_engaged_rank:
+            raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
+                             "shape target match's action window, and model.target_match is 0 "
+                             "(off)")
         return None
     if window and not name:
         raise ValueError(f"model.target_match_action_window = {window} needs "
@@ -278,4 +311,5 @@ def target_match_from_config(dim: int, config: ModelConfig,
                        action_feature=name if window else "",
                        action_window=window, view_action=config.view_action,
                        engaged_limit=config.target_match_engaged_limit,
+                       engaged_rank=config.target_match_engaged_rank,
                        max_age_s=config.target_match_max_age_s)
