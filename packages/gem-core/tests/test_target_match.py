@@ -200,6 +200,8 @@ def test_matches_the_oracle(case, seed):
                         engaged_limit=options.get("engaged_limit", 0),
                         engaged_rank=options.get("engaged_rank", False),
                         max_age_s=options.get("max_age", 0.0)).double()
+    if match.engaged_rank is not None:  # zero at first (as without ranks): test on values
+        torch.nn.init.normal_(match.engaged_rank.weight)
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
     out = match(history, **module_inputs(data))
     expected = oracle(match, history, data, **options)
@@ -323,7 +325,12 @@ def test_the_model_validates_the_options_and_passes_the_ages():
             small_model(s, **{option: 2})
     limited = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
                           target_match_action_window=16, target_match_engaged_limit=3)
-    assert limited.target_match.engaged_limit == 3
+    assert limited.target_match.engaged_limit == 3 and limited.target_match.engaged_rank is None
+    ranked = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
+                         target_match_action_window=40, target_match_engaged_rank=True)
+    # ranks 0-16, then 17-32 and 33-64: one row each, zero until trained
+    assert ranked.target_match.engaged_rank.weight.shape[0] == 19
+    assert not ranked.target_match.engaged_rank.weight.any()
 
     # In the model: the ages of the events at their requests reach target match, and the
     # whole thing trains.

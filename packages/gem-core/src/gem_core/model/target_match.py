@@ -185,6 +185,10 @@ class TargetMatch(nn.Module):
                                if action_window else None)
         self.engaged_rank = (nn.Embedding(rank_buckets(action_window), dim)
                              if engaged_rank else None)
+        if self.engaged_rank is not None:
+            # Zero: the sums start as they are without ranks (nn.Embedding's N(0, 1) rows
+            # would swamp event tokens a few hundredths in size), and learn what ranks add.
+            nn.init.zeros_(self.engaged_rank.weight)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
