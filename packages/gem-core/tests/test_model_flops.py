@@ -37,7 +37,7 @@ VARIANTS = {
     "target-match-engaged-limit": dict(target_match=8, action_feature="action",
                                        target_match_action_window=32,
                                        target_match_engaged_limit=3,
-                                       target_match_engaged_rank=True),
+                                       target_match_engaged_rank="gate"),
 }
 
 

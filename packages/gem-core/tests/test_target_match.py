@@ -124,14 +124,15 @@ def matvec(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool,
            window: int, action_window: int = 0, max_age: float = 0.0,
-           engaged_limit: int = 0, engaged_rank: bool = False) -> torch.Tensor:
+           engaged_limit: int = 0, engaged_rank: str = "none") -> torch.Tensor:
     """The token of every candidate, by loops over candidates, their request's events (most
     recent first) and the shared attributes, in Python floats."""
     d = history.shape[1]
     h = history.tolist()
     values = match.values.weight.tolist()
     engaged = match.engaged_values.weight.tolist() if action_window else None
-    ranks = match.engaged_rank.weight.tolist() if engaged_rank else None
+    ranks = match.engaged_rank.weight.tolist() if engaged_rank == "vector" else None
+    gates = match.engaged_gate.tolist() if engaged_rank == "gate" else None
     proj_w, proj_b = match.proj.weight.tolist(), match.proj.bias.tolist()
     out = []
     for n, candidate in enumerate(data["candidates"]):
@@ -153,17 +154,20 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                     continue
                 terms = []
                 if rank < window:
-                    terms.append((values, h[e]))
+                    terms.append((values, h[e], 1.0))
                 if engaged is not None and engaged_here and within_limit:
-                    token = h[e]
-                    if ranks is not None:  # ranks 1-16 their own vector, then per doubling
-                        bucket = (engaged_seen if engaged_seen <= 16
-                                  else 16 + math.ceil(math.log2(engaged_seen / 16)))
+                    token, factor = h[e], 1.0
+                    # ranks 1-16 their own bucket, then one per doubling
+                    bucket = (engaged_seen if engaged_seen <= 16
+                              else 16 + math.ceil(math.log2(engaged_seen / 16)))
+                    if ranks is not None:
                         token = [a + b for a, b in zip(token, ranks[bucket])]
-                    terms.append((engaged, token))
-                for matrix, token in terms:
+                    if gates is not None:
+                        factor = 1.0 + gates[bucket]
+                    terms.append((engaged, token, factor))
+                for matrix, token, factor in terms:
                     projected = matvec(matrix[p * d:(p + 1) * d], token)
-                    acc = [a + weight * v for a, v in zip(acc, projected)]
+                    acc = [a + weight * factor * v for a, v in zip(acc, projected)]
         out.append([b + s for b, s in zip(proj_b, matvec(proj_w, acc))])
     return torch.tensor(out, dtype=torch.float64).reshape(len(data["candidates"]), d)
 
@@ -178,9 +182,12 @@ CASES = {
     "engaged-limit": dict(count=True, window=2, action_window=9, engaged_limit=2),
     "engaged-limit-aged": dict(count=False, window=3, action_window=10, engaged_limit=1,
                                max_age=2500.0),
-    "engaged-rank": dict(count=True, window=2, action_window=11, engaged_rank=True),
+    "engaged-rank": dict(count=True, window=2, action_window=11, engaged_rank="vector"),
     "engaged-rank-limited": dict(count=False, window=7, action_window=4, engaged_limit=2,
-                                 engaged_rank=True),
+                                 engaged_rank="vector"),
+    "engaged-gate": dict(count=True, window=3, action_window=10, engaged_rank="gate"),
+    "engaged-gate-aged": dict(count=False, window=2, action_window=9, engaged_rank="gate",
+                              max_age=2200.0),
 }
 
 
@@ -198,10 +205,13 @@ def test_matches_the_oracle(case, seed):
                         action_feature="action" if action_window else "",
                         action_window=action_window, view_action=VIEW,
                         engaged_limit=options.get("engaged_limit", 0),
-                        engaged_rank=options.get("engaged_rank", False),
+                        engaged_rank=options.get("engaged_rank", "none"),
                         max_age_s=options.get("max_age", 0.0)).double()
-    if match.engaged_rank is not None:  # zero at first (as without ranks): test on values
+    # zero at first (as without ranks): test on values
+    if match.engaged_rank is not None:
         torch.nn.init.normal_(match.engaged_rank.weight)
+    if match.engaged_gate is not None:
+        torch.nn.init.normal_(match.engaged_gate)
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
     out = match(history, **module_inputs(data))
     expected = oracle(match, history, data, **options)
@@ -210,10 +220,12 @@ def test_matches_the_oracle(case, seed):
     bias = match.proj.bias.detach().expand_as(out)
     unmatched = torch.isclose(expected, bias).all(dim=1)
     assert unmatched.any() and not unmatched.all()
-    if options.get("engaged_rank"):
-        # the rank vectors reach the tokens: without them the tokens differ
+    if options.get("engaged_rank", "none") != "none":
+        # the rank vectors (gates) reach the tokens: without them the tokens differ
         with torch.no_grad():
-            match.engaged_rank.weight.zero_()
+            for weight in (match.engaged_rank, match.engaged_gate):
+                if weight is not None:
+                    (weight.weight if isinstance(weight, torch.nn.Embedding) else weight).zero_()
         assert not torch.allclose(match(history, **module_inputs(data)), out)
     if options.get("engaged_limit"):
         # the batch has engaged matches beyond the limit, which the limit leaves out
@@ -318,19 +330,25 @@ def test_the_model_validates_the_options_and_passes_the_ages():
                         target_match_max_age_s=60.0)
     assert model.target_match.action_window == 16 and model.target_match.view_action == VIEW
     assert small_model(s).target_match is None
-    for option in ("target_match_engaged_limit", "target_match_engaged_rank"):
+    for option, value in (("target_match_engaged_limit", 2),
+                          ("target_match_engaged_rank", "vector"),
+                          ("target_match_engaged_rank", "gate")):
         with pytest.raises(ValueError, match="count the engaged events of the action window"):
-            small_model(s, target_match=4, **{option: 2})
+            small_model(s, target_match=4, **{option: value})
         with pytest.raises(ValueError, match="shape target match's action window.*is 0"):
-            small_model(s, **{option: 2})
+            small_model(s, **{option: value})
     limited = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
                           target_match_action_window=16, target_match_engaged_limit=3)
     assert limited.target_match.engaged_limit == 3 and limited.target_match.engaged_rank is None
     ranked = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
-                         target_match_action_window=40, target_match_engaged_rank=True)
+                         target_match_action_window=40, target_match_engaged_rank="vector")
     # ranks 0-16, then 17-32 and 33-64: one row each, zero until trained
     assert ranked.target_match.engaged_rank.weight.shape[0] == 19
     assert not ranked.target_match.engaged_rank.weight.any()
+    gated = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
+                        target_match_action_window=40, target_match_engaged_rank="gate")
+    assert gated.target_match.engaged_gate.shape == (19,)
+    assert not gated.target_match.engaged_gate.any() and gated.target_match.engaged_rank is None
 
     # In the model: the ages of the events at their requests reach target match, and the
     # whole thing trains.

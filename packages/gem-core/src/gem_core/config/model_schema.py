@@ -310,11 +310,14 @@ class ModelConfig:
     the search (``target_match_action_window``). 0: every engaged event of the window; needs
     ``target_match_action_window``."""
 
-    target_match_engaged_rank: bool = False
-    """Each engaged event of ``target_match_action_window`` carries a learned vector of its rank
-    among the engaged events (1 for the latest; ranks 1-16 a vector each, then one per
-    doubling) into its matched sum, so the model learns how far back an engaged match counts
-    instead of being told (``target_match_engaged_limit``). Needs
+    target_match_engaged_rank: str = attrs.field(default="none",
+                                                 validator=choice("none", "vector", "gate"))
+    """How each engaged event of ``target_match_action_window`` carries its rank among the
+    engaged events (1 for the latest; ranks 1-16 a bucket each, then one per doubling), so the
+    model learns how far back an engaged match counts instead of being told
+    (``target_match_engaged_limit``): ``vector``, a learned vector of its bucket added to its
+    token; ``gate``, a learned factor ``1 + g`` of its bucket on its match weight (a soft limit:
+    ``g = -1`` drops the rank); ``none``. Both start as without ranks. Needs
     ``target_match_action_window``."""
 
     view_action: int | str = 0

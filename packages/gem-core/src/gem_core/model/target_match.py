@@ -16,9 +16,10 @@ Two refinements, both optional:
   a purchase 200 page views ago is found and told apart from a recent match of any action;
   optionally only its most recent ``engaged_limit`` engaged events, so the window is counted
   in engaged events ("among the last 10 cart/fav/buy events") rather than in all events; or,
-  learned rather than set, each engaged event's token carries its **engaged rank** (1 for the
-  latest engaged event; ranks 1-16 one learned vector each, then one per doubling), so the
-  sum of matches can tell a match among the last few engaged events from an older one;
+  learned rather than set, each engaged match carries its **engaged rank** (1 for the latest
+  engaged event; ranks 1-16 a bucket each, then one per doubling): a learned vector added to
+  its token (``vector``), so the sum of matches can tell a match among the last few engaged
+  events from an older one, or a learned factor on its match weight (``gate``), a soft limit;
 - an **age limit**: only events younger than ``max_age_s`` seconds at the request are matched,
   in both windows.
 
@@ -124,7 +125,10 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
     return ages < math.ceil(max_age_s)
 
 
-#: Engaged ranks with a learned vector each (``engaged_rank``); beyond, one per doubling.
+#: How the engaged rank reaches the action window's sums (``model.target_match_engaged_rank``).
+ENGAGED_RANKS = ("none", "vector", "gate")
+
+#: Engaged ranks with a bucket each (``engaged_rank``); beyond, one per doubling.
 EXACT_RANKS = 16
 
 
@@ -153,7 +157,7 @@ class TargetMatch(nn.Module):
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
-                 view_action: int = 0, engaged_limit: int = 0, engaged_rank: bool = False,
+                 view_action: int = 0, engaged_limit: int = 0, engaged_rank: str = "none",
                  max_age_s: float = 0.0) -> None:
         super().__init__()
         if not pairs:
@@ -169,7 +173,10 @@ class TargetMatch(nn.Module):
         if window < 1 or action_window < 0 or max_age_s < 0 or engaged_limit < 0:
             raise ValueError("model.target_match must be >= 1, target_match_action_window, "
                              "target_match_engaged_limit and target_match_max_age_s >= 0")
-        if (engaged_limit or engaged_rank) and not action_window:
+        if engaged_rank not in ENGAGED_RANKS:
+            raise ValueError(f"model.target_match_engaged_rank must be one of "
+                             f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
+        if (engaged_limit or engaged_rank != "none") and not action_window:
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "count the engaged events of the action window: they need "
                              "model.target_match_action_window")
@@ -184,11 +191,15 @@ class TargetMatch(nn.Module):
         self.engaged_values = (nn.Linear(dim, dim * len(pairs), bias=False)
                                if action_window else None)
         self.engaged_rank = (nn.Embedding(rank_buckets(action_window), dim)
-                             if engaged_rank else None)
+                             if engaged_rank == "vector" else None)
         if self.engaged_rank is not None:
             # Zero: the sums start as they are without ranks (nn.Embedding's N(0, 1) rows
             # would swamp event tokens a few hundredths in size), and learn what ranks add.
             nn.init.zeros_(self.engaged_rank.weight)
+        # A match of engaged rank r weighs 1 + gate[bucket(r)]: 1 at first (as without ranks);
+        # -1 where a rank stops counting, the limit learned.
+        self.engaged_gate = (nn.Parameter(torch.zeros(rank_buckets(action_window)))
+                             if engaged_rank == "gate" else None)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
@@ -236,15 +247,18 @@ class TargetMatch(nn.Module):
             if self.engaged_limit:
                 engaged = engaged & (rank <= self.engaged_limit)
             engaged_tokens = tokens[:, :self.action_window]
+            buckets = rank_bucket(rank[:, :self.action_window], self.action_window)
             if self.engaged_rank is not None:
-                engaged_tokens = engaged_tokens + self.engaged_rank(
-                    rank_bucket(rank[:, :self.action_window], self.action_window))
+                engaged_tokens = engaged_tokens + self.engaged_rank(buckets)
+            engaged = engaged[:, :self.action_window]
+            if self.engaged_gate is not None:
+                engaged = engaged * (1 + self.engaged_gate[buckets])
             windows.append((self.action_window, engaged, self.engaged_values, engaged_tokens))
         values = torch.cat([project(window_tokens[:, :width]).reshape(requests, -1, dim)
                             for width, _, project, window_tokens in windows],
                            dim=1)  # (R, slots * P, d)
         weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
-                            for width, mask, _, _ in windows], dim=2).to(values.dtype)
+                            .to(values.dtype) for width, mask, _, _ in windows], dim=2)
         summed = torch.bmm(weight, values)[owner, slot]  # (N, d)
         return self.proj(summed)
 
@@ -299,7 +313,7 @@ def target_match_from_config(dim: int, config: ModelConfig,
     ``model.target_match`` is 0. Raises ValueError naming the option the schema cannot serve."""
     name, window = config.action_feature, config.target_match_action_window
     if not config.target_match:
-        if config.target_match_engaged_limit or config.target_match_engaged_rank:
+        if config.target_match_engaged_limit or config.target_match_engaged_rank != "none":
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "shape target match's action window, and model.target_match is 0 "
                              "(off)")
