@@ -246,13 +246,14 @@ class TargetMatch(nn.Module):
             rank = engaged.cumsum(dim=1)
             if self.engaged_limit:
                 engaged = engaged & (rank <= self.engaged_limit)
-            engaged_tokens = tokens[:, :self.action_window]
-            buckets = rank_bucket(rank[:, :self.action_window], self.action_window)
-            if self.engaged_rank is not None:
-                engaged_tokens = engaged_tokens + self.engaged_rank(buckets)
-            engaged = engaged[:, :self.action_window]
-            if self.engaged_gate is not None:
-                engaged = engaged * (1 + self.engaged_gate[buckets])
+            width = self.action_window
+            engaged_tokens, engaged = tokens[:, :width], engaged[:, :width]
+            if self.engaged_rank is not None or self.engaged_gate is not None:
+                buckets = rank_bucket(rank[:, :width], width)
+                if self.engaged_rank is not None:
+                    engaged_tokens = engaged_tokens + self.engaged_rank(buckets)
+                if self.engaged_gate is not None:
+                    engaged = engaged * (1 + self.engaged_gate[buckets])
             windows.append((self.action_window, engaged, self.engaged_values, engaged_tokens))
         values = torch.cat([project(window_tokens[:, :width]).reshape(requests, -1, dim)
                             for width, _, project, window_tokens in windows],
