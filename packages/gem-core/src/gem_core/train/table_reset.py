@@ -102,18 +102,19 @@ def _is_dtensor(weight: torch.Tensor) -> bool:
     return isinstance(weight, DTensor)
 
 
-def local_rows(weight: torch.Tensor) -> tuple[range, tuple[int, ...]]:
+def local_rows(weight: torch.Tensor) -> range:
     """The rows of the whole table that this rank holds of ``weight`` (all of them unless it
-    is a DTensor), and the offset of its local part in the whole table."""
+    is a DTensor)."""
     if not _is_dtensor(weight):
-        return range(weight.shape[0]), (0,) * weight.dim()
+        return range(weight.shape[0])
     # DTensor's own arithmetic for where a rank's part lies (the one DCP saves by), so uneven
     # shards and 2-D meshes (HSDP: replicated x sharded) need no rule of ours.
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh,
                                                           weight.placements)
-    return range(offset[0], offset[0] + shape[0]), tuple(offset)
+    return range(offset[0], offset[0] + shape[0])
+
 
 def table_parameters(tables: ReferenceEmbeddingCollection) -> list[nn.Parameter]:
     """The feature tables' weights, in a fixed order."""
@@ -128,9 +129,9 @@ def reinitialize_tables(tables: ReferenceEmbeddingCollection, optimizer: torch.o
     weights = table_parameters(tables)
     for index, weight in enumerate(weights):
         local = weight.to_local() if _is_dtensor(weight) else weight
-        rows, _ = local_rows(weight)
-        local.copy_(draw_rows(rows, tuple(weight.shape), std=tables.init_std, seed=seed,
-                              passes=passes, table=index, device=local.device, dtype=local.dtype))
+        local.copy_(draw_rows(local_rows(weight), tuple(weight.shape), std=tables.init_std,
+                              seed=seed, passes=passes, table=index, device=local.device,
+                              dtype=local.dtype))
     for weight in weights:
         for value in optimizer.state.get(weight, {}).values():
             if isinstance(value, torch.Tensor):
