@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gem_core.jagged import Jagged, offsets_from_lengths
-from gem_core.model.target_match import TargetMatch, shared_attributes
+from gem_core.model.target_match import GATE_SCALE, TargetMatch, shared_attributes
 from gem_core.schema import EmbeddingTable, FeatureSchema, SequenceFeature
 from gem_core.testing.models import small_model, synthetic_batch
 
@@ -163,7 +163,7 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                     if ranks is not None:
                         token = [a + b for a, b in zip(token, ranks[bucket])]
                     if gates is not None:
-                        factor = 1.0 + gates[bucket]
+                        factor = 1.0 + GATE_SCALE * gates[bucket]
                     terms.append((engaged, token, factor))
                 for matrix, token, factor in terms:
                     projected = matvec(matrix[p * d:(p + 1) * d], token)

@@ -316,8 +316,8 @@ class ModelConfig:
     engaged events (1 for the latest; ranks 1-16 a bucket each, then one per doubling), so the
     model learns how far back an engaged match counts instead of being told
     (``target_match_engaged_limit``): ``vector``, a learned vector of its bucket added to its
-    token; ``gate``, a learned factor ``1 + g`` of its bucket on its match weight (a soft limit:
-    ``g = -1`` drops the rank); ``none``. Both start as without ranks. Needs
+    token; ``gate``, a learned factor of its bucket on its match weight (a soft limit: 0 drops
+    the rank; ten times the dense learning rate); ``none``. Both start as without ranks. Needs
     ``target_match_action_window``."""
 
     view_action: int | str = 0

@@ -128,6 +128,13 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
 #: How the engaged rank reaches the action window's sums (``model.target_match_engaged_rank``).
 ENGAGED_RANKS = ("none", "vector", "gate")
 
+#: The engaged-rank gates' factor is ``1 + GATE_SCALE * g``. Adam moves ``g`` by about the
+#: learning rate a step whatever its scale, so at the dense 0.002 a factor needs 500 steps to
+#: reach 0; in one pass of 295 steps on the Taobao-shaped log the gates found the rule's cut (up
+#: for engaged ranks 1-9, down from 11) but moved 0.07 at most (docs/results.md). Ten times the
+#: scale is ten times the learning rate for these few numbers alone.
+GATE_SCALE = 10.0
+
 #: Engaged ranks with a bucket each (``engaged_rank``); beyond, one per doubling.
 EXACT_RANKS = 16
 
@@ -196,8 +203,8 @@ class TargetMatch(nn.Module):
             # Zero: the sums start as they are without ranks (nn.Embedding's N(0, 1) rows
             # would swamp event tokens a few hundredths in size), and learn what ranks add.
             nn.init.zeros_(self.engaged_rank.weight)
-        # A match of engaged rank r weighs 1 + gate[bucket(r)]: 1 at first (as without ranks);
-        # -1 where a rank stops counting, the limit learned.
+        # A match of engaged rank r weighs 1 + GATE_SCALE * gate[bucket(r)]: 1 at first (as
+        # without ranks); 0 where a rank stops counting, the limit learned.
         self.engaged_gate = (nn.Parameter(torch.zeros(rank_buckets(action_window)))
                              if engaged_rank == "gate" else None)
         self.proj = nn.Linear(dim, dim)
@@ -253,7 +260,7 @@ class TargetMatch(nn.Module):
                 if self.engaged_rank is not None:
                     engaged_tokens = engaged_tokens + self.engaged_rank(buckets)
                 if self.engaged_gate is not None:
-                    engaged = engaged * (1 + self.engaged_gate[buckets])
+                    engaged = engaged * (1 + GATE_SCALE * self.engaged_gate[buckets])
             windows.append((self.action_window, engaged, self.engaged_values, engaged_tokens))
         values = torch.cat([project(window_tokens[:, :width]).reshape(requests, -1, dim)
                             for width, _, project, window_tokens in windows],
