@@ -219,3 +219,11 @@ def all_gather_tensors(value: torch.Tensor, ctx: ParallelContext) -> list[torch.
     gathered: list[object] = [None] * ctx.world_size
     dist.all_gather_object(gathered, value.cpu())
     return [t for t in gathered]  # type: ignore[misc]
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: a DTensor's local shard (a view, so writes reach
+    the parameter), else the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

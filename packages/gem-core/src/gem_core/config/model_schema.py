@@ -19,6 +19,10 @@ TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
 CROSS_BRANCH_OPENINGS = ("gate", "heads")
 """How ``cross_branch`` starts shut (built by ``gem_core.model.cross_branch.CrossBranch``)."""
 
+ENGAGED_RANKS = ("none", "vector", "gate")
+"""How target match's action window reads each engaged event's rank among the engaged events
+(``target_match_engaged_rank``; built by ``gem_core.model.target_match.TargetMatch``)."""
+
 NUMERIC_SCALES = ("log", "none")
 """How the model reads numbers as they come in a batch (``numeric_scale``; applied by
 ``gem_core.model.numeric.scale_numbers``)."""
@@ -311,7 +315,7 @@ class ModelConfig:
     ``target_match_action_window``."""
 
     target_match_engaged_rank: str = attrs.field(default="none",
-                                                 validator=choice("none", "vector", "gate"))
+                                                 validator=choice(*ENGAGED_RANKS))
     """How each engaged event of ``target_match_action_window`` carries its rank among the
     engaged events (1 for the latest; ranks 1-16 a bucket each, then one per doubling), so the
     model learns how far back an engaged match counts instead of being told

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from gem_core.batch import Ids
 from gem_core.config import ModelConfig
+from gem_core.config.model_schema import ENGAGED_RANKS
 from gem_core.errors import GemConfigError
 from gem_core.flops import linear_layer_flops
 from gem_core.jagged import Jagged, max_length, offsets_from_lengths
@@ -124,9 +125,6 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
         return ages < max_age_s
     return ages < math.ceil(max_age_s)
 
-
-#: How the engaged rank reaches the action window's sums (``model.target_match_engaged_rank``).
-ENGAGED_RANKS = ("none", "vector", "gate")
 
 #: The engaged-rank gates' factor is ``1 + GATE_SCALE * g``. Adam moves ``g`` by about the
 #: learning rate a step whatever its scale, so at the dense 0.002 a factor needs 500 steps to

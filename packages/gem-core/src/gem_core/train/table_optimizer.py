@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
 from gem_core.config.model_schema import EmbeddingOptimizerConfig
+from gem_core.distributed import local_part
 from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING
 from gem_core.embedding_fused import rowwise_update
 from gem_core.errors import GemConfigError
@@ -67,13 +68,6 @@ def _options(group: dict[str, Any]) -> EmbeddingOptimizerConfig:
         name=group["table_optimizer"], lr=group["table_lr"], lr_schedule=group["table_lr_schedule"],
         eps=group["table_eps"], weight_decay=group["table_weight_decay"],
         weight_decay_mode=group["table_weight_decay_mode"], dense_tables="same")
-
-
-def _local(tensor: Tensor) -> Tensor:
-    """The tensor this rank holds: a DTensor's local shard, else the tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _new_momentum(param: Tensor) -> Tensor:
@@ -138,7 +132,7 @@ class AdamWWithTables(torch.optim.AdamW):
                 if options.name == "rowwise_adagrad":
                     state[MOMENTUM] = _new_momentum(param)
             state["step"] += 1
-            grad = _local(param.grad)
+            grad = local_part(param.grad)
             # Both ways give distinct rows: coalesce() sums a sparse gradient's duplicates.
             if grad.is_sparse:
                 grad = grad.coalesce()
@@ -146,8 +140,8 @@ class AdamWWithTables(torch.optim.AdamW):
             else:
                 rows = grad.ne(0).any(dim=1).nonzero().squeeze(1)
                 row_grads = grad.index_select(0, rows)
-            momentum = _local(state[MOMENTUM]) if MOMENTUM in state else None
-            rowwise_update(_local(param), momentum, rows, row_grads, options=options, lr=lr,
+            momentum = local_part(state[MOMENTUM]) if MOMENTUM in state else None
+            rowwise_update(local_part(param), momentum, rows, row_grads, options=options, lr=lr,
                            unique=True)
 
 

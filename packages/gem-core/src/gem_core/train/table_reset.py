@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
+from gem_core.distributed import local_part
 from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING, ReferenceEmbeddingCollection
 from gem_core.errors import GemConfigError
 
@@ -84,10 +85,10 @@ def check_tables_drawable(tables: ReferenceEmbeddingCollection, dense_sharding: 
     """After the model is parallelized: a refusal where the dense sharding split a table other
     than by rows (each rank must hold whole rows to draw them by their place in the table), or
     nothing. Whole tables and FSDP2's and HSDP's dim-0 shards pass."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import DTensor, Shard
 
     for name, weight in zip(sorted(tables.tables), table_parameters(tables)):
-        if _is_dtensor(weight) and any(isinstance(placement, Shard) and placement.dim != 0
+        if isinstance(weight, DTensor) and any(isinstance(placement, Shard) and placement.dim != 0
                                        for placement in weight.placements):
             raise GemConfigError(
                 f"train.tables_each_pass = 'reinitialize': the dense sharding "
@@ -96,16 +97,12 @@ def check_tables_drawable(tables: ReferenceEmbeddingCollection, dense_sharding: 
                 "or dim-0 shards)")
 
 
-def _is_dtensor(weight: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(weight, DTensor)
-
-
 def local_rows(weight: torch.Tensor) -> range:
     """The rows of the whole table that this rank holds of ``weight`` (all of them unless it
     is a DTensor)."""
-    if not _is_dtensor(weight):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(weight, DTensor):
         return range(weight.shape[0])
     # DTensor's own arithmetic for where a rank's part lies (the one DCP saves by), so uneven
     # shards and 2-D meshes (HSDP: replicated x sharded) need no rule of ours.
@@ -128,7 +125,7 @@ def reinitialize_tables(tables: ReferenceEmbeddingCollection, optimizer: torch.o
     optimizer state (module docstring)."""
     weights = table_parameters(tables)
     for index, weight in enumerate(weights):
-        local = weight.to_local() if _is_dtensor(weight) else weight
+        local = local_part(weight)
         local.copy_(draw_rows(local_rows(weight), tuple(weight.shape), std=tables.init_std,
                               seed=seed, passes=passes, table=index, device=local.device,
                               dtype=local.dtype))
