@@ -38,6 +38,7 @@ VARIANTS = {
                                        target_match_action_window=32,
                                        target_match_engaged_limit=3,
                                        target_match_engaged_rank="gate"),
+    "id-bias-beside-candidate-bias": dict(candidate_bias=True, id_bias=("item", "category")),
 }
 
 

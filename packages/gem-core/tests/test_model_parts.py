@@ -400,7 +400,7 @@ def test_cross_branch_max_rows_leaves_out_the_features_of_large_tables(data, cap
     assert rows["user_segment"] > rows["context"]
     options = dict(interaction="wukong", cross_branch=True, cross_branch_tokens="request")
     named = _model(schema, cross_branch_skip=("user_segment",), **options)
-    with caplog.at_level(logging.INFO, logger="gem_core.model.gem"):
+    with caplog.at_level(logging.INFO, logger="gem_core.model.cross_branch"):
         limited = _model(schema, cross_branch_max_rows=rows["context"], **options)
     assert torch.equal(limited.cross_branch.positions, named.cross_branch.positions)
     assert f"leaves out user_segment ({rows['user_segment']} rows)" in caplog.text

@@ -50,7 +50,8 @@ class _Row:
     def __init__(self, model: torch.nn.Module, config) -> None:
         self.model = model
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
-                                        feature_tables=model.embeddings)(model)
+                                        feature_tables=model.embeddings,
+                                        id_bias_rate=config.model.id_bias_rate)(model)
         self.times: list[float] = []
         self.losses: list[float] = []
         # Compile seconds and frames compiled during the first step, and during the later ones.

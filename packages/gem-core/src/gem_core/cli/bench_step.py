@@ -64,7 +64,8 @@ class _Trainee:
         self.model = build_model(config.model, schema, attention=attention,
                                  embedding_backend=ReferenceEmbeddingBackend())
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
-                                        feature_tables=self.model.embeddings)(self.model)
+                                        feature_tables=self.model.embeddings,
+                                        id_bias_rate=config.model.id_bias_rate)(self.model)
         self.times: list[float] = []
 
     def step(self, batch, tasks) -> None:

@@ -24,7 +24,9 @@ what it adds is measured against the same start.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +35,12 @@ from gem_core.config.model_schema import CROSS_BRANCH_OPENINGS
 from gem_core.flops import linear_layer_flops
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.token_norm import token_norm
+
+if TYPE_CHECKING:
+    from gem_core.config import ModelConfig
+    from gem_core.schema import FeatureSchema
+
+_log = logging.getLogger(__name__)
 
 # The branch's random stream: the process's seed plus this.
 _SEED_OFFSET = 0x5EED_C805
@@ -79,3 +87,24 @@ class CrossBranch(nn.Module):
 
     def flops(self, impressions: int) -> int:
         return self.network.flops(impressions) + linear_layer_flops(self.heads, impressions)
+
+
+def cross_branch_skipped(config: ModelConfig, schema: FeatureSchema) -> list[int]:
+    """Indices (in the schema's order) of the sparse features whose tokens the cross branch
+    leaves out: those named by ``cross_branch_skip`` (each must be the data's) and those whose
+    table has more than ``cross_branch_max_rows`` rows; logged, since the second depends on the
+    data."""
+    sparse = [feature.name for feature in schema.sparse_features]
+    unknown = sorted(set(config.cross_branch_skip) - set(sparse))
+    if unknown:
+        raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
+                         f"declare as sparse features; it declares {sparse}")
+    limit = config.cross_branch_max_rows
+    rows = {feature.name: schema.table(feature.table).num_embeddings
+            for feature in schema.sparse_features}
+    large = {name: count for name, count in rows.items() if 0 < limit < count}
+    if large:
+        _log.info("model.cross_branch_max_rows = %d: the cross branch leaves out %s", limit,
+                  ", ".join(f"{name} ({rows} rows)" for name, rows in large.items()))
+    return [index for index, name in enumerate(sparse)
+            if name in config.cross_branch_skip or name in large]

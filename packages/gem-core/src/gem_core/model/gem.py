@@ -24,13 +24,14 @@ from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
 from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
-from gem_core.model.cross_branch import CrossBranch
+from gem_core.model.cross_branch import CrossBranch, cross_branch_skipped
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import retrieve_matching_events
+from gem_core.model.id_bias import IdBias
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
@@ -240,20 +241,24 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # One first-order logit per task straight from the candidate's token (candidate_bias).
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
+        # One learned offset per id of the named candidate features (id_bias), stepped per
+        # impression by SGD (gem_core.model.id_bias).
+        self.id_bias = (IdBias(config.id_bias, schema, len(schema.tasks)) if config.id_bias
+                        else None)
 
     def _build_cross_branch(self) -> None:
         """The cross network beside the interaction (``cross_branch``,
         :mod:`gem_core.model.cross_branch`), over every token or the candidate's and the
         request's own: position 0 and the ``num_context`` after the history's summaries (see
         :meth:`_candidate_tokens` for the order), less the tokens of the sparse features of
-        :meth:`_cross_branch_skipped`."""
+        :func:`~gem_core.model.cross_branch.cross_branch_skipped`."""
         config = self.config
         self.cross_branch = None
         if not config.cross_branch:
             return
         first_context = self.num_tokens - self.num_context - int(config.teacher_embedding_dim > 0)
         # The context tokens are the sparse features in the schema's order, then dense.
-        skipped = {first_context + index for index in self._cross_branch_skipped()}
+        skipped = {first_context + index for index in cross_branch_skipped(config, self.schema)}
         positions = (range(self.num_tokens) if config.cross_branch_tokens == "all"
                      else [0, *range(first_context, first_context + self.num_context)])
         positions = [position for position in positions if position not in skipped]
@@ -263,27 +268,6 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                         norm=config.cross_branch_norm,
                                         network=self._cross_network,
                                         opening=config.cross_branch_opening)
-
-    def _cross_branch_skipped(self) -> list[int]:
-        """Indices (in the schema's order) of the sparse features whose tokens the cross branch
-        leaves out: those named by ``cross_branch_skip`` (each must be the data's) and those
-        whose table has more than ``cross_branch_max_rows`` rows; logged, since the second
-        depends on the data."""
-        config = self.config
-        sparse = [feature.name for feature in self.schema.sparse_features]
-        unknown = sorted(set(config.cross_branch_skip) - set(sparse))
-        if unknown:
-            raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
-                             f"declare as sparse features; it declares {sparse}")
-        limit = config.cross_branch_max_rows
-        rows = {feature.name: self.schema.table(feature.table).num_embeddings
-                for feature in self.schema.sparse_features}
-        large = {name: count for name, count in rows.items() if 0 < limit < count}
-        if large:
-            _log.info("model.cross_branch_max_rows = %d: the cross branch leaves out %s", limit,
-                      ", ".join(f"{name} ({rows} rows)" for name, rows in large.items()))
-        return [index for index, name in enumerate(sparse)
-                if name in config.cross_branch_skip or name in large]
 
     def _cross_network(self, num_tokens: int) -> CrossNetworkInteraction:
         """The DCN-V2 cross network of ``cross_*`` over ``num_tokens`` tokens (the interaction,
@@ -329,13 +313,19 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if self.cross_branch is not None:
             crossed = self.cross_branch(stacked)
             logits = {task: logit + crossed[task] for task, logit in logits.items()}
-        if self.candidate_bias is not None:
-            first_order = self.candidate_bias(tokens[0])
+        for first_order in self._first_order(batch, tokens[0]):
             logits = {task: logit + first_order[:, i]
                       for i, (task, logit) in enumerate(logits.items())}
         if self.multitask == "esmm":
             return esmm_logits(logits, *self.config.esmm_tasks)
         return logits
+
+    def _first_order(self, batch: JaggedBatch, candidate: Tensor) -> list[Tensor]:
+        """The ``(N, tasks)`` terms added to the logits beside the interaction: the linear
+        read of the candidate's token (``candidate_bias``) and the per-id offsets
+        (``id_bias``), those the model has."""
+        terms = [] if self.candidate_bias is None else [self.candidate_bias(candidate)]
+        return terms if self.id_bias is None else [*terms, self.id_bias(batch)]
 
     def _requests(self, batch: JaggedBatch, looked_up: Any) -> _Requests:
         """The event tokens and the other per-request inputs of the forward."""

@@ -9,11 +9,12 @@ from torch import nn
 
 from gem_core.config import GemConfig, TrainConfig
 from gem_core.config.model_schema import EmbeddingOptimizerConfig
-from gem_core.train.table_optimizer import AdamWWithTables, table_group
+from gem_core.model.id_bias import id_bias_parameters
+from gem_core.train.table_optimizer import AdamWWithTables, id_bias_group, table_group
 
 
 def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None = None, *,
-                   feature_tables: nn.Module | None = None):
+                   feature_tables: nn.Module | None = None, id_bias_rate: float = 0.0):
     """An optimizer factory for strategies: AdamW, weight decay on dense matrices only, embedding
     weights (``nn.Embedding``/``nn.EmbeddingBag``) at ``train.embedding_lr_scale``. With
     ``tables.dense_tables = "same"`` (or ``auto``), the weights of ``feature_tables`` (the model's
@@ -23,7 +24,9 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
     wrapping, so modules are matched by identity: wrapping (DDP, FSDP2, compile) keeps the module
     objects while FSDP2 replaces their parameters. The trainer resolves ``dense_tables = "auto"``
     for its backends at start-up (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`);
-    a caller that steps the model itself in one process (the benchmarks) gets ``same`` for it."""
+    a caller that steps the model itself in one process (the benchmarks) gets ``same`` for it.
+    The offsets of ``model.id_bias`` (:class:`gem_core.model.id_bias.IdBias`) are a group of
+    their own, SGD at ``id_bias_rate`` per impression (:func:`id_bias_group`)."""
     row_wise = tables is not None and tables.dense_tables in ("same", "auto")
     if row_wise and feature_tables is None:
         raise ValueError("make_optimizer: dense_tables = 'same' needs the feature tables' module")
@@ -39,9 +42,14 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
                 embedding_ids.update(id(p) for p in sub.parameters(recurse=False))
             if isinstance(sub, (nn.LayerNorm, nn.RMSNorm)):
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
+        offsets = id_bias_parameters(module)
+        if offsets and id_bias_rate <= 0:
+            raise ValueError("make_optimizer: the model has id_bias offsets; give their rate "
+                             "(id_bias_rate, model.id_bias_rate)")
+        offset_ids = {id(p) for p in offsets}
         decay, no_decay, embeddings, rows = [], [], [], []
         for param in module.parameters():
-            if not param.requires_grad:
+            if not param.requires_grad or id(param) in offset_ids:
                 continue
             # At scale 1 embeddings stay in the no-decay group: the optimizer's groups (and so
             # its checkpointed state) are those of runs from before the option.
@@ -60,6 +68,8 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
                    "lr_scale": config.embedding_lr_scale}]
         if rows:
             groups.append(table_group(rows, tables, config.lr))
+        if offsets:
+            groups.append(id_bias_group(offsets, id_bias_rate))
         return AdamWWithTables([g for g in groups if g["params"]], lr=config.lr,
                                betas=(0.9, 0.98), eps=1e-8)
 

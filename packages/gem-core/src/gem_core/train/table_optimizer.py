@@ -22,6 +22,10 @@ same update and FSDP2's shards of a table update their own rows.
 - The learning rate: with ``lr_schedule = "dense"`` the engine sets the group's ``lr`` to the
   schedule times ``lr_scale`` (the table rate over ``train.lr``); with ``constant`` the group's
   ``table_lr``.
+- The per-id offsets of ``model.id_bias`` (:func:`id_bias_group`) are such a group too, stepped by
+  SGD at a rate per impression: the loss is a mean over the step's impressions, so the group's
+  step is ``table_lr`` times the step's impressions (all ranks'), which the trainer gives it
+  before each step (:func:`set_step_impressions`).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
 
-__all__ = ["AdamWWithTables", "resolve_table_optimizer", "row_state", "table_group"]
+__all__ = ["AdamWWithTables", "check_id_bias_stepper", "id_bias_group",
+           "resolve_table_optimizer", "row_state", "set_step_impressions", "table_group"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,24 @@ def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
             "table_eps": options.eps, "table_weight_decay": options.weight_decay,
             "table_weight_decay_mode": options.weight_decay_mode,
             "lr_scale": options.lr / dense_lr}
+
+
+def id_bias_group(params: list[nn.Parameter], rate: float) -> dict[str, Any]:
+    """The parameter group of ``model.id_bias``'s offsets: SGD at ``rate`` per impression (see
+    the module docstring). ``impressions`` starts at 1 (a caller that does not say how many
+    impressions its loss averages, such as a benchmark, steps at ``rate`` on the mean)."""
+    return {"params": params, "weight_decay": 0.0, "table_optimizer": "sgd", "table_lr": rate,
+            "table_lr_schedule": "constant", "table_eps": 1e-8, "table_weight_decay": 0.0,
+            "table_weight_decay_mode": "l2", "lr_scale": 1.0, "per_impression": True,
+            "impressions": 1.0}
+
+
+def set_step_impressions(optimizer: torch.optim.Optimizer, impressions: float) -> None:
+    """Tell the per-impression groups (:func:`id_bias_group`) how many impressions the mean
+    loss of the coming step averages (all ranks'); the others need not know."""
+    for group in optimizer.param_groups:
+        if group.get("per_impression"):
+            group["impressions"] = float(impressions)
 
 
 def _options(group: dict[str, Any]) -> EmbeddingOptimizerConfig:
@@ -122,6 +145,8 @@ class AdamWWithTables(torch.optim.AdamW):
     def _step_tables(self, group: dict[str, Any]) -> None:
         options = _options(group)
         lr = group["lr"] if options.lr_schedule == "dense" else options.lr
+        if group.get("per_impression"):
+            lr = options.lr * group["impressions"]
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -143,6 +168,25 @@ class AdamWWithTables(torch.optim.AdamW):
             momentum = local_part(state[MOMENTUM]) if MOMENTUM in state else None
             rowwise_update(local_part(param), momentum, rows, row_grads, options=options, lr=lr,
                            unique=True)
+
+
+def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, *,
+                          dense_sharding: ImplementationSpec, plugins: GemPlugins) -> None:
+    """At start-up: ``model.id_bias``'s offsets are a group of the dense optimizer stepped by
+    SGD per impression (:func:`id_bias_group`), so the dense sharding must step the optimizer
+    that ``make_optimizer`` built, on the parameters as the module holds them. Logs what the
+    run's offsets are."""
+    if not id_bias:
+        return
+    if TABLE_OPTIMIZER not in dense_sharding.capabilities:
+        able = declared_by(plugins.registry("dense_sharding").specs(), TABLE_OPTIMIZER)
+        raise GemConfigError(
+            f"model.id_bias = {list(id_bias)} steps its offsets per impression in the dense "
+            f"optimizer's step, which the dense sharding {dense_sharding.name!r} does not "
+            f"declare ({TABLE_OPTIMIZER}: it flattens parameters into partitions of its own); "
+            f"choose one that does ({able}) or leave model.id_bias empty")
+    log.info("model.id_bias: an offset per id and task of %s, stepped by SGD at %g per "
+             "impression (model.id_bias_rate), not by AdamW", ", ".join(id_bias), rate)
 
 
 def resolve_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,

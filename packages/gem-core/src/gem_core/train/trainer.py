@@ -27,8 +27,10 @@ from gem_core.distributed import (
     ParallelContext,
     all_reduce_sum,
     init_from_environment,
+    local_part,
     shutdown,
 )
+from gem_core.model.id_bias import id_bias_parameters
 from gem_core.plugins import GemPlugins
 from gem_core.schema import schema_to_dict
 from gem_core.train.accounting import RunAccounting
@@ -54,6 +56,7 @@ from gem_core.train.run_end import (
 from gem_core.train.run_lock import hold_run_directory
 from gem_core.train.stop_signal import RunStopped, StopSignals
 from gem_core.train.summary import evaluation_summary, run_record
+from gem_core.train.table_optimizer import set_step_impressions
 from gem_core.train.table_reset import reinitialize_tables
 from gem_core.train.teardown import stop_background_work
 
@@ -343,6 +346,8 @@ class _Trainer(RunAssembly):
             impressions = all_reduce_sum(torch.tensor([impressions], dtype=torch.float64),
                                          ctx).item()
         loss = task_sums.sum() * (ctx.world_size / max(impressions, 1.0))
+        # Per-impression optimizer groups (model.id_bias) step by how many impressions it averages.
+        set_step_impressions(self.engine.optimizer, impressions)
         distill_record: dict[str, float] = {}
         if self.distiller is not None:
             loss, distill_record = self.distiller.loss(logits, batch, task_sums, impressions,
@@ -457,11 +462,16 @@ class _Trainer(RunAssembly):
             return
         reinitialize_tables(self.model.embeddings, self.engine.optimizer, seed=self.tc.seed,
                             passes=self.passes_done)
+        # The per-id offsets (model.id_bias; SGD keeps no state) are per-id parameters too.
+        offsets = id_bias_parameters(self.model)
+        with torch.no_grad():
+            for weight in offsets:
+                local_part(weight).zero_()
         self.tables_reinitialized = self.passes_done
         if self.ctx.is_main:
             log.info("train.tables_each_pass = reinitialize: the feature tables start pass %d "
-                     "with fresh rows and no optimizer state (step %d)", self.passes_done + 1,
-                     self.step)
+                     "with fresh rows and no optimizer state%s (step %d)", self.passes_done + 1,
+                     ", the id_bias offsets at 0" if offsets else "", self.step)
 
     def _count_passes(self) -> None:
         if self.passes_done is None:

@@ -1,0 +1,152 @@
+"""``model.id_bias``: per-id logit offsets of candidate features, stepped by SGD at a rate per
+impression (gem_core.model.id_bias, gem_core.train.table_optimizer)."""
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from gem_core.config import TrainConfig
+from gem_core.errors import GemConfigError
+from gem_core.model.id_bias import IdBias, id_bias_parameters
+from gem_core.registry import ImplementationSpec
+from gem_core.schema import EmbeddingTable
+from gem_core.testing.models import small_model, synthetic_batch
+from gem_core.train.loss import task_loss_sums
+from gem_core.train.optim import make_optimizer
+from gem_core.train.table_optimizer import check_id_bias_stepper, set_step_impressions
+
+FEATURES = ("item", "advertiser")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_batch(16, max_seq_len=24, seed=3, candidates=3)
+
+
+def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impressions(data):
+    """The trainer's loss is the mean over the step's impressions; with the step's impressions
+    given, the offsets' group steps ``rate * sum(y - p)`` over each id's impressions, per task:
+    checked against that sum computed in float64 from the model's own probabilities. Ids share rows
+    here (several impressions of one item in the batch), so the sum is a real sum."""
+    schema, batch = data
+    rate = 0.37
+    model = small_model(schema, id_bias=FEATURES, dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate)(model)
+    logits = model(batch)
+    probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
+    loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
+    loss.backward()
+    set_step_impressions(optimizer, batch.num_candidates)
+    optimizer.step()
+    items = batch.candidate_ids["item"].numpy()
+    assert len(set(items)) < items.size, "the test needs an id seen twice in the batch"
+    for name in FEATURES:
+        ids = batch.candidate_ids[name].numpy()
+        expected = np.zeros((schema.table(name).num_embeddings, len(schema.tasks)))
+        for task_index, task in enumerate(schema.tasks):
+            residual = (batch.labels[task].numpy().astype(np.float64)
+                        - probabilities[task].numpy().astype(np.float64))
+            np.add.at(expected[:, task_index], ids, rate * residual)
+        got = model.id_bias.offsets[name].detach().numpy()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert np.abs(expected).max() > 0.05  # not a test on zeros
+
+
+def test_without_the_impressions_the_step_is_rate_times_the_mean_gradient(data):
+    """A caller that does not say how many impressions its loss averages (a benchmark) steps
+    at ``rate`` on the loss as it is: ``impressions`` starts at 1."""
+    schema, batch = data
+    model = small_model(schema, id_bias=("item",), dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=0.5)(model)
+    loss = task_loss_sums(model(batch), batch, schema.tasks).sum() / batch.num_candidates
+    loss.backward()
+    (offsets,) = id_bias_parameters(model)
+    gradient = offsets.grad.clone()
+    optimizer.step()
+    torch.testing.assert_close(offsets.detach(), -0.5 * gradient, rtol=0, atol=0)
+    assert gradient.abs().max() > 0
+
+
+def test_a_model_with_offsets_starts_as_the_model_without_them(data):
+    """Offsets start at 0 and their making draws nothing: every other parameter and every
+    logit is what the model without them has, in training and in evaluation."""
+    schema, batch = data
+    plain = small_model(schema)
+    biased = small_model(schema, id_bias=FEATURES)
+    plain_state = plain.state_dict()
+    for key, value in biased.state_dict().items():
+        if key.startswith("id_bias."):
+            assert not value.any()
+        else:
+            assert torch.equal(value, plain_state[key]), key
+    for mode in (False, True):
+        plain.train(mode)
+        biased.train(mode)
+        torch.manual_seed(1)
+        want = plain(batch)
+        torch.manual_seed(1)
+        got = biased(batch)
+        for task in schema.tasks:
+            assert torch.equal(got[task], want[task])
+
+
+def test_the_offsets_are_their_own_group_and_not_in_adamw(data):
+    """AdamW never sees the offsets (no moments, no weight decay), and the rest of the model's
+    groups are what they are without them."""
+    schema, _ = data
+    model = small_model(schema, id_bias=FEATURES)
+    optimizer = make_optimizer(TrainConfig(weight_decay=0.1), id_bias_rate=0.25)(model)
+    offsets = {id(p) for p in id_bias_parameters(model)}
+    assert len(offsets) == 2
+    own = [g for g in optimizer.param_groups if g.get("per_impression")]
+    assert len(own) == 1 and {id(p) for p in own[0]["params"]} == offsets
+    assert own[0]["table_optimizer"] == "sgd" and own[0]["table_lr"] == 0.25
+    others = [g for g in optimizer.param_groups if not g.get("per_impression")]
+    assert not offsets & {id(p) for g in others for p in g["params"]}
+    with pytest.raises(ValueError, match="id_bias_rate"):
+        make_optimizer(TrainConfig())(model)
+
+
+def test_the_offsets_read_the_rows_their_table_maps_raw_ids_to(data):
+    """A hashed table's raw ids reach their offsets through the table's own map."""
+    schema, batch = data
+    hashed = attrs.evolve(schema, tables=tuple(
+        attrs.evolve(t, id_policy="hash", num_embeddings=97) if t.name == "item" else t
+        for t in schema.tables))
+    module = IdBias(["item"], hashed, num_tasks=2)
+    from gem_core.ids import map_ids
+
+    rows = map_ids(batch.candidate_ids["item"], hashed.table("item"))
+    with torch.no_grad():
+        module.offsets["item"].copy_(torch.arange(97 * 2, dtype=torch.float32).view(97, 2))
+    torch.testing.assert_close(module(batch), module.offsets["item"].detach()[rows])
+
+
+def test_refused_features_name_what_is_wrong(data):
+    schema, _ = data
+    with pytest.raises(ValueError, match=r"\['user_segment'\].*candidate features"):
+        IdBias(["user_segment"], schema, num_tasks=2)
+    with pytest.raises(ValueError, match="twice"):
+        IdBias(["item", "item"], schema, num_tasks=2)
+    managed = attrs.evolve(schema, tables=tuple(
+        attrs.evolve(t, id_policy="managed", num_embeddings=64) if t.name == "item" else t
+        for t in schema.tables))
+    with pytest.raises(ValueError, match="managed"):
+        IdBias(["item"], managed, num_tasks=2)
+    multi = attrs.evolve(schema, candidate_features=tuple(
+        attrs.evolve(f, multi_valued=True) if f.name == "category" else f
+        for f in schema.candidate_features))
+    with pytest.raises(ValueError, match="multi-valued"):
+        IdBias(["category"], multi, num_tasks=2)
+    assert isinstance(schema.table("item"), EmbeddingTable)
+
+
+def test_a_dense_sharding_without_the_table_optimizer_capability_is_refused():
+    from gem_core.plugins import build_plugins
+
+    plugins = build_plugins()
+    flattening = ImplementationSpec(name="flattens", load=object)
+    with pytest.raises(GemConfigError, match="model.id_bias.*'flattens'"):
+        check_id_bias_stepper(("item",), 0.5, dense_sharding=flattening, plugins=plugins)
+    check_id_bias_stepper((), 0.5, dense_sharding=flattening, plugins=plugins)
