@@ -92,6 +92,9 @@ TABLE_ATOL = 1e-4
 
 ROW_WISE_TABLES = ["--set", "model.embedding_optimizer.dense_tables=same",
                    "--set", "model.embedding_optimizer.lr=0.1"]  # after SMALL's pins: they win
+# Per-id offsets (model.id_bias) ride along: their SGD step is the rate times the step's
+# impressions over all ranks, so a rank that counted only its own would step half as far.
+ID_BIAS = ["--set", 'model.id_bias=["item"]', "--set", "model.id_bias_rate=0.5"]
 
 
 @pytest.mark.distributed
@@ -104,13 +107,14 @@ def test_row_wise_tables_on_sharded_ranks_match_one_process(gem, tmp_path, shard
                                                             extra):
     """``dense_tables = "same"``: the tables' row-wise Adagrad runs in the dense step on FSDP2's
     dim-0 shards, with its per-row state a DTensor that DCP saves and loads back (the run stops
-    at step 3 and resumes), and follows the one-process trajectory."""
+    at step 3 and resumes), and follows the one-process trajectory. So do the per-id offsets
+    of ``model.id_bias``, SGD at a rate per impression of the global batch."""
     single = tmp_path / "single"
-    result = gem("train", "--out", str(single), *SMALL, *ROW_WISE_TABLES)
+    result = gem("train", "--out", str(single), *SMALL, *ROW_WISE_TABLES, *ID_BIAS)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / sharding
     command = ["train", "--out", str(out), "--nproc-per-node", str(ranks), "--sharding", sharding,
-               *extra, *SMALL, *ROW_WISE_TABLES]
+               *extra, *SMALL, *ROW_WISE_TABLES, *ID_BIAS]
     result = gem(*command, "--until-step", "3", env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     result = gem(*command, env=ENV)
@@ -120,6 +124,7 @@ def test_row_wise_tables_on_sharded_ranks_match_one_process(gem, tmp_path, shard
     reference, sharded = _final_weights(single), _final_weights(out)
     tables = [k for k in reference if k.startswith("embeddings.tables.")]
     assert tables
+    assert reference["id_bias.offsets.item"].abs().max() > 0.05  # the offsets moved
     for name, value in reference.items():
         # Row-wise Adagrad divides a row's gradient by the root of its own sum of squares, so a
         # row seen with tiny gradients still takes a step of about lr whose relative error is
