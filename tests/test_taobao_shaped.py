@@ -101,3 +101,22 @@ def test_measure_refuses_a_truth_file_of_an_older_version(tool, world, tmp_path)
         ",".join(v for i, v in enumerate(line.split(",")) if i != drop) for line in table) + "\n")
     with pytest.raises(tool.TruthJoinError, match="no ad_described column.*generate again"):
         tool.measure(old, data)
+
+
+def test_one_pass_offsets_move_by_the_prior_variance_times_each_impressions_residual(tool):
+    """``one_pass_ad_offsets``: each training row once, in order, ``b += EFFECT_SD^2 (y - p)``
+    with ``p`` from the offset as it stands; an ad never seen keeps 0. Checked by hand on an
+    intercept-only design (its regression weight is the log-odds of the click rate)."""
+    import numpy as np
+
+    x = np.ones((4, 1))
+    ads, y = np.array([7.0, 7.0, 9.0, 7.0]), np.array([1.0, 0.0, 0.0, 1.0])
+    got = tool.one_pass_ad_offsets(x, ads, y, np.ones((2, 1)), np.array([7.0, 5.0]))
+    base = 0.0  # half the rows are clicks
+    rate = tool.EFFECT_SD ** 2
+    offset = 0.0
+    for label in (1.0, 0.0, 1.0):  # ad 7's rows, in order
+        offset += rate * (label - 1 / (1 + math.exp(-(base + offset))))
+    sigmoid = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
+    np.testing.assert_allclose(got, [sigmoid(base + offset), sigmoid(base)], rtol=1e-6)
+    assert abs(offset) > 0.05
