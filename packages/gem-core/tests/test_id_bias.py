@@ -150,3 +150,39 @@ def test_a_dense_sharding_without_the_table_optimizer_capability_is_refused():
     with pytest.raises(GemConfigError, match="model.id_bias.*'flattens'"):
         check_id_bias_stepper(("item",), 0.5, dense_sharding=flattening, plugins=plugins)
     check_id_bias_stepper((), 0.5, dense_sharding=flattening, plugins=plugins)
+
+
+def test_id_bias_only_leaves_the_features_out_of_the_tokens_and_unread_tables_unbuilt(data):
+    """``id_bias_only``: the advertiser (a candidate feature no event shares) reaches the model
+    through its offsets alone: its table is not built, and with the offsets at 0 the logits do
+    not depend on the candidates' advertiser ids; the item, whose table the history reads too,
+    keeps its table for the events."""
+    from gem_core.model.id_bias import model_schema
+
+    schema, batch = data
+    config_options = dict(id_bias=("advertiser", "item"), id_bias_only=True)
+    model = small_model(schema, **config_options).eval()
+    embedded = model_schema(model.config, schema)
+    assert [f.name for f in embedded.candidate_features] == ["category"]
+    assert {t.name for t in embedded.tables} == {t.name for t in schema.tables} - {"advertiser"}
+    built = {key.split(".")[2] for key in model.state_dict() if key.startswith("embeddings.")}
+    assert built == {t.name for t in embedded.tables}
+    assert model.schema is schema and model.embedded_schema == embedded
+    other = attrs.evolve(batch, candidate_ids={
+        **batch.candidate_ids, "advertiser": (batch.candidate_ids["advertiser"] + 1) % 100,
+        "item": (batch.candidate_ids["item"] + 7) % 2000})
+    with torch.no_grad():
+        same, moved = model(batch), model(other)
+        for task in schema.tasks:
+            assert torch.equal(same[task], moved[task])
+        model.id_bias.offsets["advertiser"].normal_()
+        changed = model(other)
+    assert not torch.equal(changed[schema.tasks[0]], same[schema.tasks[0]])
+
+
+def test_id_bias_only_refuses_what_would_leave_nothing_or_names_nothing(data):
+    schema, _ = data
+    with pytest.raises(ValueError, match="names none"):
+        small_model(schema, id_bias_only=True)
+    with pytest.raises(ValueError, match="no embedded feature"):
+        small_model(schema, id_bias=("item", "advertiser", "category"), id_bias_only=True)

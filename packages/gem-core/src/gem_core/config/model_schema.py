@@ -247,12 +247,21 @@ class ModelConfig:
     Needs a dense sharding with the ``table_optimizer`` capability; a name the data does not
     declare as a candidate feature is refused at start-up."""
 
-    id_bias_rate: float = attrs.field(default=0.5, validator=greater_than(0))
+    id_bias_rate: float = attrs.field(default=0.25, validator=greater_than(0))
     """``id_bias``: the SGD step of an offset per impression, whatever the batch: after the
     impressions of a step an offset has moved by ``id_bias_rate * sum(click - p)`` over its
-    impressions. Roughly the prior variance of the ids' logit effects (0.25 for a standard
-    deviation of 0.5); on the Taobao-shaped log 0.5 did better than 0.25 and 0.1
-    (docs/results.md)."""
+    impressions. The prior variance of the ids' logit effects is the rate that weighs an id's
+    few impressions as a posterior would (0.25 for effects of standard deviation 0.5, the
+    Taobao-shaped log's, where one pass at 0.25 comes within 0.0005 NE of the offline fit); a
+    larger rate overshoots (0.5 there: worse than none). Beside the ids' own embedding rows,
+    which learn the effect again, half of it did better (docs/results.md)."""
+
+    id_bias_only: bool = False
+    """``id_bias``: its features reach the model through their offsets alone: their vectors
+    leave the candidate's token (and target match, attribute attention), and a table no other
+    feature reads is not built. For ids seen a few times each (ads in a log of millions), whose
+    embedding rows AdamW moves as far on a non-click as on a click: beside the offsets such a
+    row learns the same effect again, noisily (docs/results.md)."""
 
     token_norm: str = attrs.field(default="none", validator=choice(*TOKEN_NORMS))
     """Scaling of the interaction's tokens, each position on its own: ``none``, as they come;

@@ -31,7 +31,7 @@ from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import retrieve_matching_events
-from gem_core.model.id_bias import IdBias
+from gem_core.model.id_bias import IdBias, model_schema
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
@@ -121,7 +121,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         reference)."""
         super().__init__()
         dim = config.embedding_dim
+        # The data's features (the model's inputs: the offsets of id_bias read their ids there)
+        # and those it embeds, which every part below is built from.
         self.config, self.schema = config, schema
+        self.embedded_schema = schema = model_schema(config, schema)
         norm = norm if norm is not None else ReferenceNorm()
         self.embeddings = embeddings
         self.lookup = FeatureLookup(schema)
@@ -179,7 +182,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def _build_history_readers(self, attention: AttentionBackend, live: bool) -> None:
         """What reads the history for each candidate: target-aware attention, attribute
         attention and target match (each only where the config turns it on)."""
-        config, schema, dim = self.config, self.schema, self.config.embedding_dim
+        config, schema, dim = self.config, self.embedded_schema, self.config.embedding_dim
         self.target_attention = (TargetAwareAttention(dim, config.num_heads, attention,
                                                       recent=config.target_history,
                                                       normalization=config.target_normalization)
@@ -209,7 +212,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def _build_interaction(self, moe: Any) -> None:
         """The interaction over each candidate's tokens (dot, Wukong or cross) and the task
         heads."""
-        config, schema, dim = self.config, self.schema, self.config.embedding_dim
+        config, schema, dim = self.config, self.embedded_schema, self.config.embedding_dim
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
         self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
@@ -243,7 +246,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                else None)
         # One learned offset per id of the named candidate features (id_bias), stepped per
         # impression by SGD (gem_core.model.id_bias).
-        self.id_bias = (IdBias(config.id_bias, schema, len(schema.tasks)) if config.id_bias
+        self.id_bias = (IdBias(config.id_bias, self.schema, len(schema.tasks))
+                        if config.id_bias
                         else None)
 
     def _build_cross_branch(self) -> None:
@@ -580,5 +584,5 @@ def build_model(config: ModelConfig, schema: FeatureSchema, *, attention: Attent
                 embedding_backend, norm: NormBackend | None = None) -> GEMModel:
     """The model for ``schema`` with the given attention callable, embedding backend and
     gated-norm backend (default: gem-core's reference)."""
-    embeddings = embedding_backend.build(embedding_tables(config, schema))
+    embeddings = embedding_backend.build(embedding_tables(config, model_schema(config, schema)))
     return GEMModel(config, schema, attention=attention, embeddings=embeddings, norm=norm)

@@ -17,8 +17,9 @@ never saw keeps offset 0, the prior's mean.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,7 +28,10 @@ from gem_core.batch import JaggedBatch
 from gem_core.ids import map_ids
 from gem_core.schema import FeatureSchema
 
-__all__ = ["IdBias", "check_id_bias_features", "id_bias_parameters"]
+if TYPE_CHECKING:
+    from gem_core.config import ModelConfig
+
+__all__ = ["IdBias", "check_id_bias_features", "id_bias_parameters", "model_schema"]
 
 
 def check_id_bias_features(names: Sequence[str], schema: FeatureSchema) -> None:
@@ -89,3 +93,23 @@ def id_bias_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The offsets' parameters among ``module``'s (wrapped or not: matched by module type)."""
     return [param for sub in module.modules() if isinstance(sub, IdBias)
             for param in sub.parameters()]
+
+
+def model_schema(config: ModelConfig, schema: FeatureSchema) -> FeatureSchema:
+    """The features the model embeds: the data's, less the ``id_bias`` features when
+    ``id_bias_only`` (they reach the model through their offsets alone), and less the tables no
+    remaining feature reads (never built). The data's batches still carry those features' ids;
+    the offsets read them there."""
+    if not config.id_bias_only:
+        return schema
+    if not config.id_bias:
+        raise ValueError("model.id_bias_only leaves the id_bias features out of the tokens; "
+                         "model.id_bias names none")
+    check_id_bias_features(config.id_bias, schema)
+    candidates = tuple(f for f in schema.candidate_features if f.name not in config.id_bias)
+    if not candidates:
+        raise ValueError(f"model.id_bias_only would leave the candidate no embedded feature "
+                         f"(model.id_bias = {list(config.id_bias)} names all of them): keep one")
+    read = {f.table for f in (*schema.event_features, *candidates, *schema.sparse_features)}
+    return attrs.evolve(schema, candidate_features=candidates,
+                        tables=tuple(t for t in schema.tables if t.name in read))

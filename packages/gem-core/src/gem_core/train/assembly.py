@@ -22,6 +22,7 @@ from gem_core.embedding import check_fused_optimizer
 from gem_core.flops import sample_costs
 from gem_core.ids import check_managed_ids
 from gem_core.model.building import build_run_model, check_token_norm
+from gem_core.model.id_bias import model_schema
 from gem_core.parallelize import parallelize
 from gem_core.plugins import GemPlugins, build_data_source
 from gem_core.train.applied import config_as_source_applies
@@ -123,9 +124,11 @@ class RunAssembly:
                               if isinstance(m, LearningRateFollower)]
         self._say_where_embedding_lr_scale_applies()
         self.stream = self.source.train_stream(**self.stream_args)
-        # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines).
+        # One step at a time, or a pipeline working ahead (e.g. TorchRec's train pipelines),
+        # given the features the model embeds (a pipeline feeds its tables those alone).
+        embedded = model_schema(config.model, self.schema)
         self.steps = self.backends.embedding_sharding.impl.step_runner(
-            self.stream, model=self.engine.unwrapped, schema=self.schema, ctx=ctx,
+            self.stream, model=self.engine.unwrapped, schema=embedded, ctx=ctx,
             options=self.backends.embedding_sharding.options)
 
     def _say_where_embedding_lr_scale_applies(self) -> None:
