@@ -247,14 +247,15 @@ class ModelConfig:
     Needs a dense sharding with the ``table_optimizer`` capability; a name the data does not
     declare as a candidate feature is refused at start-up."""
 
-    id_bias_rate: float = attrs.field(default=0.25, validator=greater_than(0))
+    id_bias_rate: float = attrs.field(default=0.125, validator=greater_than(0))
     """``id_bias``: the SGD step of an offset per impression, whatever the batch: after the
     impressions of a step an offset has moved by ``id_bias_rate * sum(click - p)`` over its
-    impressions. The prior variance of the ids' logit effects is the rate that weighs an id's
-    few impressions as a posterior would (0.25 for effects of standard deviation 0.5, the
-    Taobao-shaped log's, where one pass at 0.25 comes within 0.0005 NE of the offline fit); a
-    larger rate overshoots (0.5 there: worse than none). Beside the ids' own embedding rows,
-    which learn the effect again, half of it did better (docs/results.md)."""
+    impressions. Alone, the prior variance of the ids' logit effects weighs an id's few
+    impressions as a posterior would (0.25 for effects of standard deviation 0.5, the
+    Taobao-shaped log's: one pass at 0.25 comes within 0.0005 NE of the offline fit), and a
+    larger rate overshoots. Beside the ids' own embedding rows, which learn the same effect
+    again, half of it did better on every seed measured (0.125 there); with ``id_bias_only``
+    the prior variance itself (docs/results.md)."""
 
     id_bias_only: bool = False
     """``id_bias``: its features reach the model through their offsets alone: their vectors
