@@ -72,10 +72,8 @@ def id_bias_group(params: list[nn.Parameter], rate: float) -> dict[str, Any]:
     """The parameter group of ``model.id_bias``'s offsets: SGD at ``rate`` per impression (see
     the module docstring). ``impressions`` starts at 1 (a caller that does not say how many
     impressions its loss averages, such as a benchmark, steps at ``rate`` on the mean)."""
-    return {"params": params, "weight_decay": 0.0, "table_optimizer": "sgd", "table_lr": rate,
-            "table_lr_schedule": "constant", "table_eps": 1e-8, "table_weight_decay": 0.0,
-            "table_weight_decay_mode": "l2", "lr_scale": 1.0, "per_impression": True,
-            "impressions": 1.0}
+    sgd = EmbeddingOptimizerConfig(name="sgd", lr=rate, dense_tables="same")
+    return {**table_group(params, sgd, dense_lr=rate), "per_impression": True, "impressions": 1.0}
 
 
 def set_step_impressions(optimizer: torch.optim.Optimizer, impressions: float) -> None:
