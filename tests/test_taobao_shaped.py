@@ -104,19 +104,45 @@ def test_measure_refuses_a_truth_file_of_an_older_version(tool, world, tmp_path)
 
 
 def test_one_pass_offsets_move_by_the_prior_variance_times_each_impressions_residual(tool):
-    """``one_pass_ad_offsets``: each training row once, in order, ``b += EFFECT_SD^2 (y - p)``
-    with ``p`` from the offset as it stands; an ad never seen keeps 0. Checked by hand on an
-    intercept-only design (its regression weight is the log-odds of the click rate)."""
+    """``one_pass_offsets``: each training row once, in order, every id column's offset moves
+    by ``EFFECT_SD^2 (y - p)`` with ``p`` from the offsets as they stand; an id never seen keeps
+    0. Checked by hand on an intercept-only design (its regression weight is the log-odds of the
+    click rate) with an ad and a user column."""
     import numpy as np
 
     x = np.ones((4, 1))
     ads, y = np.array([7.0, 7.0, 9.0, 7.0]), np.array([1.0, 0.0, 0.0, 1.0])
-    got = tool.one_pass_ad_offsets(x, ads, y, np.ones((2, 1)), np.array([7.0, 5.0]))
-    base = 0.0  # half the rows are clicks
-    rate = tool.EFFECT_SD ** 2
-    offset = 0.0
-    for label in (1.0, 0.0, 1.0):  # ad 7's rows, in order
-        offset += rate * (label - 1 / (1 + math.exp(-(base + offset))))
+    users = np.array([1.0, 2.0, 2.0, 1.0])
+    got = tool.one_pass_offsets(x, [ads, users], y, np.ones((2, 1)),
+                                [np.array([7.0, 5.0]), np.array([1.0, 3.0])])
+    rate = tool.EFFECT_SD ** 2  # the intercept is 0: half the rows are clicks
+    ad, user = {}, {}
+    for a, u, label in zip(ads, users, y):
+        p = 1 / (1 + math.exp(-(ad.get(a, 0.0) + user.get(u, 0.0))))
+        ad[a] = ad.get(a, 0.0) + rate * (label - p)
+        user[u] = user.get(u, 0.0) + rate * (label - p)
     sigmoid = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
-    np.testing.assert_allclose(got, [sigmoid(base + offset), sigmoid(base)], rtol=1e-6)
-    assert abs(offset) > 0.05
+    np.testing.assert_allclose(got, [sigmoid(ad[7.0] + user[1.0]), sigmoid(0.0)], rtol=1e-6)
+    assert abs(ad[7.0] + user[1.0]) > 0.05 and ad[7.0] != user[1.0]
+
+
+def test_the_user_id_schema_imports_each_requests_user_as_a_sparse_feature(tool, tmp_path):
+    """``generate --user-id``: the same tables, and a schema whose ``sparse.user_id`` holds each
+    request's user (the column the importer groups requests by)."""
+    import pyarrow.parquet as pq
+
+    raw, data = tmp_path / "raw", tmp_path / "data"
+    tool.main(["generate", "--out", str(raw), "--users", "60", "--days", "2", "--seed", "4",
+               "--user-id"])
+    result = CliRunner().invoke(import_command, [
+        "--impressions", str(raw / "raw_sample.csv"), "--events", str(raw / "behavior_log.csv"),
+        "--schema", str(raw / "taobao.toml"), "--out", str(data)])
+    assert result.exit_code == 0, result.output
+    schema = read_manifest(data).schema
+    assert [f.name for f in schema.sparse_features] == ["user_id", "gender", "age", "pvalue"]
+    assert schema.table("user").id_policy == "hash"
+    table = pq.read_table(next(data.glob("train-*.parquet")), columns=["user_id",
+                                                                        "sparse.user_id"])
+    rows = table.to_pylist()
+    assert rows and all(row["sparse.user_id"] == [row["user_id"]] for row in rows)
+    assert len({row["user_id"] for row in rows}) > 1

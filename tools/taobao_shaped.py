@@ -55,7 +55,9 @@ BASE_LOGIT = -4.2  # not the brief's -3.0: ENGAGED is common (~40 %), and ~5 % C
 
 # The schema of docs/byod.md's Taobao section, with a longer history (max_seq_len 256, not 50,
 # so that the engaged events are within reach) and a larger ad and category table (fewer hash
-# collisions among this world's 20000 ads and 300 categories).
+# collisions among this world's 20000 ads and 300 categories). That section gives no feature the
+# user's id; ``generate --user-id`` adds one (USER_ID_SCHEMA), so that a model can learn the
+# user's effect as well as the ad's.
 SCHEMA = f"""tasks = ["clk"]
 max_seq_len = {MAX_SEQ_LEN}
 candidate_numeric_dim = 1
@@ -109,6 +111,15 @@ log_key = "user"
 features = { "sparse.gender" = "final_gender_code", "sparse.age" = "age_level", \
 "sparse.pvalue" = "pvalue_level" }
 """
+USER_ID_SCHEMA = SCHEMA.replace(
+    '\n[[tables]]\nname = "btag"',
+    '\n[[tables]]\nname = "user"\nnum_embeddings = 100000\nid_policy = "hash"\n'
+    '\n[[tables]]\nname = "btag"', 1).replace(
+    '\n[[sparse_features]]\nname = "gender"',
+    '\n[[sparse_features]]\nname = "user_id"\ntable = "user"\n'
+    '\n[[sparse_features]]\nname = "gender"', 1).replace(
+    "\n[import.strings]", '\n[import.columns]\n"sparse.user_id" = "user"\n\n[import.strings]', 1)
+assert USER_ID_SCHEMA.count("user_id") == 2, "SCHEMA changed: place the user's id again"
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -154,7 +165,10 @@ def pick_in_groups(group_start: np.ndarray, group_count: np.ndarray, groups: np.
 
 def generate(out: Path, seed: int = 0, users: int = 4000, days: int = 8,
              events_per_user: float = 150.0, categories: int = 300, brands: int = 3000,
-             ads: int = 20000, customers: int = 6000, campaigns: int = 10000) -> str:
+             ads: int = 20000, customers: int = 6000, campaigns: int = 10000,
+             user_id: bool = False) -> str:
+    """Write the four tables, ``truth.csv`` and ``taobao.toml`` (with a ``user_id`` request
+    feature when ``user_id``: the tables are the same either way) under ``out``."""
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
     # Categories with Zipf-ish popularity; brands and advertisers (customers) belong to them.
@@ -307,7 +321,7 @@ def generate(out: Path, seed: int = 0, users: int = 4000, days: int = 8,
                                   "viewed_cate_recent": viewed.astype(np.int64),
                                   "engaged_visible_256": visible.astype(np.int64),
                                   "ad_described": in_ad_feature[imp_ad].astype(np.int64)})
-    (out / "taobao.toml").write_text(SCHEMA)
+    (out / "taobao.toml").write_text(USER_ID_SCHEMA if user_id else SCHEMA)
     return (f"{users} users, {ads} ads, {clk.size} impressions ({req_user.size} requests), "
             f"{ev_user.size} behaviour events; CTR {clk.mean():.4f}; ENGAGED=1 on "
             f"{engaged.mean():.1%} of impressions ({visible.mean():.1%} within the last "
@@ -392,9 +406,9 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     # on every training impression: what the ad effect adds where a model learns it as well as
     # one pass of these impressions allows.
     names = ["engaged_cate_recent", "viewed_cate_recent"]
-    p_eval = fit_with_ad_offsets(design(names, "train"), column("train", "adgroup_id"),
-                                 column("train", "clk"), design(names, "eval"),
-                                 column("eval", "adgroup_id"))
+    p_eval = fit_with_offsets(design(names, "train"), [column("train", "adgroup_id")],
+                              column("train", "clk"), design(names, "eval"),
+                              [column("eval", "adgroup_id")])
     result["lr_engaged_viewed_ad_ne"] = ne(p_eval, y_eval)
     # The same as the imported tables show them: an ad without a row in ad_feature.csv has no
     # category there, so no model can tell whether ENGAGED or VIEWED holds for it; the
@@ -415,17 +429,26 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
 
     weights = fit_logistic(seen_design("train", keep), y_train)
     result["lr_engaged_viewed_described_ne"] = ne(sigmoid(seen_design("eval") @ weights), y_eval)
-    p_eval = fit_with_ad_offsets(seen_design("train"), column("train", "adgroup_id"),
-                                 column("train", "clk"), seen_design("eval"),
-                                 column("eval", "adgroup_id"))
+    p_eval = fit_with_offsets(seen_design("train"), [column("train", "adgroup_id")],
+                              column("train", "clk"), seen_design("eval"),
+                              [column("eval", "adgroup_id")])
     result["lr_engaged_viewed_ad_described_ne"] = ne(p_eval, y_eval)
     # The same offsets learnt as a one-pass model learns them: each training impression once,
     # in the split's order, moving its ad's offset by EFFECT_SD^2 (y - p) (the indicators'
     # weights fitted beforehand): what one pass allows of the offsets' gain.
-    p_eval = one_pass_ad_offsets(seen_design("train"), column("train", "adgroup_id"),
-                                 column("train", "clk"), seen_design("eval"),
-                                 column("eval", "adgroup_id"))
+    p_eval = one_pass_offsets(seen_design("train"), [column("train", "adgroup_id")],
+                              column("train", "clk"), seen_design("eval"),
+                              [column("eval", "adgroup_id")])
     result["lr_engaged_viewed_ad_one_pass_described_ne"] = ne(p_eval, y_eval)
+    # With an offset per user as well (the user's effect): what a model can reach where the
+    # schema names the user's id (generate --user-id), fitted and learnt in one pass.
+    ids = {split: [column(split, "adgroup_id"), column(split, "user")] for split in splits}
+    p_eval = fit_with_offsets(seen_design("train"), ids["train"], column("train", "clk"),
+                              seen_design("eval"), ids["eval"])
+    result["lr_engaged_viewed_ad_user_described_ne"] = ne(p_eval, y_eval)
+    p_eval = one_pass_offsets(seen_design("train"), ids["train"], column("train", "clk"),
+                              seen_design("eval"), ids["eval"])
+    result["lr_engaged_viewed_ad_user_one_pass_described_ne"] = ne(p_eval, y_eval)
     result["eval_ads_undescribed"] = int((1 - seen["eval"]["ad_described"]).sum())
     engaged, visible = column("eval", "engaged_cate_recent"), column("eval", "engaged_visible_256")
     result["eval_engaged"] = int(engaged.sum())
@@ -433,50 +456,61 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     return result
 
 
-def one_pass_ad_offsets(x: np.ndarray, ads: np.ndarray, y: np.ndarray, x_eval: np.ndarray,
-                        ads_eval: np.ndarray) -> np.ndarray:
-    """Eval probabilities of ``sigmoid(x w + b[ad])`` with ``w`` the logistic regression on
-    ``x`` and each ``b[ad]`` learnt online, one impression at a time in the rows' order, by
-    ``b += EFFECT_SD^2 (y - p)``: per-impression SGD at the prior's variance, close to the
-    posterior mean while an ad has few impressions. An ad without training rows keeps 0."""
+def one_pass_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval: np.ndarray,
+                     ids_eval: list[np.ndarray]) -> np.ndarray:
+    """Eval probabilities of ``sigmoid(x w + sum_k b_k[id_k])`` with ``w`` the logistic
+    regression on ``x`` and each id column's offsets ``b_k`` learnt online, one impression at a
+    time in the rows' order, each by ``b += EFFECT_SD^2 (y - p)``: per-impression SGD at the
+    prior's variance, close to the posterior mean while an id has few impressions. An id without
+    training rows keeps 0."""
     from gem_data.indicator_ne import fit_logistic, sigmoid
 
     weights = fit_logistic(x, y)
     base = x @ weights
-    offsets: dict[float, float] = {}
-    for ad, logit, label in zip(ads.tolist(), base.tolist(), y.tolist()):
-        offset = offsets.get(ad, 0.0)
-        offsets[ad] = offset + EFFECT_SD ** 2 * (label - 1.0 / (1.0 + np.exp(-(logit + offset))))
-    return sigmoid(x_eval @ weights + np.array([offsets.get(ad, 0.0) for ad in ads_eval.tolist()]))
+    offsets: list[dict[float, float]] = [{} for _ in ids]
+    columns = [column.tolist() for column in ids]
+    for row, (logit, label) in enumerate(zip(base.tolist(), y.tolist())):
+        keys = [column[row] for column in columns]
+        total = logit + sum(table.get(key, 0.0) for table, key in zip(offsets, keys))
+        step = EFFECT_SD ** 2 * (label - 1.0 / (1.0 + np.exp(-total)))
+        for table, key in zip(offsets, keys):
+            table[key] = table.get(key, 0.0) + step
+    eval_offsets = sum(np.array([table.get(key, 0.0) for key in column.tolist()])
+                       for table, column in zip(offsets, ids_eval))
+    return sigmoid(x_eval @ weights + eval_offsets)
 
 
-def fit_with_ad_offsets(x: np.ndarray, ads: np.ndarray, y: np.ndarray, x_eval: np.ndarray,
-                        ads_eval: np.ndarray) -> np.ndarray:
-    """Eval probabilities of ``sigmoid(x w + b[ad])`` fitted by maximum a posteriori: the log
-    loss summed over the training rows plus ``|b|^2 / (2 EFFECT_SD^2)`` (the ad effects'
-    prior), by L-BFGS; an ad without training rows gets ``b = 0``."""
+def fit_with_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval: np.ndarray,
+                     ids_eval: list[np.ndarray]) -> np.ndarray:
+    """Eval probabilities of ``sigmoid(x w + sum_k b_k[id_k])`` fitted by maximum a posteriori:
+    the log loss summed over the training rows plus ``|b_k|^2 / (2 EFFECT_SD^2)`` for each id
+    column (the effects' prior), by L-BFGS; an id without training rows gets 0."""
     import torch
 
-    known, index = np.unique(ads, return_inverse=True)
+    uniques = [np.unique(column, return_inverse=True) for column in ids]
     features, labels = torch.tensor(x), torch.tensor(y)
-    rows = torch.tensor(index)
+    rows = [torch.tensor(index) for _, index in uniques]
     weights = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
-    offsets = torch.zeros(known.size, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weights, offsets], max_iter=500, tolerance_grad=1e-9,
+    offsets = [torch.zeros(known.size, dtype=torch.float64, requires_grad=True)
+               for known, _ in uniques]
+    optimizer = torch.optim.LBFGS([weights, *offsets], max_iter=500, tolerance_grad=1e-9,
                                   line_search_fn="strong_wolfe")
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
-        logits = features @ weights + offsets[rows]
+        logits = features @ weights + sum(b[r] for b, r in zip(offsets, rows))
         loss = (torch.nn.functional.binary_cross_entropy_with_logits(
-            logits, labels, reduction="sum") + offsets.square().sum() / (2 * EFFECT_SD ** 2))
+            logits, labels, reduction="sum")
+            + sum(b.square().sum() for b in offsets) / (2 * EFFECT_SD ** 2))
         loss.backward()
         return loss
 
     optimizer.step(objective)
-    slot = np.searchsorted(known, ads_eval).clip(max=known.size - 1)
-    offset = np.where(known[slot] == ads_eval, offsets.detach().numpy()[slot], 0.0)
-    return sigmoid(x_eval @ weights.detach().numpy() + offset)
+    logit = x_eval @ weights.detach().numpy()
+    for (known, _), b, column in zip(uniques, offsets, ids_eval):
+        slot = np.searchsorted(known, column).clip(max=known.size - 1)
+        logit = logit + np.where(known[slot] == column, b.detach().numpy()[slot], 0.0)
+    return sigmoid(logit)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -487,6 +521,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, kind, default in (("seed", int, 0), ("users", int, 4000), ("days", int, 8),
                                 ("events-per-user", float, 150.0), ("ads", int, 20000)):
         gen.add_argument(f"--{name}", type=kind, default=default)
+    gen.add_argument("--user-id", action="store_true",
+                     help="the schema names the user's id (a sparse feature user_id)")
     mea = commands.add_parser("measure", help="NE figures on the imported data set's eval split")
     mea.add_argument("--raw", type=Path, required=True, help="the directory generate wrote")
     mea.add_argument("--data", type=Path, required=True, help="gem data import's --out")
@@ -495,7 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "generate":
         print(generate(args.out, args.seed, args.users, args.days, args.events_per_user,
-                       ads=args.ads))
+                       ads=args.ads, user_id=args.user_id))
         return
     try:
         result = measure(args.raw, args.data, args.train_sample)

@@ -125,8 +125,8 @@ def test_the_offsets_read_the_rows_their_table_maps_raw_ids_to(data):
 
 def test_refused_features_name_what_is_wrong(data):
     schema, _ = data
-    with pytest.raises(ValueError, match=r"\['user_segment'\].*candidate features"):
-        IdBias(["user_segment"], schema, num_tasks=2)
+    with pytest.raises(ValueError, match=r"\[.nothing.\].*candidate features"):
+        IdBias(["nothing"], schema, num_tasks=2)
     with pytest.raises(ValueError, match="twice"):
         IdBias(["item", "item"], schema, num_tasks=2)
     managed = attrs.evolve(schema, tables=tuple(
@@ -186,3 +186,73 @@ def test_id_bias_only_refuses_what_would_leave_nothing_or_names_nothing(data):
         small_model(schema, id_bias_only=True)
     with pytest.raises(ValueError, match="no embedded feature"):
         small_model(schema, id_bias=("item", "advertiser", "category"), id_bias_only=True)
+
+
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_a_request_features_offsets_step_by_rate_times_clicks_minus_p_over_its_impressions(
+        data, pooling):
+    """A sparse (request) feature's offsets reach every impression of the request, its bag of
+    ids pooled as the feature declares: one step moves an id's offset by ``rate * w * sum(y - p)``
+    over the impressions of the requests whose bag holds it (``w`` 1 for ``sum``, one over the
+    bag's size for ``mean``), checked in float64 beside a candidate feature's offsets."""
+    schema, batch = data
+    schema = attrs.evolve(schema, sparse_features=tuple(
+        attrs.evolve(f, pooling=pooling) for f in schema.sparse_features))
+    rate = 0.29
+    model = small_model(schema, id_bias=("user_segment", "item"), dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate)(model)
+    logits = model(batch)
+    probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
+    loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
+    loss.backward()
+    set_step_impressions(optimizer, batch.num_candidates)
+    optimizer.step()
+    bag = batch.sparse["user_segment"]
+    values, offsets = bag.values.numpy(), bag.offsets.numpy()
+    assert (np.diff(offsets) > 1).any(), "the test needs bags of several ids"
+    request = batch.candidate_rows().numpy()
+    expected = np.zeros((schema.table("user_segment").num_embeddings, len(schema.tasks)))
+    for task_index, task in enumerate(schema.tasks):
+        residual = (batch.labels[task].numpy().astype(np.float64)
+                    - probabilities[task].numpy().astype(np.float64))
+        for impression, row in enumerate(request):
+            ids = values[offsets[row]:offsets[row + 1]]
+            weight = 1.0 if pooling == "sum" else 1.0 / ids.size
+            np.add.at(expected[:, task_index], ids, rate * weight * residual[impression])
+    got = model.id_bias.offsets["user_segment"].detach().numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert np.abs(expected).max() > 0.05
+    assert model.id_bias.offsets["item"].detach().abs().max() > 0
+
+
+def test_a_request_feature_through_its_offsets_alone_and_names_with_their_kind(data):
+    """``id_bias_only`` takes a request's feature out of the context tokens (its table unbuilt,
+    the logits blind to its ids until its offsets move); a name the data declares both as a
+    candidate and a sparse feature must say which, and an unknown kind is refused."""
+    from gem_core.model.id_bias import check_id_bias_features, model_schema
+    from gem_core.schema import ContextFeature
+
+    schema, batch = data
+    model = small_model(schema, id_bias=("user_segment",), id_bias_only=True).eval()
+    embedded = model_schema(model.config, schema)
+    assert [f.name for f in embedded.sparse_features] == ["context"]
+    assert "user_segment" not in {t.name for t in embedded.tables}
+    bag = batch.sparse["user_segment"]
+    other = attrs.evolve(batch, sparse={**batch.sparse, "user_segment": type(bag)(
+        (bag.values + 5) % 64, bag.offsets)})
+    with torch.no_grad():
+        same, moved = model(batch), model(other)
+        assert all(torch.equal(same[t], moved[t]) for t in schema.tasks)
+        model.id_bias.offsets["user_segment"].normal_()
+        assert not torch.equal(model(other)[schema.tasks[0]], same[schema.tasks[0]])
+    both = attrs.evolve(schema, sparse_features=(
+        *schema.sparse_features, ContextFeature(name="item", table="context")))
+    with pytest.raises(ValueError, match="both.*'candidate.item' or 'sparse.item'"):
+        check_id_bias_features(["item"], both)
+    resolved = check_id_bias_features(["candidate.item", "sparse.item"], both)
+    assert [(f.kind, f.key) for f in resolved] == [("candidate", "candidate__item"),
+                                                   ("sparse", "sparse__item")]
+    with pytest.raises(ValueError, match="'candidate' or 'sparse', not 'event'"):
+        check_id_bias_features(["event.item"], both)
+    with pytest.raises(ValueError, match="twice"):
+        check_id_bias_features(["item", "candidate.item"], schema)

@@ -239,13 +239,16 @@ class ModelConfig:
     did (docs/results.md)."""
 
     id_bias: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Candidate features (single-valued, by name: ``["adgroup_id"]``) each of whose ids gets a
-    learned offset per task, added to the task's logit: a logistic regression's per-id terms
-    (Wide & Deep's wide part). Stepped by SGD at ``id_bias_rate`` per impression, not by AdamW:
-    an ad seen six times in a pass needs its clicks weighed against its non-clicks, which
-    AdamW's normalised steps do not do (:mod:`gem_core.model.id_bias`). Offsets start at 0.
-    Needs a dense sharding with the ``table_optimizer`` capability; a name the data does not
-    declare as a candidate feature is refused at start-up."""
+    """Features each of whose ids gets a learned offset per task, added to the task's logit: a
+    logistic regression's per-id terms (Wide & Deep's wide part). Single-valued candidate
+    features (an ad's effect: ``["adgroup_id"]``) and the request's sparse features (a user's
+    effect, where the data has a ``user_id`` feature: ``["adgroup_id", "user_id"]``; a bag's
+    offsets pooled as the feature declares); ``candidate.x`` / ``sparse.x`` where the data
+    declares ``x`` as both. Stepped by SGD at ``id_bias_rate`` per impression, not by AdamW: an ad
+    seen six times in a pass needs its clicks weighed against its non-clicks, which AdamW's
+    normalised steps do not do (:mod:`gem_core.model.id_bias`). Offsets start at 0. Needs a
+    dense sharding with the ``table_optimizer`` capability; a name the data does not declare is
+    refused at start-up."""
 
     id_bias_rate: float = attrs.field(default=0.125, validator=greater_than(0))
     """``id_bias``: the SGD step of an offset per impression, whatever the batch: after the

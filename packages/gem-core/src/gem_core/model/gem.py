@@ -244,8 +244,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # One first-order logit per task straight from the candidate's token (candidate_bias).
         self.candidate_bias = (nn.Linear(dim, len(schema.tasks)) if config.candidate_bias
                                else None)
-        # One learned offset per id of the named candidate features (id_bias), stepped per
-        # impression by SGD (gem_core.model.id_bias).
+        # One learned offset per id of the named candidate and request features (id_bias),
+        # stepped per impression by SGD (gem_core.model.id_bias).
         self.id_bias = (IdBias(config.id_bias, self.schema, len(schema.tasks))
                         if config.id_bias
                         else None)
