@@ -92,8 +92,9 @@ TABLE_ATOL = 1e-4
 
 ROW_WISE_TABLES = ["--set", "model.embedding_optimizer.dense_tables=same",
                    "--set", "model.embedding_optimizer.lr=0.1"]  # after SMALL's pins: they win
-# Per-id offsets (model.id_bias) ride along: their SGD step is the rate times the step's
-# impressions over all ranks, so a rank that counted only its own would step half as far.
+# Per-id offsets (model.id_bias) ride along, stepped as the default (``fisher``) steps them: by
+# their summed residual over the step's impressions on all ranks (a rank that counted only its
+# own would step half as far), divided by a per-offset state that DCP saves with the run.
 ID_BIAS = ["--set", 'model.id_bias=["item"]', "--set", "model.id_bias_rate=0.5"]
 
 
@@ -108,7 +109,8 @@ def test_row_wise_tables_on_sharded_ranks_match_one_process(gem, tmp_path, shard
     """``dense_tables = "same"``: the tables' row-wise Adagrad runs in the dense step on FSDP2's
     dim-0 shards, with its per-row state a DTensor that DCP saves and loads back (the run stops
     at step 3 and resumes), and follows the one-process trajectory. So do the per-id offsets
-    of ``model.id_bias``, SGD at a rate per impression of the global batch."""
+    of ``model.id_bias``, stepped per impression of the global batch with their per-offset
+    state sharded like them."""
     single = tmp_path / "single"
     result = gem("train", "--out", str(single), *SMALL, *ROW_WISE_TABLES, *ID_BIAS)
     assert result.returncode == 0, result.stderr[-3000:]

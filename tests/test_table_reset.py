@@ -32,16 +32,24 @@ def _collection() -> ReferenceEmbeddingCollection:
 
 
 def test_reinitialize_draws_the_initial_distribution_and_zeroes_the_optimizer_state():
+    from gem_core.train.table_optimizer import AdamWWithTables, id_bias_group
+
     torch.manual_seed(0)
     tables = _collection()
     weights = table_parameters(tables)
-    optimizer = torch.optim.AdamW(weights, lr=0.1)
-    for weight in weights:
+    offsets = torch.nn.Parameter(torch.zeros(50, 2))  # model.id_bias's, with their own state
+    optimizer = AdamWWithTables([{"params": weights},
+                                 id_bias_group([offsets], 0.25, "fisher")], lr=0.1)
+    for weight in (*weights, offsets):
         weight.grad = torch.randn_like(weight)
     optimizer.step()
     trained = [w.detach().clone() for w in weights]
+    assert offsets.any() and optimizer.state[offsets]["fisher"].any()
 
-    reinitialize_tables(tables, optimizer, seed=3, passes=1)
+    reinitialize_tables(tables, optimizer, seed=3, passes=1, offsets=[offsets])
+    assert not offsets.any()
+    assert set(optimizer.state[offsets]) == {"step", "fisher"}
+    assert all(not value.any() for value in optimizer.state[offsets].values())
     drawn = [w.detach().clone() for w in weights]
     for before, after in zip(trained, drawn):
         assert not torch.equal(before, after)

@@ -32,7 +32,7 @@ def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impres
     schema, batch = data
     rate = 0.37
     model = small_model(schema, id_bias=FEATURES, dropout=0.0).train()
-    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate)(model)
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate, id_bias_step="constant")(model)
     logits = model(batch)
     probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
     loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
@@ -53,12 +53,50 @@ def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impres
     assert np.abs(expected).max() > 0.05  # not a test on zeros
 
 
+def test_fisher_steps_shrink_as_an_id_is_seen_by_its_summed_squared_residuals(data):
+    """``fisher``: over two steps on the same batch, each offset keeps ``F``, the sum of its
+    per-step ``sum(p - y)`` squared, and steps ``-sum(p - y) / (1 / rate + F)``: checked against
+    float64 arithmetic on the model's probabilities at each step; the second step of an id seen
+    in both is smaller than a constant step at ``rate`` would be."""
+    schema, batch = data
+    rate = 0.5
+    model = small_model(schema, id_bias=("item",), dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(lr=1e-12), id_bias_rate=rate,
+                               id_bias_step="fisher")(model)
+    ids = batch.candidate_ids["item"].numpy()
+    rows = schema.table("item").num_embeddings
+    expected = np.zeros((rows, len(schema.tasks)))
+    information = np.zeros_like(expected)
+    for _ in range(2):
+        optimizer.zero_grad()
+        logits = model(batch)
+        residual = np.zeros_like(expected)
+        for task_index, task in enumerate(schema.tasks):
+            p = torch.sigmoid(logits[task]).detach().numpy().astype(np.float64)
+            np.add.at(residual[:, task_index], ids,
+                      p - batch.labels[task].numpy().astype(np.float64))
+        loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
+        loss.backward()
+        set_step_impressions(optimizer, batch.num_candidates)
+        optimizer.step()
+        information += residual ** 2
+        step = residual / (1 / rate + information)
+        expected -= step
+        got = model.id_bias.offsets["item"].detach().numpy()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6)
+    seen = np.unique(ids)
+    assert (np.abs(step[seen]) < rate * np.abs(residual[seen]) - 1e-6).all()
+    assert np.abs(expected).max() > 0.05
+    state = optimizer.state[model.id_bias.offsets["item"]]
+    np.testing.assert_allclose(state["fisher"].numpy(), information, rtol=1e-5, atol=1e-7)
+
+
 def test_without_the_impressions_the_step_is_rate_times_the_mean_gradient(data):
     """A caller that does not say how many impressions its loss averages (a benchmark) steps
     at ``rate`` on the loss as it is: ``impressions`` starts at 1."""
     schema, batch = data
     model = small_model(schema, id_bias=("item",), dropout=0.0).train()
-    optimizer = make_optimizer(TrainConfig(), id_bias_rate=0.5)(model)
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=0.5, id_bias_step="constant")(model)
     loss = task_loss_sums(model(batch), batch, schema.tasks).sum() / batch.num_candidates
     loss.backward()
     (offsets,) = id_bias_parameters(model)
@@ -96,7 +134,8 @@ def test_the_offsets_are_their_own_group_and_not_in_adamw(data):
     groups are what they are without them."""
     schema, _ = data
     model = small_model(schema, id_bias=FEATURES)
-    optimizer = make_optimizer(TrainConfig(weight_decay=0.1), id_bias_rate=0.25)(model)
+    optimizer = make_optimizer(TrainConfig(weight_decay=0.1), id_bias_rate=0.25,
+                               id_bias_step="fisher")(model)
     offsets = {id(p) for p in id_bias_parameters(model)}
     assert len(offsets) == 2
     own = [g for g in optimizer.param_groups if g.get("per_impression")]
@@ -106,6 +145,8 @@ def test_the_offsets_are_their_own_group_and_not_in_adamw(data):
     assert not offsets & {id(p) for g in others for p in g["params"]}
     with pytest.raises(ValueError, match="id_bias_rate"):
         make_optimizer(TrainConfig())(model)
+    with pytest.raises(ValueError, match="id_bias_step"):
+        make_optimizer(TrainConfig(), id_bias_rate=0.25)(model)
 
 
 def test_the_offsets_read_the_rows_their_table_maps_raw_ids_to(data):
@@ -148,8 +189,8 @@ def test_a_dense_sharding_without_the_table_optimizer_capability_is_refused():
     plugins = build_plugins()
     flattening = ImplementationSpec(name="flattens", load=object)
     with pytest.raises(GemConfigError, match="model.id_bias.*'flattens'"):
-        check_id_bias_stepper(("item",), 0.5, dense_sharding=flattening, plugins=plugins)
-    check_id_bias_stepper((), 0.5, dense_sharding=flattening, plugins=plugins)
+        check_id_bias_stepper(("item",), 0.5, "fisher", dense_sharding=flattening, plugins=plugins)
+    check_id_bias_stepper((), 0.5, "fisher", dense_sharding=flattening, plugins=plugins)
 
 
 def test_id_bias_only_leaves_the_features_out_of_the_tokens_and_unread_tables_unbuilt(data):
@@ -200,7 +241,7 @@ def test_a_request_features_offsets_step_by_rate_times_clicks_minus_p_over_its_i
         attrs.evolve(f, pooling=pooling) for f in schema.sparse_features))
     rate = 0.29
     model = small_model(schema, id_bias=("user_segment", "item"), dropout=0.0).train()
-    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate)(model)
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate, id_bias_step="constant")(model)
     logits = model(batch)
     probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
     loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates

@@ -51,7 +51,8 @@ class _Row:
         self.model = model
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
                                         feature_tables=model.embeddings,
-                                        id_bias_rate=config.model.id_bias_rate)(model)
+                                        id_bias_rate=config.model.id_bias_rate,
+                                        id_bias_step=config.model.id_bias_step)(model)
         self.times: list[float] = []
         self.losses: list[float] = []
         # Compile seconds and frames compiled during the first step, and during the later ones.

@@ -65,7 +65,8 @@ class _Trainee:
                                  embedding_backend=ReferenceEmbeddingBackend())
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
                                         feature_tables=self.model.embeddings,
-                                        id_bias_rate=config.model.id_bias_rate)(self.model)
+                                        id_bias_rate=config.model.id_bias_rate,
+                                        id_bias_step=config.model.id_bias_step)(self.model)
         self.times: list[float] = []
 
     def step(self, batch, tasks) -> None:

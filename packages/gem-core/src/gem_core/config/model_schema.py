@@ -16,6 +16,9 @@ TOKEN_NORMS = ("none", "batch", "rms", "sample", "cap")
 TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
 """The kinds that keep running statistics (one process only)."""
 
+ID_BIAS_STEPS = ("fisher", "constant")
+"""How ``model.id_bias``'s offsets are stepped (:mod:`gem_core.train.table_optimizer`)."""
+
 CROSS_BRANCH_OPENINGS = ("gate", "heads")
 """How ``cross_branch`` starts shut (built by ``gem_core.model.cross_branch.CrossBranch``)."""
 
@@ -251,14 +254,24 @@ class ModelConfig:
     refused at start-up."""
 
     id_bias_rate: float = attrs.field(default=0.125, validator=greater_than(0))
-    """``id_bias``: the SGD step of an offset per impression, whatever the batch: after the
-    impressions of a step an offset has moved by ``id_bias_rate * sum(click - p)`` over its
-    impressions. Alone, the prior variance of the ids' logit effects weighs an id's few
-    impressions as a posterior would (0.25 for effects of standard deviation 0.5, the
-    Taobao-shaped log's: one pass at 0.25 comes within 0.0005 NE of the offline fit), and a
-    larger rate overshoots. Beside the ids' own embedding rows, which learn the same effect
-    again, half of it did better on every seed measured (0.125 there); with ``id_bias_only``
-    the prior variance itself (docs/results.md)."""
+    """``id_bias``: the prior variance of the ids' logit effects, which is the step of an
+    offset per impression at its first impressions: after a step's impressions an offset has
+    moved by ``id_bias_rate * sum(click - p)`` over its impressions (``id_bias_step``). The
+    variance of the effects weighs an id's few impressions as a posterior would (0.25 for
+    effects of standard deviation 0.5, the Taobao-shaped log's: one pass at 0.25 comes within
+    0.0005 NE of the offline fit), and a larger rate overshoots. Beside the ids' own embedding
+    rows, which learn the same effect again, half of it did better on every seed measured (0.125
+    there); with ``id_bias_only`` the prior variance itself (docs/results.md)."""
+
+    id_bias_step: str = attrs.field(default="fisher", validator=choice(*ID_BIAS_STEPS))
+    """``id_bias``: how an offset's step shrinks as its id is seen. ``fisher``: an online
+    posterior per id, ``b -= sum(p - click) / (1 / id_bias_rate + F)`` with ``F`` the summed
+    squares of the id's per-step ``sum(p - click)`` (the empirical Fisher information), so a
+    frequent id (a category, a user with many impressions) settles on its effect; ``constant``:
+    ``b -= id_bias_rate * sum(p - click)`` at every step, whose offsets jitter about their effect
+    with a spread of about ``sqrt(id_bias_rate / 2)`` once an id is frequent (on the
+    Taobao-shaped log's one-pass reference with offsets for six ids: NE 0.968 where ``fisher``
+    reaches 0.929)."""
 
     id_bias_only: bool = False
     """``id_bias``: its features reach the model through their offsets alone: their vectors

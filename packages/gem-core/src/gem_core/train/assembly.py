@@ -93,6 +93,7 @@ class RunAssembly:
             embedding_sharding=self.backends.embedding_sharding.spec,
             dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
         check_id_bias_stepper(config.model.id_bias, config.model.id_bias_rate,
+                              config.model.id_bias_step,
                               dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
         self.model = build_run_model(self.backends, config.model, self.schema)
         if self.tc.tables_each_pass == "reinitialize":
@@ -115,7 +116,8 @@ class RunAssembly:
             dense_sharding=self.backends.dense_sharding,
             make_optimizer=make_optimizer(self.tc, self.table_optimizer,
                                           feature_tables=self.model.embeddings,
-                                          id_bias_rate=config.model.id_bias_rate),
+                                          id_bias_rate=config.model.id_bias_rate,
+                                          id_bias_step=config.model.id_bias_step),
             config=config,
         )
         if self.tc.tables_each_pass == "reinitialize":

@@ -14,7 +14,8 @@ from gem_core.train.table_optimizer import AdamWWithTables, id_bias_group, table
 
 
 def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None = None, *,
-                   feature_tables: nn.Module | None = None, id_bias_rate: float = 0.0):
+                   feature_tables: nn.Module | None = None, id_bias_rate: float = 0.0,
+                   id_bias_step: str | None = None):
     """An optimizer factory for strategies: AdamW, weight decay on dense matrices only, embedding
     weights (``nn.Embedding``/``nn.EmbeddingBag``) at ``train.embedding_lr_scale``. With
     ``tables.dense_tables = "same"`` (or ``auto``), the weights of ``feature_tables`` (the model's
@@ -26,7 +27,8 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
     for its backends at start-up (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`);
     a caller that steps the model itself in one process (the benchmarks) gets ``same`` for it.
     The offsets of ``model.id_bias`` (:class:`gem_core.model.id_bias.IdBias`) are a group of
-    their own, SGD at ``id_bias_rate`` per impression (:func:`id_bias_group`)."""
+    their own, stepped per impression by ``id_bias_step`` at ``id_bias_rate``
+    (:func:`id_bias_group`)."""
     row_wise = tables is not None and tables.dense_tables in ("same", "auto")
     if row_wise and feature_tables is None:
         raise ValueError("make_optimizer: dense_tables = 'same' needs the feature tables' module")
@@ -43,9 +45,10 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
             if isinstance(sub, (nn.LayerNorm, nn.RMSNorm)):
                 no_decay_ids.update(id(p) for p in sub.parameters(recurse=False))
         offsets = id_bias_parameters(module)
-        if offsets and id_bias_rate <= 0:
+        if offsets and (id_bias_rate <= 0 or id_bias_step is None):
             raise ValueError("make_optimizer: the model has id_bias offsets; give their rate "
-                             "(id_bias_rate, model.id_bias_rate)")
+                             "and step (id_bias_rate, id_bias_step: model.id_bias_rate, "
+                             "model.id_bias_step)")
         offset_ids = {id(p) for p in offsets}
         decay, no_decay, embeddings, rows = [], [], [], []
         for param in module.parameters():
@@ -69,7 +72,8 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
         if rows:
             groups.append(table_group(rows, tables, config.lr))
         if offsets:
-            groups.append(id_bias_group(offsets, id_bias_rate))
+            assert id_bias_step is not None
+            groups.append(id_bias_group(offsets, id_bias_rate, id_bias_step))
         return AdamWWithTables([g for g in groups if g["params"]], lr=config.lr,
                                betas=(0.9, 0.98), eps=1e-8)
 

@@ -22,10 +22,17 @@ same update and FSDP2's shards of a table update their own rows.
 - The learning rate: with ``lr_schedule = "dense"`` the engine sets the group's ``lr`` to the
   schedule times ``lr_scale`` (the table rate over ``train.lr``); with ``constant`` the group's
   ``table_lr``.
-- The per-id offsets of ``model.id_bias`` (:func:`id_bias_group`) are such a group too, stepped by
-  SGD at a rate per impression: the loss is a mean over the step's impressions, so the group's
-  step is ``table_lr`` times the step's impressions (all ranks'), which the trainer gives it
-  before each step (:func:`set_step_impressions`).
+- The per-id offsets of ``model.id_bias`` (:func:`id_bias_group`) are such a group too, stepped
+  per impression: the loss is a mean over the step's impressions, so the group's gradient times
+  the step's impressions (all ranks'), which the trainer gives it before each step
+  (:func:`set_step_impressions`), is each offset's ``sum(p - y)`` over its impressions. Stepped
+  either at a constant rate per impression (``constant``: ``b -= rate * sum(p - y)``) or as an
+  online per-id posterior (``fisher``): each offset keeps ``F``, the sum over steps of its
+  squared ``sum(p - y)`` (whose expectation is the Fisher information ``sum p (1 - p)`` of its
+  impressions: the empirical Fisher), and steps ``b -= sum(p - y) / (1 / rate + F)``, a Newton
+  step under a Gaussian prior of variance ``rate``. At an id's first impressions the two agree;
+  an id seen often takes ever smaller steps, so it settles on its effect instead of jittering
+  about it with a spread of about ``sqrt(rate / 2)`` as a constant step does.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
-from gem_core.config.model_schema import EmbeddingOptimizerConfig
+from gem_core.config.model_schema import ID_BIAS_STEPS, EmbeddingOptimizerConfig
 from gem_core.distributed import local_part
 from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING
 from gem_core.embedding_fused import rowwise_update
@@ -48,13 +55,17 @@ if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
 
-__all__ = ["AdamWWithTables", "check_id_bias_stepper", "id_bias_group",
+__all__ = ["AdamWWithTables", "FISHER", "check_id_bias_stepper", "id_bias_group",
            "resolve_table_optimizer", "row_state", "set_step_impressions", "table_group"]
 
 log = logging.getLogger(__name__)
 
 MOMENTUM = "momentum1"
 """The state key of row-wise Adagrad's per-row sum (FBGEMM's name)."""
+
+FISHER = "fisher"
+"""The state key of the ``fisher`` offsets' summed squared per-impression gradients (one per
+offset: per id and task)."""
 
 
 def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
@@ -68,12 +79,16 @@ def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
             "lr_scale": options.lr / dense_lr}
 
 
-def id_bias_group(params: list[nn.Parameter], rate: float) -> dict[str, Any]:
-    """The parameter group of ``model.id_bias``'s offsets: SGD at ``rate`` per impression (see
-    the module docstring). ``impressions`` starts at 1 (a caller that does not say how many
-    impressions its loss averages, such as a benchmark, steps at ``rate`` on the mean)."""
+def id_bias_group(params: list[nn.Parameter], rate: float, step: str) -> dict[str, Any]:
+    """The parameter group of ``model.id_bias``'s offsets, stepped per impression by ``step``
+    (``fisher`` or ``constant``) at ``rate`` (see the module docstring). ``impressions`` starts
+    at 1 (a caller that does not say how many impressions its loss averages, such as a
+    benchmark, steps on the mean as if it were one impression's)."""
+    if step not in ID_BIAS_STEPS:
+        raise ValueError(f"id_bias step {step!r}: one of {ID_BIAS_STEPS}")
     sgd = EmbeddingOptimizerConfig(name="sgd", lr=rate, dense_tables="same")
-    return {**table_group(params, sgd, dense_lr=rate), "per_impression": True, "impressions": 1.0}
+    return {**table_group(params, sgd, dense_lr=rate), "per_impression": True,
+            "impressions": 1.0, "id_bias_step": step}
 
 
 def set_step_impressions(optimizer: torch.optim.Optimizer, impressions: float) -> None:
@@ -140,11 +155,34 @@ class AdamWWithTables(torch.optim.AdamW):
             self._step_tables(group)
         return loss
 
+    def _step_offsets(self, group: dict[str, Any]) -> None:
+        """``model.id_bias``'s offsets (module docstring): dense gradients, zero where an id had
+        no impression in the step, so such an offset (and its ``F``) is left as it is."""
+        rate, impressions = group["table_lr"], group["impressions"]
+        fisher = group["id_bias_step"] == "fisher"
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            state = self.state[param]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                if fisher:
+                    state[FISHER] = torch.zeros_like(param)  # placed like the offsets
+            state["step"] += 1
+            residual = local_part(param.grad) * impressions  # each offset's sum(p - y)
+            if fisher:
+                information = local_part(state[FISHER])
+                information.addcmul_(residual, residual)
+                local_part(param).sub_(residual / (1.0 / rate + information))
+            else:
+                local_part(param).sub_(rate * residual)
+
     def _step_tables(self, group: dict[str, Any]) -> None:
+        if group.get("per_impression"):
+            self._step_offsets(group)
+            return
         options = _options(group)
         lr = group["lr"] if options.lr_schedule == "dense" else options.lr
-        if group.get("per_impression"):
-            lr = options.lr * group["impressions"]
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -168,10 +206,10 @@ class AdamWWithTables(torch.optim.AdamW):
                            unique=True)
 
 
-def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, *,
+def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, step: str, *,
                           dense_sharding: ImplementationSpec, plugins: GemPlugins) -> None:
-    """At start-up: ``model.id_bias``'s offsets are a group of the dense optimizer stepped by
-    SGD per impression (:func:`id_bias_group`), so the dense sharding must step the optimizer
+    """At start-up: ``model.id_bias``'s offsets are a group of the dense optimizer stepped per
+    impression (:func:`id_bias_group`), so the dense sharding must step the optimizer
     that ``make_optimizer`` built, on the parameters as the module holds them. Logs what the
     run's offsets are."""
     if not id_bias:
@@ -183,8 +221,8 @@ def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, *,
             f"optimizer's step, which the dense sharding {dense_sharding.name!r} does not "
             f"declare ({TABLE_OPTIMIZER}: it flattens parameters into partitions of its own); "
             f"choose one that does ({able}) or leave model.id_bias empty")
-    log.info("model.id_bias: an offset per id and task of %s, stepped by SGD at %g per "
-             "impression (model.id_bias_rate), not by AdamW", ", ".join(id_bias), rate)
+    log.info("model.id_bias: an offset per id and task of %s, stepped per impression (%s, "
+             "model.id_bias_rate %g), not by AdamW", ", ".join(id_bias), step, rate)
 
 
 def resolve_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,

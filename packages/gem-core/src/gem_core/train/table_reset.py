@@ -26,7 +26,7 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -120,19 +120,22 @@ def table_parameters(tables: ReferenceEmbeddingCollection) -> list[nn.Parameter]
 
 @torch.no_grad()
 def reinitialize_tables(tables: ReferenceEmbeddingCollection, optimizer: torch.optim.Optimizer,
-                        *, seed: int, passes: int) -> None:
+                        *, seed: int, passes: int, offsets: Sequence[torch.Tensor] = ()) -> None:
     """Draw the tables' rows anew for the pass after ``passes`` completed ones and zero their
-    optimizer state (module docstring)."""
+    optimizer state (module docstring); ``offsets`` (``model.id_bias``'s, which start at 0) are
+    zeroed with their state."""
     weights = table_parameters(tables)
     for index, weight in enumerate(weights):
         local = local_part(weight)
         local.copy_(draw_rows(local_rows(weight), tuple(weight.shape), std=tables.init_std,
                               seed=seed, passes=passes, table=index, device=local.device,
                               dtype=local.dtype))
-    for weight in weights:
+    for weight in offsets:
+        local_part(weight).zero_()
+    for weight in (*weights, *offsets):
         for value in optimizer.state.get(weight, {}).values():
             if isinstance(value, torch.Tensor):
-                value.zero_()
+                local_part(value).zero_()
 
 
 def draw_rows(rows: range, shape: tuple[int, int], *, std: float, seed: int, passes: int,

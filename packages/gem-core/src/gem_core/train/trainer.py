@@ -27,7 +27,6 @@ from gem_core.distributed import (
     ParallelContext,
     all_reduce_sum,
     init_from_environment,
-    local_part,
     shutdown,
 )
 from gem_core.model.id_bias import id_bias_parameters
@@ -460,13 +459,10 @@ class _Trainer(RunAssembly):
         if (self.tc.tables_each_pass != "reinitialize" or not self.passes_done
                 or self.passes_done <= self.tables_reinitialized):
             return
-        reinitialize_tables(self.model.embeddings, self.engine.optimizer, seed=self.tc.seed,
-                            passes=self.passes_done)
-        # The per-id offsets (model.id_bias; SGD keeps no state) are per-id parameters too.
+        # The per-id offsets (model.id_bias) and their state are per-id parameters too.
         offsets = id_bias_parameters(self.model)
-        with torch.no_grad():
-            for weight in offsets:
-                local_part(weight).zero_()
+        reinitialize_tables(self.model.embeddings, self.engine.optimizer, seed=self.tc.seed,
+                            passes=self.passes_done, offsets=offsets)
         self.tables_reinitialized = self.passes_done
         if self.ctx.is_main:
             log.info("train.tables_each_pass = reinitialize: the feature tables start pass %d "
