@@ -124,6 +124,16 @@ def test_one_pass_offsets_move_by_the_prior_variance_times_each_impressions_resi
     sigmoid = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
     np.testing.assert_allclose(got, [sigmoid(ad[7.0] + user[1.0]), sigmoid(0.0)], rtol=1e-6)
     assert abs(ad[7.0] + user[1.0]) > 0.05 and ad[7.0] != user[1.0]
+    # fisher: each id's step is its residual over (1 / EFFECT_SD^2 + its summed squares so far)
+    got = tool.one_pass_offsets(x, [ads, users], y, np.ones((1, 1)),
+                                [np.array([7.0]), np.array([1.0])], fisher=True)
+    ad, user, seen = {}, {}, {}
+    for a, u, label in zip(ads, users, y):
+        residual = label - 1 / (1 + math.exp(-(ad.get(a, 0.0) + user.get(u, 0.0))))
+        for table, key in ((ad, ("ad", a)), (user, ("user", u))):
+            seen[key] = seen.get(key, 0.0) + residual ** 2
+            table[key[1]] = table.get(key[1], 0.0) + residual / (1 / rate + seen[key])
+    np.testing.assert_allclose(got, [sigmoid(ad[7.0] + user[1.0])], rtol=1e-6)
 
 
 def test_the_user_id_schema_imports_each_requests_user_as_a_sparse_feature(tool, tmp_path):

@@ -449,6 +449,9 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     p_eval = one_pass_offsets(seen_design("train"), ids["train"], column("train", "clk"),
                               seen_design("eval"), ids["eval"])
     result["lr_engaged_viewed_ad_user_one_pass_described_ne"] = ne(p_eval, y_eval)
+    p_eval = one_pass_offsets(seen_design("train"), ids["train"], column("train", "clk"),
+                              seen_design("eval"), ids["eval"], fisher=True)
+    result["lr_engaged_viewed_ad_user_one_pass_fisher_described_ne"] = ne(p_eval, y_eval)
     result["eval_ads_undescribed"] = int((1 - seen["eval"]["ad_described"]).sum())
     engaged, visible = column("eval", "engaged_cate_recent"), column("eval", "engaged_visible_256")
     result["eval_engaged"] = int(engaged.sum())
@@ -457,23 +460,30 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
 
 
 def one_pass_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval: np.ndarray,
-                     ids_eval: list[np.ndarray]) -> np.ndarray:
+                     ids_eval: list[np.ndarray], fisher: bool = False) -> np.ndarray:
     """Eval probabilities of ``sigmoid(x w + sum_k b_k[id_k])`` with ``w`` the logistic
     regression on ``x`` and each id column's offsets ``b_k`` learnt online, one impression at a
     time in the rows' order, each by ``b += EFFECT_SD^2 (y - p)``: per-impression SGD at the
-    prior's variance, close to the posterior mean while an id has few impressions. An id without
-    training rows keeps 0."""
+    prior's variance, close to the posterior mean while an id has few impressions. With
+    ``fisher``, as ``model.id_bias_step = "fisher"`` steps: ``b += (y - p) / (1 / EFFECT_SD^2 +
+    F)``, ``F`` the id's summed ``(y - p)^2`` including this one. An id without training rows
+    keeps 0."""
     from gem_data.indicator_ne import fit_logistic, sigmoid
 
     weights = fit_logistic(x, y)
     base = x @ weights
     offsets: list[dict[float, float]] = [{} for _ in ids]
+    information: list[dict[float, float]] = [{} for _ in ids]
     columns = [column.tolist() for column in ids]
     for row, (logit, label) in enumerate(zip(base.tolist(), y.tolist())):
         keys = [column[row] for column in columns]
         total = logit + sum(table.get(key, 0.0) for table, key in zip(offsets, keys))
-        step = EFFECT_SD ** 2 * (label - 1.0 / (1.0 + np.exp(-total)))
-        for table, key in zip(offsets, keys):
+        residual = label - 1.0 / (1.0 + np.exp(-total))
+        for table, seen, key in zip(offsets, information, keys):
+            step = EFFECT_SD ** 2 * residual
+            if fisher:
+                seen[key] = seen.get(key, 0.0) + residual ** 2
+                step = residual / (1 / EFFECT_SD ** 2 + seen[key])
             table[key] = table.get(key, 0.0) + step
     eval_offsets = sum(np.array([table.get(key, 0.0) for key in column.tolist()])
                        for table, column in zip(offsets, ids_eval))
