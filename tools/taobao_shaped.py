@@ -452,6 +452,15 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     p_eval = one_pass_offsets(seen_design("train"), ids["train"], column("train", "clk"),
                               seen_design("eval"), ids["eval"], fisher=True)
     result["lr_engaged_viewed_ad_user_one_pass_fisher_described_ne"] = ne(p_eval, y_eval)
+    # The ids alone (no indicator: what a model that does not match the candidate against the
+    # history can learn): the offsets per ad, and per ad and user, learnt in one pass.
+    described = {split: np.column_stack([np.ones(seen[split]["ad_described"].size),
+                                         seen[split]["ad_described"]]) for split in splits}
+    for label, width in (("ad", 1), ("ad_user", 2)):
+        p_eval = one_pass_offsets(described["train"], ids["train"][:width],
+                                  column("train", "clk"), described["eval"],
+                                  ids["eval"][:width], fisher=True)
+        result[f"lr_{label}_one_pass_fisher_described_ne"] = ne(p_eval, y_eval)
     result["eval_ads_undescribed"] = int((1 - seen["eval"]["ad_described"]).sum())
     engaged, visible = column("eval", "engaged_cate_recent"), column("eval", "engaged_visible_256")
     result["eval_engaged"] = int(engaged.sum())
