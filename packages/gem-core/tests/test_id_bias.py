@@ -297,3 +297,24 @@ def test_a_request_feature_through_its_offsets_alone_and_names_with_their_kind(d
         check_id_bias_features(["event.item"], both)
     with pytest.raises(ValueError, match="twice"):
         check_id_bias_features(["item", "candidate.item"], schema)
+
+
+def test_gradient_clipping_leaves_the_offsets_gradients_as_they_are(data):
+    """``train.grad_clip`` scales the rest of the model's gradients, not the offsets': their
+    step is set per impression. The norm it returns is that of the clipped parameters."""
+    from gem_core.engine import Engine, clipped_parameters
+
+    schema, batch = data
+    model = small_model(schema, id_bias=("item",), dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(), id_bias_rate=0.25, id_bias_step="fisher")(model)
+    loss = task_loss_sums(model(batch), batch, schema.tasks).sum() / batch.num_candidates
+    (loss * 1000).backward()  # gradients far above the clip
+    (offsets,) = id_bias_parameters(model)
+    before = offsets.grad.clone()
+    others = clipped_parameters(model)
+    assert others and all(p is not offsets for p in others)
+    norm = Engine(model, optimizer).clip_grad_norm(1.0)
+    assert float(norm) > 10
+    assert torch.equal(offsets.grad, before) and before.abs().max() > 0
+    clipped = torch.nn.utils.get_total_norm([p.grad for p in others])
+    assert float(clipped) == pytest.approx(1.0, rel=1e-4)

@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from gem_core.config.validators import at_least
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
-from gem_core.engine import Engine, local_cpu_copy, scale_to_max_norm
+from gem_core.engine import Engine, clipped_parameters, local_cpu_copy, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.model.moe import MixtureOfExperts
 from gem_core.model.moe_experts import ExpertMLPs
@@ -397,7 +397,7 @@ class ExpertParallelEngine(Engine):
 
     def clip_grad_norm(self, max_norm: float) -> Tensor:
         experts = {id(p) for p in expert_parameters(self.model)}
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = clipped_parameters(self.model)
         dense = [p.grad for p in params if id(p) not in experts]
         squares = torch.zeros((), dtype=torch.float64)
         if dense:

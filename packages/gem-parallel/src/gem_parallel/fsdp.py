@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext
-from gem_core.engine import Engine, scale_to_max_norm
+from gem_core.engine import Engine, clipped_parameters, scale_to_max_norm
 from gem_core.errors import GemConfigError
 from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
 from gem_parallel.eval_replica import EvalReplica
@@ -172,7 +172,7 @@ class FsdpEngine(Engine):
         return self.replica(batch)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = clipped_parameters(self.model)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):
             # A partial (per-shard) norm: reduce it over the mesh to the global one.

@@ -110,7 +110,8 @@ class TrainConfig:
     ``auto``: ``constant`` with ``data.order = "time"``, else ``cosine``."""
 
     grad_clip: float = attrs.field(default=1.0, validator=at_least(0))
-    """Global gradient-norm clip; 0 disables clipping."""
+    """Global gradient-norm clip; 0 disables clipping. It covers every parameter the dense step
+    steps but ``model.id_bias``'s offsets, whose step is set per impression."""
 
     eval_every: int = attrs.field(default=100, validator=at_least(0))
     """Evaluate every N steps (and always at the end); 0: only at the end."""
