@@ -29,6 +29,7 @@ def test_the_missing_keys_take_the_behaviour_before_them_and_present_ones_stay()
     assert stored == kept  # not changed in place
     assert filled["model"]["numeric_scale"] == "none"
     assert filled["model"]["cross_branch_opening"] == "gate"
+    assert filled["model"]["id_bias_step"] == "constant"
     # Where a default changed, today's default differs from what the old version did.
     today = unstructure(load_config(preset="tiny"))
     for (section, key), before in BEHAVIOUR_BEFORE_THE_KEY.items():

@@ -19,6 +19,8 @@ BEHAVIOUR_BEFORE_THE_KEY: dict[tuple[str, str], Any] = {
     ("model", "numeric_scale"): "none",
     # the cross branch opened through a gate before its heads could open it (2026-12-05)
     ("model", "cross_branch_opening"): "gate",
+    # id_bias's offsets were stepped at a constant rate before the per-id posterior (2026-12-06)
+    ("model", "id_bias_step"): "constant",
 }
 
 
