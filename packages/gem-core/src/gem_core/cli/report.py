@@ -67,6 +67,43 @@ def compare(run_dirs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
         click.echo("config differences: none (the runs have the same config)")
 
 
+@runs.command("seeds")
+@click.argument("run_dirs", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False))
+@click.option("--seed-key", "seed_keys", multiple=True,
+              help="A config key whose values tell the repetitions of one configuration apart "
+                   "(repeatable; default: train.seed and data.path).")
+@click.option("--ignore-key", "ignored_keys", multiple=True,
+              help="A config key that does not set configurations apart in these runs "
+                   "(repeatable), such as a setting that does not act in them.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: tuple[str, ...],
+          as_json: bool) -> None:
+    """Configurations repeated over seeds, each compared with the first seed by seed: every
+    task's NE, AUC and GAUC as mean and standard deviation over its runs, and the paired
+    difference to the first configuration with the number of seeds it is better on."""
+    from gem_core.report.runs import read_run
+    from gem_core.report.seeds import DEFAULT_SEED_KEYS, arms_json, seed_arms
+
+    arms = seed_arms([read_run(d) for d in run_dirs], seed_keys or DEFAULT_SEED_KEYS,
+                     ignored_keys)
+    if as_json:
+        click.echo(json.dumps(arms_json(arms)))
+        return
+    for number, arm in enumerate(arms, 1):
+        click.echo(f"arm {number}: {arm.label} ({len(arm.runs)} runs: "
+                   f"{', '.join(r.label for r in arm.runs.values())})")
+        if number > 1 and not arm.paired:
+            click.echo("  (no seed in common with arm 1: not paired)")
+        for name, spread in arm.figures.items():
+            line = f"  {name:<14}{spread.mean:.4f} ± {spread.sd:.4f} ({spread.count})"
+            if name in arm.paired:
+                diff = arm.paired[name]
+                line += (f"   paired {diff.mean:+.4f} ± {diff.sd:.4f}, better on "
+                         f"{arm.better[name]} of {diff.count}")
+            click.echo(line)
+
+
 def _print_table(labels: list[str], rows: list[tuple[str, list]]) -> None:
     from gem_core.report.html import display
 

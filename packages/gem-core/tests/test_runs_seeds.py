@@ -1,0 +1,93 @@
+"""``gem runs seeds``: runs grouped into configurations repeated over seeds, each compared with
+the first seed by seed (gem_core.report.seeds)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gem_core.cli.report import runs
+from gem_core.config import load_config, unstructure
+from gem_core.errors import GemConfigError
+from gem_core.report.runs import read_run
+from gem_core.report.seeds import seed_arms
+
+# NE of each arm's run per seed: the seeds move both arms together (0.93, 0.94, 0.95), the
+# option gains 0.002, 0.001 and 0.003 on them.
+BASE = {0: 0.9312, 1: 0.9415, 2: 0.9508}
+GAIN = {0: 0.002, 1: 0.001, 2: 0.003}
+
+
+def _run(root: Path, name: str, seed: int, ne: float, *overrides: str,
+         drop: tuple[str, str] | None = None) -> Path:
+    config = unstructure(load_config(preset="tiny", overrides=[
+        f"train.seed={seed}", f"data.path=logs/s{seed}", *overrides]))
+    if drop is not None:  # as a version before the key wrote it
+        del config[drop[0]][drop[1]]
+    path = root / name
+    path.mkdir()
+    (path / "summary.json").write_text(json.dumps({
+        "run": {"steps": 10}, "config": config,
+        "eval": {"click": {"ne": ne, "auc": 1.5 - ne, "gauc": 1.4 - ne}}}))
+    return path
+
+
+@pytest.fixture()
+def two_arms(tmp_path) -> list[Path]:
+    base = [_run(tmp_path, f"base-{s}", s, ne) for s, ne in BASE.items()]
+    option = [_run(tmp_path, f"bias-{s}", s, BASE[s] - GAIN[s], 'model.id_bias=["item"]')
+              for s in (2, 0, 1)]  # any order
+    return base + option
+
+
+def test_arms_are_compared_seed_by_seed(two_arms):
+    first, second = seed_arms([read_run(p) for p in two_arms])
+    assert first.label == "baseline" and second.label == 'model.id_bias=["item"]'
+    assert first.figures["click.ne"].mean == pytest.approx(statistics.mean(BASE.values()))
+    assert first.figures["click.ne"].sd == pytest.approx(statistics.stdev(BASE.values()))
+    paired = second.paired["click.ne"]
+    assert paired.count == 3
+    assert paired.mean == pytest.approx(-statistics.mean(GAIN.values()))
+    assert paired.sd == pytest.approx(statistics.stdev(GAIN.values()))
+    # The seeds' spread (0.01) is far larger than the paired differences' (0.001).
+    assert second.figures["click.ne"].sd > 5 * paired.sd
+    assert second.better == {"click.ne": 3, "click.auc": 3, "click.gauc": 3}
+    assert not first.paired
+
+
+def test_the_command_prints_and_writes_json(two_arms):
+    result = CliRunner().invoke(runs, ["seeds", *map(str, two_arms)])
+    assert result.exit_code == 0, result.output
+    assert "arm 2: model.id_bias=[\"item\"] (3 runs" in result.output
+    assert "paired -0.0020 ± 0.0010, better on 3 of 3" in result.output
+    result = CliRunner().invoke(runs, ["seeds", "--json", *map(str, two_arms)])
+    arms = json.loads(result.output)["arms"]
+    assert [arm["better_on"]["click.ne"] for arm in arms[1:]] == [3]
+    assert arms[1]["paired_difference"]["click.ne"]["count"] == 3
+
+
+def test_a_run_written_before_a_key_joins_the_arm_that_behaves_as_it_did(tmp_path):
+    """A configuration without ``model.id_bias_step`` was trained with constant steps: it is
+    the arm of runs that name ``constant``, not of today's default."""
+    old = _run(tmp_path, "old", 0, 0.93, drop=("model", "id_bias_step"))
+    constant = _run(tmp_path, "constant", 1, 0.94, "model.id_bias_step=constant")
+    today = _run(tmp_path, "today", 2, 0.95)
+    arms = seed_arms([read_run(p) for p in (old, constant, today)])
+    assert [sorted(r.label for r in arm.runs.values()) for arm in arms] == [
+        ["constant", "old"], ["today"]]
+    assert arms[1].label == 'model.id_bias_step="fisher"' and not arms[1].paired
+
+
+def test_ignored_keys_and_repeated_seeds(tmp_path):
+    a = _run(tmp_path, "a", 0, 0.93)
+    b = _run(tmp_path, "b", 1, 0.94, "train.eval_every=50")
+    assert len(seed_arms([read_run(a), read_run(b)])) == 2
+    (arm,) = seed_arms([read_run(a), read_run(b)], ignored_keys=["train.eval_every"])
+    assert len(arm.runs) == 2
+    again = _run(tmp_path, "again", 0, 0.95)
+    with pytest.raises(GemConfigError, match=r"a and .*again have the same configuration"):
+        seed_arms([read_run(a), read_run(again)])
