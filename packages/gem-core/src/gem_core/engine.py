@@ -11,15 +11,14 @@ OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 """Builds the optimizer for a (wrapped or sharded) module; strategies call it after wrapping."""
 
 
-def clipped_parameters(model: nn.Module) -> list[nn.Parameter]:
+def clipped_parameters(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
     """The parameters with gradients that ``train.grad_clip`` clips and ``grad_norm`` measures:
-    all but ``model.id_bias``'s offsets, whose step is set per impression by their own group
-    (:func:`gem_core.train.table_optimizer.id_bias_group`) and must not shrink when the rest of
-    the model's gradients are large."""
-    from gem_core.model.id_bias import id_bias_parameters
-
-    offsets = {id(p) for p in id_bias_parameters(model)}
-    return [p for p in model.parameters() if p.grad is not None and id(p) not in offsets]
+    all but those of the optimizer's groups marked ``per_impression`` (``model.id_bias``'s
+    offsets, :func:`gem_core.train.table_optimizer.id_bias_group`), whose step is set per
+    impression and must not shrink when the rest of the model's gradients are large."""
+    own_step = {id(p) for group in optimizer.param_groups if group.get("per_impression")
+                for p in group["params"]}
+    return [p for p in model.parameters() if p.grad is not None and id(p) not in own_step]
 
 
 class Engine:
@@ -67,7 +66,7 @@ class Engine:
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip to ``max_norm`` (0: only measure) and return the global gradient norm, over
         :func:`clipped_parameters`."""
-        params = clipped_parameters(self.model)
+        params = clipped_parameters(self.model, self.optimizer)
         if max_norm > 0:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         return torch.nn.utils.get_total_norm([p.grad for p in params])

@@ -397,7 +397,7 @@ class ExpertParallelEngine(Engine):
 
     def clip_grad_norm(self, max_norm: float) -> Tensor:
         experts = {id(p) for p in expert_parameters(self.model)}
-        params = clipped_parameters(self.model)
+        params = clipped_parameters(self.model, self.optimizer)
         dense = [p.grad for p in params if id(p) not in experts]
         squares = torch.zeros((), dtype=torch.float64)
         if dense:

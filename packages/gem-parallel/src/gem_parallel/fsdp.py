@@ -172,7 +172,7 @@ class FsdpEngine(Engine):
         return self.replica(batch)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        params = clipped_parameters(self.model)
+        params = clipped_parameters(self.model, self.optimizer)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):
             # A partial (per-shard) norm: reduce it over the mesh to the global one.
