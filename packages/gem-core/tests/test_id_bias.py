@@ -24,6 +24,19 @@ def data():
     return synthetic_batch(16, max_seq_len=24, seed=3, candidates=3)
 
 
+def _train_step(model, optimizer, batch, tasks) -> dict[str, torch.Tensor]:
+    """One trainer-like step (mean loss over the batch's impressions, the impressions told to
+    the offsets' group); the probabilities the step's forward gave."""
+    optimizer.zero_grad()
+    logits = model(batch)
+    probabilities = {t: torch.sigmoid(logits[t]).detach() for t in tasks}
+    loss = task_loss_sums(logits, batch, tasks).sum() / batch.num_candidates
+    loss.backward()
+    set_step_impressions(optimizer, batch.num_candidates)
+    optimizer.step()
+    return probabilities
+
+
 def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impressions(data):
     """The trainer's loss is the mean over the step's impressions; with the step's impressions
     given, the offsets' group steps ``rate * sum(y - p)`` over each id's impressions, per task:
@@ -33,12 +46,7 @@ def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impres
     rate = 0.37
     model = small_model(schema, id_bias=FEATURES, dropout=0.0).train()
     optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate, id_bias_step="constant")(model)
-    logits = model(batch)
-    probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
-    loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
-    loss.backward()
-    set_step_impressions(optimizer, batch.num_candidates)
-    optimizer.step()
+    probabilities = _train_step(model, optimizer, batch, schema.tasks)
     items = batch.candidate_ids["item"].numpy()
     assert len(set(items)) < items.size, "the test needs an id seen twice in the batch"
     for name in FEATURES:
@@ -68,17 +76,12 @@ def test_fisher_steps_shrink_as_an_id_is_seen_by_its_summed_squared_residuals(da
     expected = np.zeros((rows, len(schema.tasks)))
     information = np.zeros_like(expected)
     for _ in range(2):
-        optimizer.zero_grad()
-        logits = model(batch)
+        probabilities = _train_step(model, optimizer, batch, schema.tasks)
         residual = np.zeros_like(expected)
         for task_index, task in enumerate(schema.tasks):
-            p = torch.sigmoid(logits[task]).detach().numpy().astype(np.float64)
+            p = probabilities[task].numpy().astype(np.float64)
             np.add.at(residual[:, task_index], ids,
                       p - batch.labels[task].numpy().astype(np.float64))
-        loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
-        loss.backward()
-        set_step_impressions(optimizer, batch.num_candidates)
-        optimizer.step()
         information += residual ** 2
         step = residual / (1 / rate + information)
         expected -= step
@@ -242,12 +245,7 @@ def test_a_request_features_offsets_step_by_rate_times_clicks_minus_p_over_its_i
     rate = 0.29
     model = small_model(schema, id_bias=("user_segment", "item"), dropout=0.0).train()
     optimizer = make_optimizer(TrainConfig(), id_bias_rate=rate, id_bias_step="constant")(model)
-    logits = model(batch)
-    probabilities = {t: torch.sigmoid(logits[t]).detach() for t in schema.tasks}
-    loss = task_loss_sums(logits, batch, schema.tasks).sum() / batch.num_candidates
-    loss.backward()
-    set_step_impressions(optimizer, batch.num_candidates)
-    optimizer.step()
+    probabilities = _train_step(model, optimizer, batch, schema.tasks)
     bag = batch.sparse["user_segment"]
     values, offsets = bag.values.numpy(), bag.offsets.numpy()
     assert (np.diff(offsets) > 1).any(), "the test needs bags of several ids"

@@ -38,7 +38,7 @@ same update and FSDP2's shards of a table update their own rows.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 import torch
@@ -155,6 +155,17 @@ class AdamWWithTables(torch.optim.AdamW):
             self._step_tables(group)
         return loss
 
+    def _counted_state(self, param: Tensor,
+                       initial: Callable[[Tensor], dict[str, Tensor]]) -> dict[str, Any]:
+        """``param``'s state with its step counted: made at its first step as a step count (as
+        AdamW keeps, and its load_state_dict expects of any state) plus ``initial(param)``."""
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state.update(initial(param))
+        state["step"] += 1
+        return state
+
     def _step_offsets(self, group: dict[str, Any]) -> None:
         """``model.id_bias``'s offsets (module docstring): dense gradients, zero where an id had
         no impression in the step, so such an offset (and its ``F``) is left as it is."""
@@ -163,12 +174,9 @@ class AdamWWithTables(torch.optim.AdamW):
         for param in group["params"]:
             if param.grad is None:
                 continue
-            state = self.state[param]
-            if not state:
-                state["step"] = torch.tensor(0.0)
-                if fisher:
-                    state[FISHER] = torch.zeros_like(param)  # placed like the offsets
-            state["step"] += 1
+            # F is placed like the offsets (a DTensor under FSDP2).
+            state = self._counted_state(
+                param, lambda p: {FISHER: torch.zeros_like(p)} if fisher else {})
             residual = local_part(param.grad) * impressions  # each offset's sum(p - y)
             if fisher:
                 information = local_part(state[FISHER])
@@ -186,13 +194,8 @@ class AdamWWithTables(torch.optim.AdamW):
         for param in group["params"]:
             if param.grad is None:
                 continue
-            state = self.state[param]
-            if not state:
-                # A step count, as AdamW keeps (and its load_state_dict expects of any state).
-                state["step"] = torch.tensor(0.0)
-                if options.name == "rowwise_adagrad":
-                    state[MOMENTUM] = _new_momentum(param)
-            state["step"] += 1
+            state = self._counted_state(param, lambda p: (
+                {MOMENTUM: _new_momentum(p)} if options.name == "rowwise_adagrad" else {}))
             grad = local_part(param.grad)
             # Both ways give distinct rows: coalesce() sums a sparse gradient's duplicates.
             if grad.is_sparse:
