@@ -1,5 +1,6 @@
 """``gem train --nproc-per-node 2 --embedding-sharding torchrec`` end to end: TorchRec-sharded
-tables (row-wise Adagrad fused in the backward) with DDP and with FSDP2 dense parameters."""
+tables (row-wise Adagrad fused in the backward) with DDP and with FSDP2 dense parameters, and
+``model.id_bias``'s offsets among the dense ones."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ SMALL = ["--preset", "tiny", "--nproc-per-node", "2", "--embedding-sharding", "t
          "--set", "train.steps=6", "--set", "train.batch_size=64", "--set", "data.eval_rows=256",
          "--set", "train.eval_batch_size=256", "--set", "train.warmup_steps=2",
          "--set", "train.eval_every=0", "--set", "train.checkpoint_every=3",
-         "--set", "data.max_seq_len=48", "--no-progress"]
+         "--set", "data.max_seq_len=48", "--no-progress",
+         # Per-id offsets beside the sharded tables: dense parameters of the model (DDP
+         # replicates them, FSDP2 shards them), stepped per impression of the global batch.
+         "--set", 'model.id_bias=["item"]', "--set", "model.id_bias_rate=0.5"]
 # The tables of the synthetic source's schema (tiny preset): event features item and action,
 # candidate features item (sharing the event table), advertiser and category, two context features.
 TABLES = {"item", "action", "advertiser", "category", "user_segment", "context"}
@@ -61,6 +65,14 @@ def test_ddp_trains_and_reports_the_plan(ddp_run):
     assert {r["sparse_lr"] for r in records} == {0.02}
     losses = _losses(out)
     assert len(losses) == 6 and losses[-1] < losses[0]
+    # The offsets moved, and their per-offset state came back with the resumed run.
+    from gem_core.checkpoint.checkpointer import read_checkpoint
+
+    engine = read_checkpoint(out / "checkpoints" / "step-00000006")["engine"]
+    assert engine["model"]["id_bias.offsets.item"].abs().max() > 0.05
+    fisher = engine["optimizer"]["state"]["id_bias.offsets.item"]["fisher"]
+    assert fisher.shape == engine["model"]["id_bias.offsets.item"].shape
+    assert int(engine["optimizer"]["state"]["id_bias.offsets.item"]["step"]) == 6
 
 
 @pytest.mark.distributed

@@ -221,3 +221,31 @@ def test_token_norm_is_refused_on_several_ranks_as_gem_train_refuses_it(plugins)
     assert plan(config, Layout(gpus=1, gpu_memory_gib=1), plugins)["parameters"]["dense"] > 0
     with pytest.raises(GemConfigError, match="differ between the 4 ranks"):
         plan(config, Layout(gpus=4, gpu_memory_gib=1, dense="fsdp2"), plugins)
+
+
+def test_id_bias_offsets_are_planned_with_their_own_state(plugins):
+    """``model.id_bias``'s offsets are dense parameters (held, reduced and sharded with them)
+    whose step keeps one float each under ``fisher`` and none under ``constant``, not AdamW's
+    two moments; a dense sharding that cannot step them is refused as ``gem train`` refuses it."""
+    from gem_core.errors import GemConfigError
+
+    def planned(dense, gpus, *sets):
+        config = load_config(preset="tiny", overrides=(*TINY, *sets))
+        return plan(config, Layout(gpus=gpus, gpu_memory_gib=1, dense=dense), plugins)
+
+    offsets = ('model.id_bias=["item"]',)
+    for dense, gpus in (("ddp", 4), ("fsdp2", 4), ("none", 1)):
+        over = gpus if dense == "fsdp2" else 1
+        without = planned(dense, gpus)
+        for step, state in (("fisher", 4), ("constant", 0)):
+            result = planned(dense, gpus, *offsets, f"model.id_bias_step={step}")
+            count = result["parameters"]["id_bias"]
+            # one per item id and task (the synthetic source: click and conversion)
+            assert count == 2 * without["tables"]["item"]["num_embeddings"] > 0
+            assert result["parameters"]["dense"] == without["parameters"]["dense"] + count
+            mem, base = result["memory_bytes_per_rank"], without["memory_bytes_per_rank"]
+            assert mem["dense_params"] - base["dense_params"] == count * 4 / over
+            assert mem["dense_grads"] - base["dense_grads"] == count * 4 / over
+            assert mem["dense_optimizer"] - base["dense_optimizer"] == count * state / over
+    with pytest.raises(GemConfigError, match="does not declare"):
+        planned("deepspeed-zero1", 2, *offsets)

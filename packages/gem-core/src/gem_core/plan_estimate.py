@@ -35,6 +35,10 @@ TABLE_STATE_BYTES = {"adamw": None, "rowwise_adagrad": FP32_BYTES, "sgd": 0}
 """Optimizer state per table row by table optimizer (``adamw``: per parameter, as
 :data:`ADAM_STATE_BYTES`)."""
 
+ID_BIAS_STATE_BYTES = {"fisher": FP32_BYTES, "constant": 0}
+"""Optimizer state per offset of ``model.id_bias`` by ``model.id_bias_step`` (``fisher``: its
+summed squared residual, :data:`gem_core.train.table_optimizer.FISHER`)."""
+
 
 @attrs.frozen(kw_only=True)
 class MoeLayerFacts:
@@ -116,6 +120,15 @@ class PlanFacts:
     """Whether those tables keep a gradient tensor (a fused backward updates the rows it looked
     up and keeps none)."""
 
+    id_bias_offsets: int = 0
+    """Offsets of ``model.id_bias`` (one per id and task of its features), counted in
+    ``dense_parameters`` too: held, reduced and sharded with the dense parameters, but stepped
+    by their own rule, not by AdamW."""
+
+    id_bias_state_bytes: int = attrs.field(
+        default=0, validator=attrs.validators.in_(set(ID_BIAS_STATE_BYTES.values())))
+    """Optimizer state per offset (:data:`ID_BIAS_STATE_BYTES` of ``model.id_bias_step``)."""
+
     @property
     def expert_parameters(self) -> int:
         return sum(layer.expert_parameters for layer in self.moe_layers)
@@ -176,6 +189,23 @@ def adam_memory(prefix: str, parameters: float, *, params_over: int = 1, grads_o
             f"{prefix}_grads": MemoryRow(GRADIENTS, parameters * FP32_BYTES / grads_over),
             f"{prefix}_optimizer": MemoryRow(OPTIMIZER_STATE,
                                              parameters * ADAM_STATE_BYTES / optimizer_over)}
+
+
+def dense_memory(facts: PlanFacts, parameters: float | None = None, *, params_over: int = 1,
+                 grads_over: int = 1, optimizer_over: int = 1) -> dict[str, MemoryRow]:
+    """:func:`adam_memory`'s ``dense_*`` rows for the dense optimizer's ``parameters``
+    (default ``facts.dense_parameters``; a strategy that holds part of them elsewhere, such as
+    experts, passes the rest), with the optimizer row of ``model.id_bias``'s offsets at their
+    own state (:data:`ID_BIAS_STATE_BYTES`) instead of AdamW's two moments."""
+    held = facts.dense_parameters if parameters is None else parameters
+    if facts.id_bias_offsets > held:
+        raise ValueError(f"{facts.id_bias_offsets} id_bias offsets among {held} dense parameters")
+    rows = adam_memory("dense", held, params_over=params_over, grads_over=grads_over,
+                       optimizer_over=optimizer_over)
+    state = ((held - facts.id_bias_offsets) * ADAM_STATE_BYTES
+             + facts.id_bias_offsets * facts.id_bias_state_bytes)
+    rows["dense_optimizer"] = MemoryRow(OPTIMIZER_STATE, state / optimizer_over)
+    return rows
 
 
 def _table_bytes(facts: PlanFacts, table: TableFacts) -> tuple[int, int, int]:

@@ -24,9 +24,9 @@ class SingleProcess(DenseSharding):
 
     def plan_estimate(self, facts, options):
         """Everything on the one rank; nothing sent."""
-        from gem_core.plan_estimate import Estimate, adam_memory
+        from gem_core.plan_estimate import Estimate, dense_memory
         if facts.world_size > 1:
             raise ValueError(f"dense_sharding 'none' runs one process; the layout has "
                              f"{facts.world_size} GPUs")
-        return Estimate(memory=adam_memory("dense", facts.dense_parameters),
+        return Estimate(memory=dense_memory(facts),
                         communication={"dense": 0})

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gem_core.contracts import DenseSharding
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine
-from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
+from gem_core.plan_estimate import Estimate, PlanFacts, dense_memory, ring_fraction
 
 
 class DistributedDataParallelStrategy(DenseSharding):
@@ -30,7 +30,7 @@ class DistributedDataParallelStrategy(DenseSharding):
         """Every rank holds every dense parameter, gradient and moment; the gradients are
         all-reduced."""
         n, size = facts.world_size, facts.dense_parameters * 4
-        return Estimate(memory=adam_memory("dense", facts.dense_parameters),
+        return Estimate(memory=dense_memory(facts),
                         communication={"dense": 2 * ring_fraction(n) * size if n > 1 else 0})
 
 

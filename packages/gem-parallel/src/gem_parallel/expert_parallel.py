@@ -52,6 +52,7 @@ from gem_core.plan_estimate import (
     MemoryRow,
     PlanFacts,
     adam_memory,
+    dense_memory,
     moe_all_to_all_bytes,
     ring_fraction,
 )
@@ -336,7 +337,7 @@ class ExpertParallelStrategy(DenseSharding):
                                               in_dim=layer.in_dim, out_dim=layer.out_dim,
                                               ep_size=ep) for layer in facts.moe_layers)
         dense = facts.dense_parameters - expert_params
-        memory: dict[str, MemoryRow] = adam_memory("dense", dense, params_over=n, grads_over=n,
+        memory: dict[str, MemoryRow] = dense_memory(facts, dense, params_over=n, grads_over=n,
                                                    optimizer_over=n)
         memory.update(adam_memory("expert", held))
         dense_bytes = int(3 * ring_fraction(n) * dense * 4) if n > 1 else 0

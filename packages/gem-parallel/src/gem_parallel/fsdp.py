@@ -30,7 +30,7 @@ from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext
 from gem_core.engine import Engine, clipped_parameters, scale_to_max_norm
 from gem_core.errors import GemConfigError
-from gem_core.plan_estimate import Estimate, PlanFacts, adam_memory, ring_fraction
+from gem_core.plan_estimate import Estimate, PlanFacts, dense_memory, ring_fraction
 from gem_parallel.eval_replica import EvalReplica
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ class FullyShardedStrategy(DenseSharding):
         n, dense = facts.world_size, facts.dense_parameters
         size = dense * 4
         if not self.hybrid:
-            return Estimate(memory=adam_memory("dense", dense, params_over=n, grads_over=n,
-                                               optimizer_over=n),
+            return Estimate(memory=dense_memory(facts, params_over=n, grads_over=n,
+                                                optimizer_over=n),
                             communication={"dense": 3 * ring_fraction(n) * size if n > 1 else 0})
         opts = options
         shard = opts.dp_shard or (n // opts.dp_replicate if opts.dp_replicate else n)
@@ -142,8 +142,8 @@ class FullyShardedStrategy(DenseSharding):
         replicas = n // shard
         inner = 3 * (shard - 1) / shard * size
         outer = 2 * (replicas - 1) / replicas * size / shard if replicas > 1 else 0
-        return Estimate(memory=adam_memory("dense", dense, params_over=shard, grads_over=shard,
-                                           optimizer_over=shard),
+        return Estimate(memory=dense_memory(facts, params_over=shard, grads_over=shard,
+                                            optimizer_over=shard),
                         communication={"dense": inner + outer if n > 1 else 0})
 
 

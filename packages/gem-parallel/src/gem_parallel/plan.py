@@ -31,9 +31,11 @@ from gem_core.distributed import ParallelContext
 from gem_core.embedding import ReferenceEmbeddingBackend, check_fused_optimizer
 from gem_core.model.building import build_checked, check_token_norm
 from gem_core.model.features import FeatureLookup
+from gem_core.model.id_bias import id_bias_parameters
 from gem_core.model.summary import parameter_counts
 from gem_core.norm import ReferenceNorm
 from gem_core.plan_estimate import (
+    ID_BIAS_STATE_BYTES,
     MEMORY_CATEGORIES,
     Estimate,
     MoeLayerFacts,
@@ -45,7 +47,7 @@ from gem_core.plugins import GemPlugins
 from gem_core.registry import AutoContext
 from gem_core.schema import EmbeddingTable, FeatureSchema
 from gem_core.train.applied import config_as_source_applies
-from gem_core.train.table_optimizer import resolve_table_optimizer
+from gem_core.train.table_optimizer import check_id_bias_stepper, resolve_table_optimizer
 
 GIB = 2**30
 MEASURE_ROWS = 4096  # table rows of the activation-measuring copy
@@ -258,11 +260,17 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
     check_token_norm(config.model, world_size=n)  # what gem train refuses at start-up
+    check_id_bias_stepper(config.model.id_bias, config.model.id_bias_rate,
+                          config.model.id_bias_step,
+                          dense_sharding=plugins.registry("dense_sharding").get(layout.dense),
+                          plugins=plugins)
     source = plugins.data_source(config.data, seed=0)
     with torch.device("meta"):  # shapes only: a billion-row table costs nothing
         model = configured_model(config_as_source_applies(config, source), source.schema,
                                  plugins)
-    counts = parameter_counts(model)
+    # model.id_bias's offsets are dense parameters with a step (and state) of their own.
+    counts = {**parameter_counts(model),
+              "id_bias": sum(p.numel() for p in id_bias_parameters(model))}
     # The config as given: the measurement sets its own history lengths on [data] and applies
     # the result with each length's source.
     fit = measure_activations(config, plugins, layout.activation_checkpointing)
@@ -291,6 +299,8 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
                       activations_per_token=fit["per_token"],
                       activations_per_request=fit["per_sample"],
                       activation_element_bytes=layout.activation_bytes,
+                      id_bias_offsets=counts["id_bias"],
+                      id_bias_state_bytes=ID_BIAS_STATE_BYTES[config.model.id_bias_step],
                       **table_training(config, layout, plugins))
     policies = {t.name: t.id_policy for t in source.schema.tables}
     table_entries = {t.name: {

@@ -89,6 +89,9 @@ def _print_plan(result: dict[str, Any], config_name: str, layout: Layout) -> Non
                f"{p['dense'] / 1e6:,.1f} M dense parameters on {layout.gpus} x "
                f"{layout.gpu_memory_gib:g} GiB ({layout.dense}, embeddings {layout.embedding}, "
                f"checkpointing {layout.activation_checkpointing})")
+    if p["id_bias"]:
+        click.echo(f"  of the dense parameters, {p['id_bias']:,} are model.id_bias's offsets "
+                   "(held and reduced with the dense parameters, stepped by their own rule)")
     per_rank = result["per_rank"]
     click.echo(f"per rank: {per_rank['samples']:,.0f} requests with {per_rank['candidates']:,.0f} "
                f"candidates, {per_rank['tokens']:,.0f} history tokens (mean length "
