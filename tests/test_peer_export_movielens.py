@@ -271,6 +271,40 @@ def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path, pee
         peers.item_rate_reference(tmp_path, "like", keys)
 
 
+def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path, peers):
+    """The user's and the item's offsets, learnt over the training file in its order from the
+    log-odds of the training rate, as ``model.id_bias`` steps them at its defaults."""
+    from gem_core.config.model_schema import ModelConfig
+
+    header = "user_id:token\titem_id:token\tlike:float\n"
+    train = [(1, 5, 1.0), (2, 5, 0.0), (3, -7, 1.0), (1, -7, 1.0), (2, 5, 1.0)]
+    (tmp_path / "peers.train.inter").write_text(
+        header + "".join(f"{u}\t{i}\t{y}\n" for u, i, y in train))
+    (tmp_path / "peers.test.inter").write_text(
+        header + "1\t5\t1.0\n1\t-7\t0.0\n2\t9\t1.0\n4\t5\t0.0\n")
+    keys = {"like": np.array([1.0, 0.0, 1.0, 0.0]), "user_ids": np.array([1, 1, 2, 4])}
+    got = peers.id_offsets_reference(tmp_path, "like", keys)
+    fields = attrs.fields(ModelConfig)
+    rate, fisher = fields.id_bias_rate.default, fields.id_bias_step.default == "fisher"
+    base = math.log(0.8 / 0.2)
+    user, item, seen = {}, {}, {}
+    for u, i, y in train:
+        residual = y - 1 / (1 + math.exp(-(base + user.get(u, 0.0) + item.get(i, 0.0))))
+        for table, key in ((user, ("u", u)), (item, ("i", i))):
+            seen[key] = seen.get(key, 0.0) + residual ** 2
+            step = residual / (1 / rate + seen[key]) if fisher else rate * residual
+            table[key[1]] = table.get(key[1], 0.0) + step
+    logits = [base + user.get(u, 0.0) + item.get(i, 0.0) for u, i in ((1, 5), (1, -7), (2, 9),
+                                                                      (4, 5))]
+    expected = peers.peer_metrics(1 / (1 + np.exp(-np.array(logits))), keys["like"],
+                                  keys["user_ids"])
+    assert got == pytest.approx(expected, rel=1e-9) and got["ne"] > 0
+    assert user[1] != 0 and item[-7] != 0  # the offsets moved
+    keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
+    with pytest.raises(SystemExit, match="labels"):
+        peers.id_offsets_reference(tmp_path, "like", keys)
+
+
 def test_our_runs_are_read_at_their_last_evaluation(tmp_path, peers):
     # A peer reports its model as its training ended; a run's headline ``eval`` may be an
     # earlier checkpoint picked by its NE on these very impressions, so the table reads

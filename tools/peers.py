@@ -40,7 +40,9 @@ computed by ``gem_core.metrics``.
    whose events name a category and a brand, not the ad) DIN and DIEN, which read the history
    as item ids, are refused after the export and before any training (:func:`check_models`).
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
-   both classes) of every peer's predictions against the exported labels and users; with
+   both classes) of every peer's predictions against the exported labels and users, and of
+   two references without a model (:data:`REFERENCES`: each item's training rate; the user's
+   and the item's offsets learnt in one pass as ``model.id_bias`` learns them); with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
    (``summary.json``'s ``eval_last``: the model as its training ended, as every peer's is, not
    the checkpoint a run picks by its eval NE, which would be chosen on the very impressions
@@ -280,15 +282,22 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray, users: np.ndarra
                        torch.from_numpy(users.astype(np.int64)))
 
 
-def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ``item_id`` and ``task`` columns of an exported ``.inter`` file."""
+def _columns(path: Path, ids: tuple[str, ...], task: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """The id columns ``ids`` (as integers) and the ``task`` column of an exported ``.inter``
+    file, in the file's order."""
     from gem_data.peer_export import read_atomic
 
     header, rows = read_atomic(path)
     names = [field.split(":")[0] for field in header]
-    item, label = names.index("item_id"), names.index(task)
-    return (np.asarray([int(row[item]) for row in rows], dtype=np.int64),
+    where, label = [names.index(name) for name in ids], names.index(task)
+    return ([np.asarray([int(row[i]) for row in rows], dtype=np.int64) for i in where],
             np.asarray([float(row[label]) for row in rows], dtype=np.float64))
+
+
+def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``item_id`` and ``task`` columns of an exported ``.inter`` file."""
+    (items,), labels = _columns(path, ("item_id",), task)
+    return items, labels
 
 
 def item_rate_reference(directory: Path, task: str, keys: Any,
@@ -313,6 +322,42 @@ def item_rate_reference(directory: Path, task: str, keys: Any,
     rate = np.where(seen, (positives[where] + ITEM_RATE_PRIOR * overall)
                     / (counts[where] + ITEM_RATE_PRIOR), overall)
     return peer_metrics(rate, keys[task], keys["user_ids"], keep)
+
+
+def id_offsets_reference(directory: Path, task: str, keys: Any,
+                         keep: np.ndarray | None = None) -> dict[str, float]:
+    """No model: every eval impression scored by the log-odds of the training positive rate
+    plus its user's and its item's offsets, learnt in one pass over the exported training
+    impressions in their order, one impression at a time, as ``model.id_bias`` steps them at
+    its defaults (``id_bias_step``, ``id_bias_rate``;
+    :mod:`gem_data.one_pass_offsets`). What the two ids alone teach in one pass: a model that
+    trains one pass on the same impressions and ends above it has not learnt its users and
+    items."""
+    import attrs
+
+    from gem_core.config.model_schema import ModelConfig
+    from gem_data.one_pass_offsets import one_pass_offsets, summed_offsets
+
+    fields = attrs.fields(ModelConfig)
+    columns = ("user_id", "item_id")
+    train_ids, train_labels = _columns(directory / f"{EXPORT_NAME}.train.inter", columns, task)
+    eval_ids, eval_labels = _columns(directory / f"{EXPORT_NAME}.test.inter", columns, task)
+    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
+        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
+    rate = float(train_labels.mean())
+    base = math.log(rate / (1 - rate))
+    offsets = one_pass_offsets(np.full(len(train_labels), base), train_ids, train_labels,
+                               rate=fields.id_bias_rate.default, step=fields.id_bias_step.default)
+    logits = base + summed_offsets(offsets, eval_ids)
+    return peer_metrics(1 / (1 + np.exp(-logits)), keys[task], keys["user_ids"], keep)
+
+
+REFERENCES = {
+    "item rate": (item_rate_reference, "no model: the item's training positive rate"),
+    "user and item offsets": (id_offsets_reference,
+                              "no model: each learnt in one pass as model.id_bias steps it"),
+}
+"""The no-model rows of the table: name -> (function, what the row is)."""
 
 
 # -- our runs ------------------------------------------------------------------------------------
@@ -444,7 +489,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         cells += ["-", f"{wall:.0f} (run)" if wall else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     for name, entry in result.get("references", {}).items():
-        cells = [f"reference: {name} (no model: the item's training positive rate)"]
+        cells = [f"reference: {name} ({REFERENCES[name][1]})"]
         for task in tasks:
             m = entry[task]
             cells += [_f(m.get("ne")), _f(m.get("auc")), _f(m.get("gauc"))]
@@ -558,8 +603,8 @@ def main(argv: list[str] | None = None) -> None:
                                             keep),
                     "run": report}
 
-    references = {"item rate": {task: item_rate_reference(directory, task, keys, keep)
-                                for task in tasks}}
+    references = {name: {task: reference(directory, task, keys, keep) for task in tasks}
+                  for name, (reference, _) in REFERENCES.items()}
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
               "recbole": recbole, "references": references,

@@ -472,31 +472,17 @@ def one_pass_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval
                      ids_eval: list[np.ndarray], fisher: bool = False) -> np.ndarray:
     """Eval probabilities of ``sigmoid(x w + sum_k b_k[id_k])`` with ``w`` the logistic
     regression on ``x`` and each id column's offsets ``b_k`` learnt online, one impression at a
-    time in the rows' order, each by ``b += EFFECT_SD^2 (y - p)``: per-impression SGD at the
-    prior's variance, close to the posterior mean while an id has few impressions. With
-    ``fisher``, as ``model.id_bias_step = "fisher"`` steps: ``b += (y - p) / (1 / EFFECT_SD^2 +
-    F)``, ``F`` the id's summed ``(y - p)^2`` including this one. An id without training rows
-    keeps 0."""
+    time in the rows' order (:func:`gem_data.one_pass_offsets.one_pass_offsets` at the prior's
+    variance ``EFFECT_SD^2``): ``constant`` steps, or with ``fisher`` as
+    ``model.id_bias_step = "fisher"`` steps. An id without training rows keeps 0."""
     from gem_data.indicator_ne import fit_logistic, sigmoid
+    from gem_data.one_pass_offsets import one_pass_offsets as learn
+    from gem_data.one_pass_offsets import summed_offsets
 
     weights = fit_logistic(x, y)
-    base = x @ weights
-    offsets: list[dict[float, float]] = [{} for _ in ids]
-    information: list[dict[float, float]] = [{} for _ in ids]
-    columns = [column.tolist() for column in ids]
-    for row, (logit, label) in enumerate(zip(base.tolist(), y.tolist())):
-        keys = [column[row] for column in columns]
-        total = logit + sum(table.get(key, 0.0) for table, key in zip(offsets, keys))
-        residual = label - 1.0 / (1.0 + np.exp(-total))
-        for table, seen, key in zip(offsets, information, keys):
-            step = EFFECT_SD ** 2 * residual
-            if fisher:
-                seen[key] = seen.get(key, 0.0) + residual ** 2
-                step = residual / (1 / EFFECT_SD ** 2 + seen[key])
-            table[key] = table.get(key, 0.0) + step
-    eval_offsets = sum(np.array([table.get(key, 0.0) for key in column.tolist()])
-                       for table, column in zip(offsets, ids_eval))
-    return sigmoid(x_eval @ weights + eval_offsets)
+    offsets = learn(x @ weights, ids, y, rate=EFFECT_SD ** 2,
+                    step="fisher" if fisher else "constant")
+    return sigmoid(x_eval @ weights + summed_offsets(offsets, ids_eval))
 
 
 def fit_with_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval: np.ndarray,
