@@ -92,10 +92,12 @@ TABLE_ATOL = 1e-4
 
 ROW_WISE_TABLES = ["--set", "model.embedding_optimizer.dense_tables=same",
                    "--set", "model.embedding_optimizer.lr=0.1"]  # after SMALL's pins: they win
-# Per-id offsets (model.id_bias) ride along, stepped as the default (``fisher``) steps them: by
+# Per-id offsets (model.id_bias) ride along, stepped as the default (``fisher``) steps them, under
+# a prior learned from every rank's offsets (an all-reduce over the shards): by
 # their summed residual over the step's impressions on all ranks (a rank that counted only its
 # own would step half as far), divided by a per-offset state that DCP saves with the run.
-ID_BIAS = ["--set", 'model.id_bias=["item"]', "--set", "model.id_bias_rate=0.5"]
+ID_BIAS = ["--set", 'model.id_bias=["item"]', "--set", "model.id_bias_rate=0.5",
+           "--set", "model.id_bias_prior=learned"]
 
 
 @pytest.mark.distributed

@@ -39,17 +39,21 @@ def test_reinitialize_draws_the_initial_distribution_and_zeroes_the_optimizer_st
     weights = table_parameters(tables)
     offsets = torch.nn.Parameter(torch.zeros(50, 2))  # model.id_bias's, with their own state
     optimizer = AdamWWithTables([{"params": weights},
-                                 id_bias_group([offsets], 0.25, "fisher")], lr=0.1)
+                                 id_bias_group([offsets], 0.25, "fisher", "learned")], lr=0.1)
     for weight in (*weights, offsets):
         weight.grad = torch.randn_like(weight)
     optimizer.step()
     trained = [w.detach().clone() for w in weights]
     assert offsets.any() and optimizer.state[offsets]["fisher"].any()
+    prior = optimizer.state[offsets]["prior"].clone()
+    assert not torch.allclose(prior, torch.full((2,), 0.25))
 
     reinitialize_tables(tables, optimizer, seed=3, passes=1, offsets=[offsets])
     assert not offsets.any()
-    assert set(optimizer.state[offsets]) == {"step", "fisher"}
-    assert all(not value.any() for value in optimizer.state[offsets].values())
+    assert set(optimizer.state[offsets]) == {"step", "fisher", "prior"}
+    assert not optimizer.state[offsets]["step"] and not optimizer.state[offsets]["fisher"].any()
+    # the learned prior says how much the ids' effects vary: a new pass keeps it
+    assert torch.equal(optimizer.state[offsets]["prior"], prior)
     drawn = [w.detach().clone() for w in weights]
     for before, after in zip(trained, drawn):
         assert not torch.equal(before, after)

@@ -329,7 +329,7 @@ def id_offsets_reference(directory: Path, task: str, keys: Any,
     """No model: every eval impression scored by the log-odds of the training positive rate
     plus its user's and its item's offsets, learnt in one pass over the exported training
     impressions in their order, one impression at a time, as ``model.id_bias`` steps them at
-    its defaults (``id_bias_step``, ``id_bias_rate``;
+    its defaults (``id_bias_step``, ``id_bias_rate``, ``id_bias_prior``;
     :mod:`gem_data.one_pass_offsets`). What the two ids alone teach in one pass: a model that
     trains one pass on the same impressions and ends above it has not learnt its users and
     items."""
@@ -347,7 +347,8 @@ def id_offsets_reference(directory: Path, task: str, keys: Any,
     rate = float(train_labels.mean())
     base = math.log(rate / (1 - rate))
     offsets = one_pass_offsets(np.full(len(train_labels), base), train_ids, train_labels,
-                               rate=fields.id_bias_rate.default, step=fields.id_bias_step.default)
+                               rate=fields.id_bias_rate.default, step=fields.id_bias_step.default,
+                               prior=fields.id_bias_prior.default)
     logits = base + summed_offsets(offsets, eval_ids)
     return peer_metrics(1 / (1 + np.exp(-logits)), keys[task], keys["user_ids"], keep)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gem_core.config import TrainConfig
+from gem_core.config.model_schema import ModelConfig
 from gem_core.errors import GemConfigError
 from gem_core.model.id_bias import IdBias, id_bias_parameters
 from gem_core.registry import ImplementationSpec
@@ -192,8 +193,59 @@ def test_a_dense_sharding_without_the_table_optimizer_capability_is_refused():
     plugins = build_plugins()
     flattening = ImplementationSpec(name="flattens", load=object)
     with pytest.raises(GemConfigError, match="model.id_bias.*'flattens'"):
-        check_id_bias_stepper(("item",), 0.5, "fisher", dense_sharding=flattening, plugins=plugins)
-    check_id_bias_stepper((), 0.5, "fisher", dense_sharding=flattening, plugins=plugins)
+        check_id_bias_stepper(ModelConfig(id_bias=("item",)), dense_sharding=flattening,
+                              plugins=plugins)
+    check_id_bias_stepper(ModelConfig(), dense_sharding=flattening, plugins=plugins)
+
+
+def test_a_learned_prior_without_the_fisher_step_is_refused(data):
+    from gem_core.plugins import build_plugins
+
+    plugins = build_plugins()
+    dense = plugins.registry("dense_sharding").get("none")
+    config = ModelConfig(id_bias=("item",), id_bias_prior="learned", id_bias_step="constant")
+    with pytest.raises(GemConfigError, match="id_bias_prior = 'learned'.*'constant'"):
+        check_id_bias_stepper(config, dense_sharding=dense, plugins=plugins)
+    check_id_bias_stepper(attrs.evolve(config, id_bias_step="fisher"), dense_sharding=dense,
+                          plugins=plugins)
+    with pytest.raises(ValueError, match="learned"):
+        make_optimizer(TrainConfig(), id_bias_rate=0.5, id_bias_step="constant",
+                       id_bias_prior="learned")(small_model(data[0], id_bias=("item",)))
+
+
+def test_a_learned_prior_is_the_mean_of_the_seen_offsets_posterior_second_moments(data):
+    """``id_bias_prior = "learned"``: after each step the prior variance (per task) becomes the
+    mean over the ids seen so far of ``b^2 + 1 / (1 / prior + F)``, and the next step divides by
+    ``1 / prior + F`` with that prior: checked over three steps against float64 arithmetic on
+    the model's own probabilities; the prior moved away from the rate it started at."""
+    schema, batch = data
+    rate = 0.5
+    model = small_model(schema, id_bias=("item",), dropout=0.0).train()
+    optimizer = make_optimizer(TrainConfig(lr=1e-12), id_bias_rate=rate, id_bias_step="fisher",
+                               id_bias_prior="learned")(model)
+    ids = batch.candidate_ids["item"].numpy()
+    rows, tasks = schema.table("item").num_embeddings, len(schema.tasks)
+    expected, information = np.zeros((rows, tasks)), np.zeros((rows, tasks))
+    prior = np.full(tasks, rate)
+    for _ in range(3):
+        probabilities = _train_step(model, optimizer, batch, schema.tasks)
+        residual = np.zeros_like(expected)
+        for task_index, task in enumerate(schema.tasks):
+            p = probabilities[task].numpy().astype(np.float64)
+            np.add.at(residual[:, task_index], ids,
+                      p - batch.labels[task].numpy().astype(np.float64))
+        information += residual ** 2
+        expected -= residual / (1 / prior + information)
+        seen = information > 0
+        second_moments = expected ** 2 + 1 / (1 / prior + information)
+        prior = np.where(seen, second_moments, 0).sum(0) / seen.sum(0)
+        got = model.id_bias.offsets["item"].detach().numpy()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6)
+        state = optimizer.state[model.id_bias.offsets["item"]]
+        np.testing.assert_allclose(state["prior"].numpy(), prior, rtol=1e-5)
+    assert np.abs(prior - rate).min() > 0.01 and np.abs(expected).max() > 0.05
+    # unseen rows are not in the mean: the batch holds few of the table's ids
+    assert 0 < seen[:, 0].sum() < rows / 2
 
 
 def test_id_bias_only_leaves_the_features_out_of_the_tokens_and_unread_tables_unbuilt(data):

@@ -61,9 +61,44 @@ def test_fisher_steps_shrink_as_an_id_is_seen():
     assert abs(fisher) < abs(constant)
 
 
+def test_a_learned_prior_is_reestimated_every_step_from_the_ids_seen():
+    """``prior = "learned"``: every ``every`` rows each column's prior variance becomes the mean
+    over its ids seen so far of ``b^2 + 1 / (1 / prior + F)``; checked against the same
+    arithmetic written out here, and on ids whose effects vary far more than the starting rate
+    the prior grows."""
+    rng = np.random.default_rng(5)
+    rows, every = 3000, 100
+    items = rng.integers(0, 30, rows)
+    effects = rng.normal(0.0, 1.5, 30)  # variance 2.25, against a starting rate of 0.1
+    labels = (rng.random(rows) < 1 / (1 + np.exp(-effects[items]))).astype(np.float64)
+    got = one_pass_offsets(np.zeros(rows), [items], labels, rate=0.1, prior="learned",
+                           every=every)[0]
+    table, seen, prior = {}, {}, 0.1
+    for row in range(rows):
+        key = items[row]
+        residual = labels[row] - 1 / (1 + math.exp(-table.get(key, 0.0)))
+        seen[key] = seen.get(key, 0.0) + residual ** 2
+        table[key] = table.get(key, 0.0) + residual / (1 / prior + seen[key])
+        if (row + 1) % every == 0:
+            prior = sum(table[k] ** 2 + 1 / (1 / prior + seen[k]) for k in table) / len(table)
+    assert got.keys() == table.keys()
+    assert [got[k] for k in table] == pytest.approx([table[k] for k in table], rel=1e-9)
+    assert prior > 1.0
+    fixed = one_pass_offsets(np.zeros(rows), [items], labels, rate=0.1)[0]
+    # the learned prior lets the offsets reach the effects a fixed small prior holds back
+    learned_error = np.mean((np.array([got[k] for k in range(30)]) - effects) ** 2)
+    fixed_error = np.mean((np.array([fixed[k] for k in range(30)]) - effects) ** 2)
+    assert learned_error < 0.5 * fixed_error
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="step 'adam'"):
         one_pass_offsets(np.zeros(2), [np.zeros(2)], np.zeros(2), rate=0.1, step="adam")
+    with pytest.raises(ValueError, match="learned one needs the fisher"):
+        one_pass_offsets(np.zeros(2), [np.zeros(2)], np.zeros(2), rate=0.1, step="constant",
+                         prior="learned")
+    with pytest.raises(ValueError, match="every"):
+        one_pass_offsets(np.zeros(2), [np.zeros(2)], np.zeros(2), rate=0.1, every=0)
     with pytest.raises(ValueError, match="positive"):
         one_pass_offsets(np.zeros(2), [np.zeros(2)], np.zeros(2), rate=0.0)
     with pytest.raises(ValueError, match="rows"):

@@ -260,8 +260,7 @@ def plan_facts(config: GemConfig, layout: Layout, plugins: GemPlugins) -> dict[s
     measured with the layout's checkpointing policy. ``facts`` is what strategies see."""
     n = layout.gpus
     check_token_norm(config.model, world_size=n)  # what gem train refuses at start-up
-    check_id_bias_stepper(config.model.id_bias, config.model.id_bias_rate,
-                          config.model.id_bias_step,
+    check_id_bias_stepper(config.model,
                           dense_sharding=plugins.registry("dense_sharding").get(layout.dense),
                           plugins=plugins)
     source = plugins.data_source(config.data, seed=0)

@@ -42,6 +42,7 @@ from gem_core.registry import AutoContext
 from gem_core.train.applied import config_as_source_applies
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import make_optimizer
+from gem_core.train.table_optimizer import id_bias_arguments
 
 
 class _Row:
@@ -51,8 +52,7 @@ class _Row:
         self.model = model
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
                                         feature_tables=model.embeddings,
-                                        id_bias_rate=config.model.id_bias_rate,
-                                        id_bias_step=config.model.id_bias_step)(model)
+                                        **id_bias_arguments(config.model))(model)
         self.times: list[float] = []
         self.losses: list[float] = []
         # Compile seconds and frames compiled during the first step, and during the later ones.

@@ -39,6 +39,7 @@ from gem_core.registry import AutoContext
 from gem_core.train.applied import config_as_source_applies
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import make_optimizer
+from gem_core.train.table_optimizer import id_bias_arguments
 
 DATA_KEYS = ("data.", "train.batch_size")
 """Override keys that would give the peer other batches than the subject (refused)."""
@@ -65,8 +66,7 @@ class _Trainee:
                                  embedding_backend=ReferenceEmbeddingBackend())
         self.optimizer = make_optimizer(config.train, config.model.embedding_optimizer,
                                         feature_tables=self.model.embeddings,
-                                        id_bias_rate=config.model.id_bias_rate,
-                                        id_bias_step=config.model.id_bias_step)(self.model)
+                                        **id_bias_arguments(config.model))(self.model)
         self.times: list[float] = []
 
     def step(self, batch, tasks) -> None:

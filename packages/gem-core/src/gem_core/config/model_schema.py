@@ -19,6 +19,10 @@ TOKEN_NORMS_WITH_STATISTICS = ("batch", "rms")
 ID_BIAS_STEPS = ("fisher", "constant")
 """How ``model.id_bias``'s offsets are stepped (:mod:`gem_core.train.table_optimizer`)."""
 
+ID_BIAS_PRIORS = ("fixed", "learned")
+"""Whether ``model.id_bias``'s prior variance stays ``id_bias_rate`` or is re-estimated as the
+offsets learn (:mod:`gem_core.train.table_optimizer`)."""
+
 CROSS_BRANCH_OPENINGS = ("gate", "heads")
 """How ``cross_branch`` starts shut (built by ``gem_core.model.cross_branch.CrossBranch``)."""
 
@@ -272,6 +276,16 @@ class ModelConfig:
     with a spread of about ``sqrt(id_bias_rate / 2)`` once an id is frequent (on the
     Taobao-shaped log's one-pass reference with offsets for six ids: NE 0.968 where ``fisher``
     reaches 0.929)."""
+
+    id_bias_prior: str = attrs.field(default="fixed", validator=choice(*ID_BIAS_PRIORS))
+    """``id_bias``: ``fixed``: ``id_bias_rate`` is the prior variance of the ids' effects
+    throughout. ``learned``: it is where the prior starts; after every step each feature's prior
+    variance (one per task) is re-estimated from the ids seen so far by expectation-maximisation,
+    the mean over them of ``b^2 + 1 / (1 / prior + F)`` (each offset's squared posterior mean
+    plus its posterior variance), which is the variance the ids' effects show so far. How much
+    ids differ is a property of the log (a movie's like-rate varies far more than an ad's
+    click-rate effect of standard deviation 0.5), which a fixed rate has to be told. Needs
+    ``id_bias_step = "fisher"`` (the posterior variance is read from ``F``)."""
 
     id_bias_only: bool = False
     """``id_bias``: its features reach the model through their offsets alone: their vectors

@@ -33,7 +33,11 @@ from gem_core.train.evaluate import check_validation_parts
 from gem_core.train.loss import mean_loss
 from gem_core.train.optim import lr_schedule, make_optimizer, schedule_steps
 from gem_core.train.random_state import seed_everything
-from gem_core.train.table_optimizer import check_id_bias_stepper, resolve_table_optimizer
+from gem_core.train.table_optimizer import (
+    check_id_bias_stepper,
+    id_bias_arguments,
+    resolve_table_optimizer,
+)
 from gem_core.train.table_reset import check_table_reset, check_tables_drawable
 from gem_core.train.time_order import TimeOrder, check_time_order
 
@@ -92,9 +96,8 @@ class RunAssembly:
             config.model.embedding_optimizer, embedding=self.backends.embedding.spec,
             embedding_sharding=self.backends.embedding_sharding.spec,
             dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
-        check_id_bias_stepper(config.model.id_bias, config.model.id_bias_rate,
-                              config.model.id_bias_step,
-                              dense_sharding=self.backends.dense_sharding.spec, plugins=plugins)
+        check_id_bias_stepper(config.model, dense_sharding=self.backends.dense_sharding.spec,
+                              plugins=plugins)
         self.model = build_run_model(self.backends, config.model, self.schema)
         if self.tc.tables_each_pass == "reinitialize":
             check_table_reset(tables=self.model.embeddings, embedding=self.backends.embedding.spec,
@@ -116,8 +119,7 @@ class RunAssembly:
             dense_sharding=self.backends.dense_sharding,
             make_optimizer=make_optimizer(self.tc, self.table_optimizer,
                                           feature_tables=self.model.embeddings,
-                                          id_bias_rate=config.model.id_bias_rate,
-                                          id_bias_step=config.model.id_bias_step),
+                                          **id_bias_arguments(config.model)),
             config=config,
         )
         if self.tc.tables_each_pass == "reinitialize":

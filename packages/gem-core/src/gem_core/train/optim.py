@@ -15,7 +15,7 @@ from gem_core.train.table_optimizer import AdamWWithTables, id_bias_group, table
 
 def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None = None, *,
                    feature_tables: nn.Module | None = None, id_bias_rate: float = 0.0,
-                   id_bias_step: str | None = None):
+                   id_bias_step: str | None = None, id_bias_prior: str = "fixed"):
     """An optimizer factory for strategies: AdamW, weight decay on dense matrices only, embedding
     weights (``nn.Embedding``/``nn.EmbeddingBag``) at ``train.embedding_lr_scale``. With
     ``tables.dense_tables = "same"`` (or ``auto``), the weights of ``feature_tables`` (the model's
@@ -27,8 +27,9 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
     for its backends at start-up (:func:`gem_core.train.table_optimizer.resolve_table_optimizer`);
     a caller that steps the model itself in one process (the benchmarks) gets ``same`` for it.
     The offsets of ``model.id_bias`` (:class:`gem_core.model.id_bias.IdBias`) are a group of
-    their own, stepped per impression by ``id_bias_step`` at ``id_bias_rate``
-    (:func:`id_bias_group`)."""
+    their own, stepped per impression by ``id_bias_step`` at ``id_bias_rate`` under an
+    ``id_bias_prior`` (:func:`id_bias_group`; the trainer passes
+    :func:`gem_core.train.table_optimizer.id_bias_arguments` of ``[model]``)."""
     row_wise = tables is not None and tables.dense_tables in ("same", "auto")
     if row_wise and feature_tables is None:
         raise ValueError("make_optimizer: dense_tables = 'same' needs the feature tables' module")
@@ -73,7 +74,7 @@ def make_optimizer(config: TrainConfig, tables: EmbeddingOptimizerConfig | None 
             groups.append(table_group(rows, tables, config.lr))
         if offsets:
             assert id_bias_step is not None
-            groups.append(id_bias_group(offsets, id_bias_rate, id_bias_step))
+            groups.append(id_bias_group(offsets, id_bias_rate, id_bias_step, id_bias_prior))
         return AdamWWithTables([g for g in groups if g["params"]], lr=config.lr,
                                betas=(0.9, 0.98), eps=1e-8)
 

@@ -32,7 +32,12 @@ same update and FSDP2's shards of a table update their own rows.
   impressions: the empirical Fisher), and steps ``b -= sum(p - y) / (1 / rate + F)``, a Newton
   step under a Gaussian prior of variance ``rate``. At an id's first impressions the two agree;
   an id seen often takes ever smaller steps, so it settles on its effect instead of jittering
-  about it with a spread of about ``sqrt(rate / 2)`` as a constant step does.
+  about it with a spread of about ``sqrt(rate / 2)`` as a constant step does. With a ``learned``
+  prior, ``rate`` is only where the prior variance starts: each offsets tensor keeps it in
+  ``prior`` (one per task, the same on every rank), and after each step sets it to the mean over
+  the ids seen so far (``F > 0``) of ``b^2 + 1 / (1 / prior + F)``, the expectation-maximisation
+  update of a Gaussian prior's variance from the offsets' posterior means and variances; under
+  FSDP2 the sums are taken over every rank's rows.
 """
 
 from __future__ import annotations
@@ -45,7 +50,12 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
-from gem_core.config.model_schema import ID_BIAS_STEPS, EmbeddingOptimizerConfig
+from gem_core.config.model_schema import (
+    ID_BIAS_PRIORS,
+    ID_BIAS_STEPS,
+    EmbeddingOptimizerConfig,
+    ModelConfig,
+)
 from gem_core.distributed import local_part
 from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING
 from gem_core.embedding_fused import rowwise_update
@@ -55,7 +65,8 @@ if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
     from gem_core.registry import ImplementationSpec
 
-__all__ = ["AdamWWithTables", "FISHER", "check_id_bias_stepper", "id_bias_group",
+__all__ = ["AdamWWithTables", "FISHER", "PRIOR", "check_id_bias_stepper", "id_bias_arguments",
+           "id_bias_group", "learned_prior",
            "resolve_table_optimizer", "row_state", "set_step_impressions", "table_group"]
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,9 @@ MOMENTUM = "momentum1"
 FISHER = "fisher"
 """The state key of the ``fisher`` offsets' summed squared per-impression gradients (one per
 offset: per id and task)."""
+
+PRIOR = "prior"
+"""The state key of a ``learned`` prior's variance (one per task, replicated on every rank)."""
 
 
 def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
@@ -79,16 +93,30 @@ def table_group(params: list[nn.Parameter], options: EmbeddingOptimizerConfig,
             "lr_scale": options.lr / dense_lr}
 
 
-def id_bias_group(params: list[nn.Parameter], rate: float, step: str) -> dict[str, Any]:
+def id_bias_arguments(config: ModelConfig) -> dict[str, Any]:
+    """``make_optimizer``'s ``id_bias_*`` arguments from ``[model]``: the one place the trainer
+    and the benchmarks read them."""
+    return {"id_bias_rate": config.id_bias_rate, "id_bias_step": config.id_bias_step,
+            "id_bias_prior": config.id_bias_prior}
+
+
+def id_bias_group(params: list[nn.Parameter], rate: float, step: str,
+                  prior: str = "fixed") -> dict[str, Any]:
     """The parameter group of ``model.id_bias``'s offsets, stepped per impression by ``step``
-    (``fisher`` or ``constant``) at ``rate`` (see the module docstring). ``impressions`` starts
-    at 1 (a caller that does not say how many impressions its loss averages, such as a
-    benchmark, steps on the mean as if it were one impression's)."""
+    (``fisher`` or ``constant``) at ``rate``, under a ``fixed`` or ``learned`` prior (see the
+    module docstring). ``impressions`` starts at 1 (a caller that does not say how many
+    impressions its loss averages, such as a benchmark, steps on the mean as if it were one
+    impression's)."""
     if step not in ID_BIAS_STEPS:
         raise ValueError(f"id_bias step {step!r}: one of {ID_BIAS_STEPS}")
+    if prior not in ID_BIAS_PRIORS:
+        raise ValueError(f"id_bias prior {prior!r}: one of {ID_BIAS_PRIORS}")
+    if prior == "learned" and step != "fisher":
+        raise ValueError(f"id_bias prior 'learned' reads each offset's posterior variance from "
+                         f"its fisher state; the step {step!r} keeps none")
     sgd = EmbeddingOptimizerConfig(name="sgd", lr=rate, dense_tables="same")
     return {**table_group(params, sgd, dense_lr=rate), "per_impression": True,
-            "impressions": 1.0, "id_bias_step": step}
+            "impressions": 1.0, "id_bias_step": step, "id_bias_prior": prior}
 
 
 def set_step_impressions(optimizer: torch.optim.Optimizer, impressions: float) -> None:
@@ -171,19 +199,28 @@ class AdamWWithTables(torch.optim.AdamW):
         no impression in the step, so such an offset (and its ``F``) is left as it is."""
         rate, impressions = group["table_lr"], group["impressions"]
         fisher = group["id_bias_step"] == "fisher"
+        # Groups written before the prior could be learned have no such key: fixed.
+        learned = group.get("id_bias_prior", "fixed") == "learned"
         for param in group["params"]:
             if param.grad is None:
                 continue
-            # F is placed like the offsets (a DTensor under FSDP2).
-            state = self._counted_state(
-                param, lambda p: {FISHER: torch.zeros_like(p)} if fisher else {})
+            # F is placed like the offsets (a DTensor under FSDP2); the prior, one per task, is
+            # the same on every rank.
+            state = self._counted_state(param, lambda p: {
+                **({FISHER: torch.zeros_like(p)} if fisher else {}),
+                **({PRIOR: torch.full(p.shape[1:], rate, dtype=p.dtype, device=p.device)}
+                   if learned else {})})
             residual = local_part(param.grad) * impressions  # each offset's sum(p - y)
-            if fisher:
-                information = local_part(state[FISHER])
-                information.addcmul_(residual, residual)
-                local_part(param).sub_(residual / (1.0 / rate + information))
-            else:
-                local_part(param).sub_(rate * residual)
+            offsets = local_part(param)
+            if not fisher:
+                offsets.sub_(rate * residual)
+                continue
+            information = local_part(state[FISHER])
+            information.addcmul_(residual, residual)
+            prior = state[PRIOR] if learned else torch.tensor(rate, dtype=offsets.dtype)
+            offsets.sub_(residual / (1.0 / prior + information))
+            if learned:
+                state[PRIOR] = learned_prior(offsets, information, prior, param)
 
     def _step_tables(self, group: dict[str, Any]) -> None:
         if group.get("per_impression"):
@@ -209,12 +246,35 @@ class AdamWWithTables(torch.optim.AdamW):
                            unique=True)
 
 
-def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, step: str, *,
-                          dense_sharding: ImplementationSpec, plugins: GemPlugins) -> None:
+def learned_prior(offsets: Tensor, information: Tensor, prior: Tensor,
+                  param: Tensor) -> Tensor:
+    """The prior variance per task after one expectation-maximisation update: the mean over the
+    ids seen so far (``F > 0``) of ``b^2 + 1 / (1 / prior + F)``. ``offsets`` and
+    ``information`` are this rank's rows of ``param`` and of its ``F``; under FSDP2 the sums
+    are all-reduced over the mesh dimensions that shard the rows, so every rank gets the same
+    prior. A task with no id seen keeps its prior."""
+    seen = information > 0
+    posterior = offsets * offsets + 1.0 / (1.0 / prior + information)
+    sums = torch.stack([torch.where(seen, posterior, 0.0).sum(0),
+                        seen.sum(0).to(offsets.dtype)])
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        import torch.distributed as dist
+
+        for dim, placement in enumerate(param.placements):
+            if placement.is_shard():
+                dist.all_reduce(sums, group=param.device_mesh.get_group(dim))
+    return torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), prior)
+
+
+def check_id_bias_stepper(config: ModelConfig, *, dense_sharding: ImplementationSpec,
+                          plugins: GemPlugins) -> None:
     """At start-up: ``model.id_bias``'s offsets are a group of the dense optimizer stepped per
     impression (:func:`id_bias_group`), so the dense sharding must step the optimizer
-    that ``make_optimizer`` built, on the parameters as the module holds them. Logs what the
-    run's offsets are."""
+    that ``make_optimizer`` built, on the parameters as the module holds them; a ``learned``
+    prior needs the ``fisher`` step. Logs what the run's offsets are."""
+    id_bias = config.id_bias
     if not id_bias:
         return
     if TABLE_OPTIMIZER not in dense_sharding.capabilities:
@@ -224,8 +284,16 @@ def check_id_bias_stepper(id_bias: tuple[str, ...], rate: float, step: str, *,
             f"optimizer's step, which the dense sharding {dense_sharding.name!r} does not "
             f"declare ({TABLE_OPTIMIZER}: it flattens parameters into partitions of its own); "
             f"choose one that does ({able}) or leave model.id_bias empty")
+    if config.id_bias_prior == "learned" and config.id_bias_step != "fisher":
+        raise GemConfigError(
+            f"model.id_bias_prior = 'learned' re-estimates the prior from each offset's "
+            f"posterior variance, which only model.id_bias_step = 'fisher' keeps (it is "
+            f"{config.id_bias_step!r}); set the step to 'fisher' or the prior to 'fixed'")
     log.info("model.id_bias: an offset per id and task of %s, stepped per impression (%s, "
-             "model.id_bias_rate %g), not by AdamW", ", ".join(id_bias), step, rate)
+             "model.id_bias_rate %g%s), not by AdamW", ", ".join(id_bias), config.id_bias_step,
+             config.id_bias_rate,
+             ", the prior's variance learned from it" if config.id_bias_prior == "learned"
+             else "")
 
 
 def resolve_table_optimizer(options: EmbeddingOptimizerConfig, *, embedding: ImplementationSpec,

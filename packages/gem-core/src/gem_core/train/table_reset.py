@@ -35,6 +35,7 @@ from gem_core.capabilities import FUSED_OPTIMIZER, TABLE_OPTIMIZER, declared_by
 from gem_core.distributed import local_part
 from gem_core.embedding import SINGLE_PROCESS_EMBEDDING_SHARDING, ReferenceEmbeddingCollection
 from gem_core.errors import GemConfigError
+from gem_core.train.table_optimizer import PRIOR
 
 if TYPE_CHECKING:
     from gem_core.plugins import GemPlugins
@@ -133,8 +134,9 @@ def reinitialize_tables(tables: ReferenceEmbeddingCollection, optimizer: torch.o
     for weight in offsets:
         local_part(weight).zero_()
     for weight in (*weights, *offsets):
-        for value in optimizer.state.get(weight, {}).values():
-            if isinstance(value, torch.Tensor):
+        for key, value in optimizer.state.get(weight, {}).items():
+            # A learned prior is what the ids' effects vary by, not what one pass memorised.
+            if isinstance(value, torch.Tensor) and key != PRIOR:
                 local_part(value).zero_()
 
 
