@@ -217,7 +217,7 @@ class AdamWWithTables(torch.optim.AdamW):
                 continue
             information = local_part(state[FISHER])
             information.addcmul_(residual, residual)
-            prior = state[PRIOR] if learned else torch.tensor(rate, dtype=offsets.dtype)
+            prior = state[PRIOR] if learned else rate
             offsets.sub_(residual / (1.0 / prior + information))
             if learned:
                 state[PRIOR] = learned_prior(offsets, information, prior, param)
