@@ -19,6 +19,7 @@ from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
+from gem_data import peer_references
 from gem_data.movielens_source import MovieLensOptions
 from gem_data.peer_export import (
     export_peer_dataset,
@@ -251,27 +252,27 @@ def test_the_item_feature_is_the_first_candidate_feature_and_in_the_history(root
     assert not history_has_item_ids(without)
 
 
-def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path, peers):
+def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path):
     header = "user_id:token\titem_id:token\tgenres:token_seq\tlike:float\n"
     (tmp_path / "peers.train.inter").write_text(
         header + "1\t5\t1 2\t1.0\n2\t5\t\t0.0\n3\t-7\t3\t1.0\n")
     (tmp_path / "peers.test.inter").write_text(
         header + "1\t5\t1 2\t1.0\n1\t-7\t3\t0.0\n2\t9\t\t1.0\n2\t5\t\t0.0\n")
     keys = {"like": np.array([1.0, 0.0, 1.0, 0.0]), "user_ids": np.array([1, 1, 2, 2])}
-    got = peers.item_rate_reference(tmp_path, "like", keys)
-    overall, prior = 2 / 3, peers.ITEM_RATE_PRIOR
+    got = peer_references.item_rate_reference(tmp_path, "like", keys)
+    overall, prior = 2 / 3, peer_references.ITEM_RATE_PRIOR
     item5 = (1 + prior * overall) / (2 + prior)
     item7 = (1 + prior * overall) / (1 + prior)
     # item 9 was never trained on: the overall rate
-    expected = peers.peer_metrics(np.array([item5, item7, overall, item5]), keys["like"],
+    expected = peer_references.peer_metrics(np.array([item5, item7, overall, item5]), keys["like"],
                                   keys["user_ids"])
     assert got == expected and got["ne"] > 0
     keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
     with pytest.raises(SystemExit, match="labels"):
-        peers.item_rate_reference(tmp_path, "like", keys)
+        peer_references.item_rate_reference(tmp_path, "like", keys)
 
 
-def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path, peers):
+def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path):
     """The user's and the item's offsets, learnt over the training file in its order from the
     log-odds of the training rate, as ``model.id_bias`` steps them at its defaults."""
     from gem_core.config.model_schema import ModelConfig
@@ -283,7 +284,7 @@ def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path, peers
     (tmp_path / "peers.test.inter").write_text(
         header + "1\t5\t1.0\n1\t-7\t0.0\n2\t9\t1.0\n4\t5\t0.0\n")
     keys = {"like": np.array([1.0, 0.0, 1.0, 0.0]), "user_ids": np.array([1, 1, 2, 4])}
-    got = peers.id_offsets_reference(tmp_path, "like", keys)
+    got = peer_references.id_offsets_reference(tmp_path, "like", keys)
     fields = attrs.fields(ModelConfig)
     rate, fisher = fields.id_bias_rate.default, fields.id_bias_step.default == "fisher"
     base = math.log(0.8 / 0.2)
@@ -296,13 +297,13 @@ def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path, peers
             table[key[1]] = table.get(key[1], 0.0) + step
     logits = [base + user.get(u, 0.0) + item.get(i, 0.0) for u, i in ((1, 5), (1, -7), (2, 9),
                                                                       (4, 5))]
-    expected = peers.peer_metrics(1 / (1 + np.exp(-np.array(logits))), keys["like"],
+    expected = peer_references.peer_metrics(1 / (1 + np.exp(-np.array(logits))), keys["like"],
                                   keys["user_ids"])
     assert got == pytest.approx(expected, rel=1e-9) and got["ne"] > 0
     assert user[1] != 0 and item[-7] != 0  # the offsets moved
     keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
     with pytest.raises(SystemExit, match="labels"):
-        peers.id_offsets_reference(tmp_path, "like", keys)
+        peer_references.id_offsets_reference(tmp_path, "like", keys)
 
 
 def test_our_runs_are_read_at_their_last_evaluation(tmp_path, peers):

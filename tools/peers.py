@@ -41,8 +41,9 @@ computed by ``gem_core.metrics``.
    as item ids, are refused after the export and before any training (:func:`check_models`).
 3. Metrics: back here, NE, AUC, GAUC (per-user AUC weighted by impressions, over users with
    both classes) of every peer's predictions against the exported labels and users, and of
-   two references without a model (:data:`REFERENCES`: each item's training rate; the user's
-   and the item's offsets learnt in one pass as ``model.id_bias`` learns them); with
+   two references without a model (``gem_data.peer_references.REFERENCES``: each item's
+   training rate; the user's and the item's offsets learnt in one pass as ``model.id_bias``
+   learns them); with
    ``--ours RUN_DIR ...`` also the eval figures of this trainer's finished runs
    (``summary.json``'s ``eval_last``: the model as its training ended, as every peer's is, not
    the checkpoint a run picks by its eval NE, which would be chosen on the very impressions
@@ -79,6 +80,8 @@ import attrs
 import numpy as np
 import torch
 
+from gem_data.peer_references import REFERENCES, peer_metrics
+
 if TYPE_CHECKING:
     from gem_core.config import DataConfig
 
@@ -92,12 +95,6 @@ SEQUENTIAL = ("DIN", "DIEN")
 EXPORT_NAME = "peers"
 RECBOLE_TRAIN_BATCH_SIZE = 2048
 """RecBole 1.2.1's ``train_batch_size`` (``overall.yaml``), the peers' default here."""
-PROBABILITY_EPS = 1e-7
-"""Predicted probabilities are clipped to ``[eps, 1 - eps]`` before they become logits for
-``gem_core.metrics`` (RecBole's models output float32 probabilities)."""
-ITEM_RATE_PRIOR = 5
-"""Pseudo-impressions at the overall positive rate added to every item's count in the item-rate
-reference (an item seen once is not scored 0 or 1)."""
 
 
 # -- the peers venv ------------------------------------------------------------------------------
@@ -264,101 +261,6 @@ def reported_part(users: np.ndarray, share: float) -> np.ndarray:
     if not share:
         return np.ones(users.shape, dtype=bool)
     return ~in_validation(torch.from_numpy(users.astype(np.int64)), share).numpy()
-
-
-def peer_metrics(probabilities: np.ndarray, labels: np.ndarray, users: np.ndarray,
-                 keep: np.ndarray | None = None) -> dict[str, float]:
-    """``gem_core.metrics.task_report`` of predicted probabilities (as logits), over the
-    impressions ``keep`` (None: all)."""
-    from gem_core.metrics import task_report
-
-    if probabilities.shape != labels.shape:
-        raise SystemExit(f"{probabilities.size} predictions for {labels.size} eval impressions")
-    if keep is not None:
-        probabilities, labels, users = probabilities[keep], labels[keep], users[keep]
-    p = np.clip(probabilities.astype(np.float64), PROBABILITY_EPS, 1 - PROBABILITY_EPS)
-    logits = torch.from_numpy(np.log(p) - np.log1p(-p))
-    return task_report(logits, torch.from_numpy(labels.astype(np.float64)),
-                       torch.from_numpy(users.astype(np.int64)))
-
-
-def _columns(path: Path, ids: tuple[str, ...], task: str) -> tuple[list[np.ndarray], np.ndarray]:
-    """The id columns ``ids`` (as integers) and the ``task`` column of an exported ``.inter``
-    file, in the file's order."""
-    from gem_data.peer_export import read_atomic
-
-    header, rows = read_atomic(path)
-    names = [field.split(":")[0] for field in header]
-    where, label = [names.index(name) for name in ids], names.index(task)
-    return ([np.asarray([int(row[i]) for row in rows], dtype=np.int64) for i in where],
-            np.asarray([float(row[label]) for row in rows], dtype=np.float64))
-
-
-def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ``item_id`` and ``task`` columns of an exported ``.inter`` file."""
-    (items,), labels = _columns(path, ("item_id",), task)
-    return items, labels
-
-
-def item_rate_reference(directory: Path, task: str, keys: Any,
-                        keep: np.ndarray | None = None) -> dict[str, float]:
-    """No model: every eval impression scored by its item's positive rate among the exported
-    training impressions (with :data:`ITEM_RATE_PRIOR` pseudo-impressions at the overall
-    rate; an item never trained on gets the overall rate). What an item's own effect is worth:
-    within-user ranking (GAUC) on data where users mostly differ in which items they are shown
-    is largely this, and a model that learns less than it has not learnt the items."""
-    train_items, train_labels = _item_and_label_columns(
-        directory / f"{EXPORT_NAME}.train.inter", task)
-    eval_items, eval_labels = _item_and_label_columns(
-        directory / f"{EXPORT_NAME}.test.inter", task)
-    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
-        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
-    known, index = np.unique(train_items, return_inverse=True)
-    counts = np.bincount(index, minlength=known.size).astype(np.float64)
-    positives = np.bincount(index, weights=train_labels, minlength=known.size)
-    overall = float(train_labels.mean())
-    where = np.searchsorted(known, eval_items).clip(max=known.size - 1)
-    seen = known[where] == eval_items
-    rate = np.where(seen, (positives[where] + ITEM_RATE_PRIOR * overall)
-                    / (counts[where] + ITEM_RATE_PRIOR), overall)
-    return peer_metrics(rate, keys[task], keys["user_ids"], keep)
-
-
-def id_offsets_reference(directory: Path, task: str, keys: Any,
-                         keep: np.ndarray | None = None) -> dict[str, float]:
-    """No model: every eval impression scored by the log-odds of the training positive rate
-    plus its user's and its item's offsets, learnt in one pass over the exported training
-    impressions in their order, one impression at a time, as ``model.id_bias`` steps them at
-    its defaults (``id_bias_step``, ``id_bias_rate``, ``id_bias_prior``;
-    :mod:`gem_data.one_pass_offsets`). What the two ids alone teach in one pass: a model that
-    trains one pass on the same impressions and ends above it has not learnt its users and
-    items."""
-    import attrs
-
-    from gem_core.config.model_schema import ModelConfig
-    from gem_data.one_pass_offsets import one_pass_offsets, summed_offsets
-
-    fields = attrs.fields(ModelConfig)
-    columns = ("user_id", "item_id")
-    train_ids, train_labels = _columns(directory / f"{EXPORT_NAME}.train.inter", columns, task)
-    eval_ids, eval_labels = _columns(directory / f"{EXPORT_NAME}.test.inter", columns, task)
-    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
-        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
-    rate = float(train_labels.mean())
-    base = math.log(rate / (1 - rate))
-    offsets = one_pass_offsets(np.full(len(train_labels), base), train_ids, train_labels,
-                               rate=fields.id_bias_rate.default, step=fields.id_bias_step.default,
-                               prior=fields.id_bias_prior.default)
-    logits = base + summed_offsets(offsets, eval_ids)
-    return peer_metrics(1 / (1 + np.exp(-logits)), keys[task], keys["user_ids"], keep)
-
-
-REFERENCES = {
-    "item rate": (item_rate_reference, "no model: the item's training positive rate"),
-    "user and item offsets": (id_offsets_reference,
-                              "no model: each learnt in one pass as model.id_bias steps it"),
-}
-"""The no-model rows of the table: name -> (function, what the row is)."""
 
 
 # -- our runs ------------------------------------------------------------------------------------
@@ -604,7 +506,8 @@ def main(argv: list[str] | None = None) -> None:
                                             keep),
                     "run": report}
 
-    references = {name: {task: reference(directory, task, keys, keep) for task in tasks}
+    references = {name: {task: reference(directory, task, keys, keep, name=EXPORT_NAME)
+                         for task in tasks}
                   for name, (reference, _) in REFERENCES.items()}
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
