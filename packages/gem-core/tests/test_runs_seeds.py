@@ -70,6 +70,24 @@ def test_the_command_prints_and_writes_json(two_arms):
     assert arms[1]["paired_difference"]["click.ne"]["count"] == 3
 
 
+def test_last_compares_each_runs_last_evaluation(tmp_path):
+    """``--last``: the figures of ``eval_last`` (the model as training left it) where a run
+    chose an earlier checkpoint for ``eval``; a run without ``eval_last`` reports ``eval``."""
+    paths = [_run(tmp_path, f"run-{s}", s, ne) for s, ne in BASE.items()]
+    for seed, path in zip(BASE, paths[:2]):
+        summary = json.loads((path / "summary.json").read_text())
+        summary["eval_last"] = {"click": {"ne": BASE[seed] + 0.01, "auc": 0.5, "gauc": 0.5}}
+        (path / "summary.json").write_text(json.dumps(summary))
+    (reported,) = seed_arms([read_run(p) for p in paths])
+    (last,) = seed_arms([read_run(p) for p in paths], last=True)
+    assert reported.figures["click.ne"].mean == pytest.approx(statistics.mean(BASE.values()))
+    assert last.figures["click.ne"].mean == pytest.approx(
+        statistics.mean(BASE.values()) + 0.02 / 3)
+    result = CliRunner().invoke(runs, ["seeds", "--last", *map(str, paths)])
+    assert result.exit_code == 0, result.output
+    assert f"click.ne      {statistics.mean(BASE.values()) + 0.02 / 3:.4f}" in result.output
+
+
 def test_a_run_written_before_a_key_joins_the_arm_that_behaves_as_it_did(tmp_path):
     """A configuration without ``model.id_bias_step`` was trained with constant steps: it is
     the arm of runs that name ``constant``, not of today's default."""

@@ -76,9 +76,12 @@ def compare(run_dirs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
 @click.option("--ignore-key", "ignored_keys", multiple=True,
               help="A config key that does not set configurations apart in these runs "
                    "(repeatable), such as a setting that does not act in them.")
+@click.option("--last", is_flag=True,
+              help="Compare each run's last evaluation (the model as training left it) instead "
+                   "of its reported one (the checkpoint it chose).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: tuple[str, ...],
-          as_json: bool) -> None:
+          last: bool, as_json: bool) -> None:
     """Configurations repeated over seeds, each compared with the first seed by seed: every
     task's NE, AUC and GAUC as mean and standard deviation over its runs, and the paired
     difference to the first configuration with the number of seeds it is better on."""
@@ -86,7 +89,7 @@ def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: t
     from gem_core.report.seeds import DEFAULT_SEED_KEYS, arms_json, seed_arms
 
     arms = seed_arms([read_run(d) for d in run_dirs], seed_keys or DEFAULT_SEED_KEYS,
-                     ignored_keys)
+                     ignored_keys, last=last)
     if as_json:
         click.echo(json.dumps(arms_json(arms)))
         return

@@ -10,7 +10,9 @@ the first over the seeds both ran, seed by seed. A difference between paired run
 the seed does to both (the log, the draw), which a difference of means keeps.
 
 The figures are each task's NE, AUC and GAUC of the run's reported evaluation (``summary.json``'s
-``eval``: the chosen checkpoint's where the run chose one).
+``eval``: the chosen checkpoint's where the run chose one), or with ``last`` of its last
+evaluation (``eval_last``: the model as training left it, what a peer that chooses no
+checkpoint is compared with; a run that chose none reports the same either way).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def _text(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _figure(run: RunRecord, task: str, metric: str) -> float | None:
-    value = run.summary["eval"].get(task, {}).get(metric)
+def _figure(run: RunRecord, task: str, metric: str, last: bool = False) -> float | None:
+    evaluation = run.summary.get("eval_last") if last else None
+    value = (evaluation or run.summary["eval"]).get(task, {}).get(metric)
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -88,12 +91,13 @@ def _config(run: RunRecord) -> dict[str, Any]:
 
 
 def seed_arms(runs: Sequence[RunRecord], seed_keys: Sequence[str] = DEFAULT_SEED_KEYS,
-              ignored_keys: Sequence[str] = ()) -> list[Arm]:
+              ignored_keys: Sequence[str] = (), *, last: bool = False) -> list[Arm]:
     """Group ``runs`` into arms (in the order each arm's first run comes) and compare each with
-    the first. ``ignored_keys`` do not set arms apart (a setting that does not act in these
-    runs, such as how often they evaluated). Two runs of one arm with the same seed values are
-    an error naming both (a repetition would be counted twice). An arm that shares no seed
-    with the first has its figures and no paired difference."""
+    the first, at each run's reported evaluation or (``last``) its last one. ``ignored_keys``
+    do not set arms apart (a setting that does not act in these runs, such as how often they
+    evaluated). Two runs of one arm with the same seed values are an error naming both (a
+    repetition would be counted twice). An arm that shares no seed with the first has its
+    figures and no paired difference."""
     if not runs:
         raise GemConfigError("gem runs seeds: no runs given")
     left_out = {*seed_keys, *ignored_keys, "name"}
@@ -122,14 +126,14 @@ def seed_arms(runs: Sequence[RunRecord], seed_keys: Sequence[str] = DEFAULT_SEED
         for task in tasks:
             for metric in METRICS:
                 name = f"{task}.{metric}"
-                values = [v for v in (_figure(r, task, metric) for r in members.values())
-                          if v is not None]
+                values = [v for v in (_figure(r, task, metric, last)
+                                      for r in members.values()) if v is not None]
                 if values:
                     figures[name] = Spread.of(values)
                 if index == 0:
                     continue
                 base = groups[configs[0]]
-                pairs = [(_figure(run, task, metric), _figure(base[seed], task, metric))
+                pairs = [(_figure(run, task, metric, last), _figure(base[seed], task, metric, last))
                          for seed, run in members.items() if seed in base]
                 pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
                 if pairs:
