@@ -17,6 +17,7 @@ import torch
 
 from gem_core.config import DataConfig
 from gem_core.data.api import contiguous_balancer
+from gem_core.errors import GemDataError
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
 from gem_data import peer_references
@@ -268,7 +269,7 @@ def test_item_rate_reference_scores_each_item_by_its_training_rate(tmp_path):
                                   keys["user_ids"])
     assert got == expected and got["ne"] > 0
     keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
-    with pytest.raises(SystemExit, match="labels"):
+    with pytest.raises(GemDataError, match="labels"):
         peer_references.item_rate_reference(tmp_path, "like", keys)
 
 
@@ -302,7 +303,7 @@ def test_id_offsets_reference_learns_users_and_items_in_one_pass(tmp_path):
     assert got == pytest.approx(expected, rel=1e-9) and got["ne"] > 0
     assert user[1] != 0 and item[-7] != 0  # the offsets moved
     keys["like"] = np.array([1.0, 1.0, 1.0, 0.0])
-    with pytest.raises(SystemExit, match="labels"):
+    with pytest.raises(GemDataError, match="labels"):
         peer_references.id_offsets_reference(tmp_path, "like", keys)
 
 

@@ -80,6 +80,7 @@ import attrs
 import numpy as np
 import torch
 
+from gem_core.errors import GemError
 from gem_data.peer_references import REFERENCES, peer_metrics
 
 if TYPE_CHECKING:
@@ -163,7 +164,6 @@ def _export_key(args: argparse.Namespace, data: DataConfig) -> dict[str, Any]:
 def export(args: argparse.Namespace, data: DataConfig) -> tuple[Path, dict[str, Any]]:
     """The export directory and its manifest, written anew unless an export of the same data
     is there."""
-    from gem_core.errors import GemError
     from gem_data.peer_export import FORMAT, export_peer_dataset
 
     directory = args.out / EXPORT_NAME
@@ -506,9 +506,12 @@ def main(argv: list[str] | None = None) -> None:
                                             keep),
                     "run": report}
 
-    references = {name: {task: reference(directory, task, keys, keep, name=EXPORT_NAME)
-                         for task in tasks}
-                  for name, (reference, _) in REFERENCES.items()}
+    try:
+        references = {name: {task: reference(directory, task, keys, keep, name=EXPORT_NAME)
+                             for task in tasks}
+                      for name, (reference, _) in REFERENCES.items()}
+    except GemError as error:  # an export that does not hold together: say why
+        raise SystemExit(f"no-model references on {directory}: {error}") from None
     export_summary = {k: v for k, v in manifest.items() if k not in ("columns", "item_columns")}
     result = {"tasks": tasks, "epochs": args.epochs, "peer_batch_size": args.peer_batch_size,
               "recbole": recbole, "references": references,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gem_core.config.model_schema import ModelConfig
+from gem_core.errors import GemDataError
 from gem_core.metrics import task_report
 from gem_data.one_pass_offsets import one_pass_offsets, summed_offsets
 from gem_data.peer_export import read_atomic
@@ -40,7 +41,8 @@ def peer_metrics(probabilities: np.ndarray, labels: np.ndarray, users: np.ndarra
     """``gem_core.metrics.task_report`` of predicted probabilities (as logits), over the
     impressions ``keep`` (None: all)."""
     if probabilities.shape != labels.shape:
-        raise SystemExit(f"{probabilities.size} predictions for {labels.size} eval impressions")
+        raise GemDataError(f"{probabilities.size} predictions for {labels.size} eval "
+                           "impressions")
     if keep is not None:
         probabilities, labels, users = probabilities[keep], labels[keep], users[keep]
     p = np.clip(probabilities.astype(np.float64), PROBABILITY_EPS, 1 - PROBABILITY_EPS)
@@ -65,6 +67,11 @@ def _item_and_label_columns(path: Path, task: str) -> tuple[np.ndarray, np.ndarr
     return items, labels
 
 
+def _check_eval_labels(directory: Path, task: str, labels: np.ndarray, keys: Any) -> None:
+    if not np.array_equal(labels, keys[task].astype(np.float64)):
+        raise GemDataError(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
+
+
 def item_rate_reference(directory: Path, task: str, keys: Any, keep: np.ndarray | None = None,
                         *, name: str = "peers") -> dict[str, float]:
     """No model: every eval impression scored by its item's positive rate among the exported
@@ -76,8 +83,7 @@ def item_rate_reference(directory: Path, task: str, keys: Any, keep: np.ndarray 
         directory / f"{name}.train.inter", task)
     eval_items, eval_labels = _item_and_label_columns(
         directory / f"{name}.test.inter", task)
-    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
-        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
+    _check_eval_labels(directory, task, eval_labels, keys)
     known, index = np.unique(train_items, return_inverse=True)
     counts = np.bincount(index, minlength=known.size).astype(np.float64)
     positives = np.bincount(index, weights=train_labels, minlength=known.size)
@@ -98,15 +104,16 @@ def id_offsets_reference(directory: Path, task: str, keys: Any, keep: np.ndarray
     :mod:`gem_data.one_pass_offsets`). What the two ids alone teach in one pass: a model that
     trains one pass on the same impressions and ends above it has not learnt its users and
     items."""
-
     fields = attrs.fields(ModelConfig)
     columns = ("user_id", "item_id")
     train_ids, train_labels = _columns(directory / f"{name}.train.inter", columns, task)
     eval_ids, eval_labels = _columns(directory / f"{name}.test.inter", columns, task)
-    if not np.array_equal(eval_labels, keys[task].astype(np.float64)):
-        raise SystemExit(f"{directory}: the eval file's {task} labels are not eval_keys.npz's")
-    rate = float(train_labels.mean())
-    base = math.log(rate / (1 - rate))
+    _check_eval_labels(directory, task, eval_labels, keys)
+    positive_rate = float(train_labels.mean())
+    if not 0 < positive_rate < 1:
+        raise GemDataError(f"{directory}: every training impression's {task} is "
+                           f"{positive_rate:g}; offsets need both classes")
+    base = math.log(positive_rate / (1 - positive_rate))
     offsets = one_pass_offsets(np.full(len(train_labels), base), train_ids, train_labels,
                                rate=fields.id_bias_rate.default, step=fields.id_bias_step.default,
                                prior=fields.id_bias_prior.default)
