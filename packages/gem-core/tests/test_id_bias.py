@@ -38,6 +38,15 @@ def _train_step(model, optimizer, batch, tasks) -> dict[str, torch.Tensor]:
     return probabilities
 
 
+def _summed_residuals(probabilities, batch, tasks, ids, rows) -> np.ndarray:
+    """Each row's ``sum(p - y)`` per task over the batch's impressions of its id, in float64."""
+    residual = np.zeros((rows, len(tasks)))
+    for task_index, task in enumerate(tasks):
+        p = probabilities[task].numpy().astype(np.float64)
+        np.add.at(residual[:, task_index], ids, p - batch.labels[task].numpy().astype(np.float64))
+    return residual
+
+
 def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impressions(data):
     """The trainer's loss is the mean over the step's impressions; with the step's impressions
     given, the offsets' group steps ``rate * sum(y - p)`` over each id's impressions, per task:
@@ -51,12 +60,9 @@ def test_one_step_moves_each_offset_by_rate_times_clicks_minus_p_over_its_impres
     items = batch.candidate_ids["item"].numpy()
     assert len(set(items)) < items.size, "the test needs an id seen twice in the batch"
     for name in FEATURES:
-        ids = batch.candidate_ids[name].numpy()
-        expected = np.zeros((schema.table(name).num_embeddings, len(schema.tasks)))
-        for task_index, task in enumerate(schema.tasks):
-            residual = (batch.labels[task].numpy().astype(np.float64)
-                        - probabilities[task].numpy().astype(np.float64))
-            np.add.at(expected[:, task_index], ids, rate * residual)
+        expected = -rate * _summed_residuals(probabilities, batch, schema.tasks,
+                                             batch.candidate_ids[name].numpy(),
+                                             schema.table(name).num_embeddings)
         got = model.id_bias.offsets[name].detach().numpy()
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert np.abs(expected).max() > 0.05  # not a test on zeros
@@ -78,11 +84,7 @@ def test_fisher_steps_shrink_as_an_id_is_seen_by_its_summed_squared_residuals(da
     information = np.zeros_like(expected)
     for _ in range(2):
         probabilities = _train_step(model, optimizer, batch, schema.tasks)
-        residual = np.zeros_like(expected)
-        for task_index, task in enumerate(schema.tasks):
-            p = probabilities[task].numpy().astype(np.float64)
-            np.add.at(residual[:, task_index], ids,
-                      p - batch.labels[task].numpy().astype(np.float64))
+        residual = _summed_residuals(probabilities, batch, schema.tasks, ids, rows)
         information += residual ** 2
         step = residual / (1 / rate + information)
         expected -= step
@@ -229,11 +231,7 @@ def test_a_learned_prior_is_the_mean_of_the_seen_offsets_posterior_second_moment
     prior = np.full(tasks, rate)
     for _ in range(3):
         probabilities = _train_step(model, optimizer, batch, schema.tasks)
-        residual = np.zeros_like(expected)
-        for task_index, task in enumerate(schema.tasks):
-            p = probabilities[task].numpy().astype(np.float64)
-            np.add.at(residual[:, task_index], ids,
-                      p - batch.labels[task].numpy().astype(np.float64))
+        residual = _summed_residuals(probabilities, batch, schema.tasks, ids, rows)
         information += residual ** 2
         expected -= residual / (1 / prior + information)
         seen = information > 0
