@@ -156,3 +156,56 @@ def test_the_user_id_schema_imports_each_requests_user_as_a_sparse_feature(tool,
     rows = table.to_pylist()
     assert rows and all(row["sparse.user_id"] == [row["user_id"]] for row in rows)
     assert len({row["user_id"] for row in rows}) > 1
+
+
+def _predictions(path: Path, probabilities) -> Path:
+    """``probabilities`` as ``gem score`` writes predictions (one row per request, a list per
+    task; here one impression per row, which ``explain`` reads the same way)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"row": pa.array(range(len(probabilities)), pa.int64()),
+                             "clk": [[float(p)] for p in probabilities]}), path)
+    return path
+
+
+def test_explain_reads_the_truth_as_carrying_every_part_whole(tools, tool, world, tmp_path):
+    """``tools/taobao_explain.py``: the true probabilities, scored as a model's, carry the
+    user's and the ad's effects with slope 1 (the parts the log adds to every impression's
+    logit); a model that has only the intercept carries none; the one-pass reference row comes
+    first and the truth's NE last."""
+    import numpy as np
+
+    explainer = tools("taobao_explain")
+    raw, data = world
+    joined = tool.join_truth(tool.imported_impressions(data, "eval"), tool.read_truth(raw),
+                             "eval")
+    truth = joined.column("p_click").to_numpy()
+    flat = np.full(truth.size, joined.column("clk").to_numpy().mean())
+    exact, constant = (_predictions(tmp_path / f"{name}.parquet", p)
+                       for name, p in (("exact", truth), ("flat", flat + 1e-9 * truth)))
+    result = explainer.explain(raw, data, [exact, constant])
+    assert list(result) == [explainer.REFERENCE, str(exact), str(constant), "truth"]
+    assert result[str(exact)]["ne"] == pytest.approx(result["truth"]["ne"], abs=1e-6)
+    for part in ("user_effect", "ad_effect"):
+        assert result[str(exact)][f"slope_{part}"] == pytest.approx(1.0, abs=0.05)
+        assert abs(result[str(constant)][f"slope_{part}"]) < 1e-6
+    assert 0 < result[explainer.REFERENCE]["slope_user_effect"] < 1
+
+
+def test_explain_stops_on_predictions_of_another_data_set_and_an_older_truth(
+        tools, world, tmp_path):
+    explainer = tools("taobao_explain")
+    raw, data = world
+    short = _predictions(tmp_path / "short.parquet", [0.05, 0.06, 0.07])
+    with pytest.raises(explainer.TruthJoinError, match=r"short.parquet: 3 scored impressions "
+                                                       r"where the eval split .* has \d+"):
+        explainer.explain(raw, data, [short])
+    old = tmp_path / "raw"
+    shutil.copytree(raw, old)
+    lines = (old / "truth.csv").read_text().splitlines()
+    keep = len(lines[0].split(",")) - 2  # user_effect and ad_effect are the last two columns
+    (old / "truth.csv").write_text("\n".join(",".join(line.split(",")[:keep])
+                                             for line in lines) + "\n")
+    with pytest.raises(explainer.TruthJoinError, match="no user_effect column.*generate again"):
+        explainer.explain(old, data, [])

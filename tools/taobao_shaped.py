@@ -11,11 +11,11 @@ was not built for our model?
 ``generate`` writes the four tables of docs/byod.md's "A multi-table log: Taobao display ads"
 (raw_sample.csv, ad_feature.csv, user_profile.csv, behavior_log.csv), its schema with a longer
 history (taobao.toml) and truth.csv: per impression, in raw_sample.csv's order, the click
-probability and the planted indicators. The click logit is ``b + user effect + ad effect +
-1.5 * ENGAGED + 0.3 * VIEWED``: ENGAGED when the ad's category is among those of the user's last
-10 cart/fav/buy events before the request (the 10th is usually 50-150 events back, though the
-matching one is mostly far nearer: the favourite categories recur), VIEWED when among those of
-the last 5 views.
+probability, the planted indicators and the user's and the ad's effects. The click logit is
+``b + user effect + ad effect + 1.5 * ENGAGED + 0.3 * VIEWED``: ENGAGED when the ad's category
+is among those of the user's last 10 cart/fav/buy events before the request (the 10th is
+usually 50-150 events back, though the matching one is mostly far nearer: the favourite
+categories recur), VIEWED when among those of the last 5 views.
 
 ``measure`` joins the imported data set's impressions to truth.csv and prints the eval split's
 achievable NE (that of the true probabilities), the NE a model can reach at best without the
@@ -26,6 +26,8 @@ generating process knows them, and as the imported tables show them (``*_describ
 the ads have no row in ad_feature.csv, so their category, and with it ENGAGED and VIEWED, is
 known to no model (truth.csv's ``ad_described``); the ``*_described`` regressions are the
 references a model fed these tables can reach.
+
+``tools/taobao_explain.py`` says where a trained model's NE goes on such a log.
 """
 
 from __future__ import annotations
@@ -320,7 +322,8 @@ def generate(out: Path, seed: int = 0, users: int = 4000, days: int = 8,
                                   "engaged_cate_recent": engaged.astype(np.int64),
                                   "viewed_cate_recent": viewed.astype(np.int64),
                                   "engaged_visible_256": visible.astype(np.int64),
-                                  "ad_described": in_ad_feature[imp_ad].astype(np.int64)})
+                                  "ad_described": in_ad_feature[imp_ad].astype(np.int64),
+                                  "user_effect": user_effect, "ad_effect": ad_effect})
     (out / "taobao.toml").write_text(USER_ID_SCHEMA if user_id else SCHEMA)
     return (f"{users} users, {ads} ads, {clk.size} impressions ({req_user.size} requests), "
             f"{ev_user.size} behaviour events; CTR {clk.mean():.4f}; ENGAGED=1 on "
@@ -374,9 +377,7 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     from gem_data.generator import normalized_entropy_of_probabilities as ne
     from gem_data.indicator_ne import fit_logistic, sigmoid
 
-    truth = pacsv.read_csv(raw / "truth.csv", convert_options=pacsv.ConvertOptions(
-        column_types={"user": pa.int64(), "time_stamp": pa.int64(),
-                      "adgroup_id": pa.int64(), "pid": pa.string()}))
+    truth = read_truth(raw)
     splits = {split: join_truth(imported_impressions(data, split), truth,
                                 f"{data} ({split} split)") for split in ("train", "eval")}
     train_rows = splits["train"].num_rows
@@ -466,6 +467,13 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     result["eval_engaged"] = int(engaged.sum())
     result["eval_engaged_beyond_256"] = int((engaged * (1 - visible)).sum())
     return result
+
+
+def read_truth(raw: Path) -> pa.Table:
+    """truth.csv with its key columns typed as the imported impressions' (join_truth)."""
+    return pacsv.read_csv(raw / "truth.csv", convert_options=pacsv.ConvertOptions(
+        column_types={"user": pa.int64(), "time_stamp": pa.int64(),
+                      "adgroup_id": pa.int64(), "pid": pa.string()}))
 
 
 def one_pass_offsets(x: np.ndarray, ids: list[np.ndarray], y: np.ndarray, x_eval: np.ndarray,
