@@ -54,9 +54,16 @@ def test_retrieval_matches_a_loop(with_engaged):
     index, valid = retrieve_matching_events(
         offsets, owner, {k: _as_ids(v, k == "topics") for k, v in candidate_lists.items()},
         {k: _as_ids(v, k == "topics") for k, v in event_lists.items()}, pairs,
-        budget=5, skip_recent=4, engaged=engaged)
+        budget=5, skip_recent=4, max_len=max(lengths), engaged=engaged)
     want = _oracle(offsets, owner, candidate_lists, event_lists, pairs, 5, 4, engaged)
     assert [index[row][valid[row]].tolist() for row in range(n)] == want
+    # max_len is a bound (as under torch.export), not the exact longest history: the same.
+    bounded = retrieve_matching_events(
+        offsets, owner, {k: _as_ids(v, k == "topics") for k, v in candidate_lists.items()},
+        {k: _as_ids(v, k == "topics") for k, v in event_lists.items()}, pairs,
+        budget=5, skip_recent=4, max_len=max(lengths) + 19, engaged=engaged)
+    assert torch.equal(bounded[0], index) and torch.equal(bounded[1], valid)
+    assert not index[~valid].any()  # empty slots hold position 0
     assert any(len(found) == 5 for found in want) and any(len(f) < 5 for f in want)
     # Valid slots come first, in order.
     assert torch.equal(valid, valid.sort(dim=1, descending=True).values)
@@ -66,7 +73,8 @@ def test_nothing_older_than_the_window_retrieves_nothing():
     offsets, owner = torch.tensor([0, 3]), torch.tensor([0, 0])
     ids = {"a": torch.tensor([1, 1])}
     index, valid = retrieve_matching_events(offsets, owner, ids, {"a": torch.tensor([1, 1, 1])},
-                                            [("a", "a")], budget=4, skip_recent=3)
+                                            [("a", "a")], budget=4, skip_recent=3,
+                                            max_len=3)
     assert index.shape == (2, 4) and not valid.any()
 
 

@@ -446,7 +446,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 requests.offsets, owner, batch.candidate_ids, batch.event_ids,
                 self.attribute_attention.pairs,
                 budget=self.config.attribute_attention_retrieve,
-                skip_recent=self.config.attribute_attention_history,
+                skip_recent=self.config.attribute_attention_history, max_len=requests.max_len,
                 engaged=self._engaged(batch))
         return self.attribute_attention(
             looked_up.candidate_vectors, looked_up.event_vectors, requests.events, tower_output,

@@ -26,21 +26,21 @@ from gem_core.model.target_match import overlap
 
 def retrieve_matching_events(offsets: Tensor, owner: Tensor, candidate_ids: Mapping[str, Ids],
                              event_ids: Mapping[str, Ids], pairs: list[tuple[str, str]], *,
-                             budget: int, skip_recent: int,
+                             budget: int, skip_recent: int, max_len: int,
                              engaged: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """For each candidate (``owner``: its request), the positions of up to ``budget`` events of
     its request that share an attribute with it, most recent first, among the events older than
-    the last ``skip_recent``; ``engaged`` ``(E,)`` bool keeps only those events. Returns
-    ``(N, budget)`` indices and a validity mask (fewer matches leave slots empty)."""
+    the last ``skip_recent``; ``engaged`` ``(E,)`` bool keeps only those events. ``max_len`` is
+    at least every request's history length (:func:`gem_core.jagged.max_length`: a size symbol
+    under ``torch.export``, so nothing here branches on the data). Returns ``(N, budget)``
+    indices and a validity mask (fewer matches leave slots empty)."""
     candidates = owner.numel()
+    if budget == 0:
+        return (torch.zeros(candidates, 0, dtype=torch.int64, device=offsets.device),
+                torch.zeros(candidates, 0, dtype=torch.bool, device=offsets.device))
     lengths = (offsets[1:] - offsets[:-1])[owner]
-    longest = int(lengths.max()) if candidates else 0
-    index_out = torch.zeros(candidates, budget, dtype=torch.int64, device=offsets.device)
-    valid_out = torch.zeros(candidates, budget, dtype=torch.bool, device=offsets.device)
-    if longest <= skip_recent or budget == 0:
-        return index_out, valid_out
-    back = torch.arange(skip_recent, longest, device=offsets.device)  # 0: the most recent
-    present = back.unsqueeze(0) < lengths.unsqueeze(1)  # (N, L)
+    back = torch.arange(max_len, device=offsets.device)  # 0: the most recent
+    present = (back.unsqueeze(0) < lengths.unsqueeze(1)) & (back >= skip_recent)  # (N, L)
     index = (offsets[1:][owner].unsqueeze(1) - 1 - back.unsqueeze(0)).clamp(min=0)
     match = torch.zeros_like(present)
     for candidate, event in pairs:
@@ -49,8 +49,11 @@ def retrieve_matching_events(offsets: Tensor, owner: Tensor, candidate_ids: Mapp
     if engaged is not None:
         match &= engaged[index]
     rank = torch.cumsum(match, dim=1) - 1  # among the candidate's matches, most recent first
-    rows, columns = torch.nonzero(match & (rank < budget), as_tuple=True)
-    slots = rank[rows, columns]
-    index_out[rows, slots] = index[rows, columns]
-    valid_out[rows, slots] = True
-    return index_out, valid_out
+    # Each kept match goes to its rank's slot; the others to a spare slot past the budget,
+    # dropped after (a scatter of fixed shape, not a nonzero of the data's size).
+    slot = torch.where(match & (rank < budget), rank, budget)
+    index_out = torch.zeros(candidates, budget + 1, dtype=torch.int64, device=offsets.device)
+    valid_out = torch.zeros(candidates, budget + 1, dtype=torch.bool, device=offsets.device)
+    index_out.scatter_(1, slot, index)
+    valid_out.scatter_(1, slot, torch.ones_like(match))
+    return index_out[:, :budget], valid_out[:, :budget]
