@@ -109,3 +109,19 @@ def test_ignored_keys_and_repeated_seeds(tmp_path):
     again = _run(tmp_path, "again", 0, 0.95)
     with pytest.raises(GemConfigError, match=r"a and .*again have the same configuration"):
         seed_arms([read_run(a), read_run(again)])
+
+
+def test_long_task_names_keep_the_figures_in_one_column(tmp_path):
+    """A task name such as ``conversion`` makes figure names longer than the usual column
+    (``conversion.gauc``): every figure still starts in the same column, apart from its name."""
+    for seed, ne in BASE.items():
+        path = _run(tmp_path, f"two-{seed}", seed, ne)
+        summary = json.loads((path / "summary.json").read_text())
+        summary["eval"]["conversion"] = {"ne": ne - 0.1, "auc": 0.8, "gauc": 0.79}
+        (path / "summary.json").write_text(json.dumps(summary))
+    result = CliRunner().invoke(runs, ["seeds", *map(str, sorted(tmp_path.iterdir()))])
+    assert result.exit_code == 0, result.output
+    figures = [line for line in result.output.splitlines() if " ± " in line]
+    assert len(figures) == 6 and any("conversion.gauc" in line for line in figures)
+    assert len({line.index(" ± ") for line in figures}) == 1
+    assert all(float(line.split()[1]) > 0 for line in figures)  # the name, then the mean

@@ -93,13 +93,15 @@ def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: t
     if as_json:
         click.echo(json.dumps(arms_json(arms)))
         return
+    # One column for the figures' names, wide enough for the longest (conversion.gauc).
+    width = max([14] + [len(name) + 2 for arm in arms for name in arm.figures])
     for number, arm in enumerate(arms, 1):
         click.echo(f"arm {number}: {arm.label} ({len(arm.runs)} runs: "
                    f"{', '.join(r.label for r in arm.runs.values())})")
         if number > 1 and not arm.paired:
             click.echo("  (no seed in common with arm 1: not paired)")
         for name, spread in arm.figures.items():
-            line = f"  {name:<14}{spread.mean:.4f} ± {spread.sd:.4f} ({spread.count})"
+            line = f"  {name:<{width}}{spread.mean:.4f} ± {spread.sd:.4f} ({spread.count})"
             if name in arm.paired:
                 diff = arm.paired[name]
                 line += (f"   paired {diff.mean:+.4f} ± {diff.sd:.4f}, better on "
