@@ -36,6 +36,13 @@ def test_logits_that_are_exactly_the_parts_leave_no_residual():
     assert fit.residual_sd < 1e-12 and fit.r_squared == pytest.approx(1.0)
 
 
+def test_constant_logits_carry_no_part_and_explain_nothing():
+    parts = {"a": np.array([0.1, -0.4, 0.7, 0.2])}
+    fit = decompose_logits(np.full(4, -3.0), parts)
+    assert fit.slopes["a"] == pytest.approx(0.0, abs=1e-12)
+    assert fit.intercept == pytest.approx(-3.0) and fit.r_squared == 0.0
+
+
 @pytest.mark.parametrize("logits, parts, message", [
     (np.zeros(3), {"a": np.ones(4)}, r"part 'a' has shape \(4,\), the logits \(3,\)"),
     (np.array([0.0, math.nan, 1.0]), {"a": np.array([1.0, 2.0, 4.0])}, "logit at row 1 is nan"),

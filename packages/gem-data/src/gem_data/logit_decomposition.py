@@ -36,7 +36,8 @@ class LogitDecomposition:
     """Standard deviation of what the parts leave of the logits."""
 
     r_squared: float
-    """Share of the logits' variance the parts explain."""
+    """Share of the logits' variance the parts explain (0 where the logits do not vary: there
+    is nothing to explain)."""
 
 
 def decompose_logits(logits: np.ndarray, parts: dict[str, np.ndarray]) -> LogitDecomposition:
@@ -72,7 +73,7 @@ def decompose_logits(logits: np.ndarray, parts: dict[str, np.ndarray]) -> LogitD
         intercept=float(weights[0]),
         slopes={name: float(w) for name, w in zip(parts, weights[1:])},
         residual_sd=float(math.sqrt(residual.var())),
-        r_squared=1.0 - float(residual.var()) / variance if variance > 0 else 1.0)
+        r_squared=1.0 - float(residual.var()) / variance if variance > 0 else 0.0)
 
 
 def logits_of(probabilities: np.ndarray, eps: float = 1e-7) -> np.ndarray:
