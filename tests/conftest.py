@@ -11,15 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from gem_core.testing.processes import run_process_group
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_gem(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m gem_core.cli.main ARGS`` with this interpreter; never raises on exit code."""
+    """``python -m gem_core.cli.main ARGS`` with this interpreter; never raises on exit code.
+    Past ``timeout`` it raises, with the stacks of every gem process of the command (launcher,
+    torchrun's agent, ranks) in the message: a hang says where it was."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gem_core.cli.main", *args], env=full_env,
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return run_process_group([sys.executable, "-m", "gem_core.cli.main", *args], env=full_env,
+                             timeout=timeout, cwd=cwd, raise_on_timeout=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from gem_core.errors import GemError
 from gem_core.logs import FORMATS, LEVELS, configure_logging, current_logging
 from gem_core.plugins import GemPlugins, build_plugins
 from gem_core.rank_exit import is_process_group_rank, run_then_exit
+from gem_core.stack_dump import enable_stack_dumps
 
 
 class _Catalog:
@@ -140,6 +141,7 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def main() -> None:
+    enable_stack_dumps()  # kill -USR1 PID: every thread's stack on stderr (a hung run says where)
     if is_process_group_rank():  # a rank skips interpreter finalization: see gem_core.rank_exit
         run_then_exit(lambda: cli(prog_name="gem"))
     cli(prog_name="gem")

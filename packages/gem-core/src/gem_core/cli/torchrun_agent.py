@@ -9,11 +9,13 @@ import runpy
 import sys
 
 from gem_core.process_life import exit_status
+from gem_core.stack_dump import enable_stack_dumps
 
 
 def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    enable_stack_dumps()  # as every gem process: kill -USR1 PID prints its threads' stacks
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     except SignalException as stopped:
