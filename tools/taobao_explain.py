@@ -69,9 +69,7 @@ def explain(raw: Path, data: Path, predictions: list[Path]) -> dict[str, dict[st
         return splits[split].column(name).to_numpy().astype(np.float64)
 
     def indicators(split: str) -> list[np.ndarray]:
-        described = column(split, "ad_described")
-        return [column(split, "engaged_cate_recent") * described,
-                column(split, "viewed_cate_recent") * described, described]
+        return list(world.indicators_as_seen(splits[split], raw).values())
 
     parts = dict(zip(PARTS, [column("eval", "user_effect"), column("eval", "ad_effect"),
                              *indicators("eval")]))

@@ -414,16 +414,10 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     # The same as the imported tables show them: an ad without a row in ad_feature.csv has no
     # category there, so no model can tell whether ENGAGED or VIEWED holds for it; the
     # regressions see each indicator only where the ad is described, and whether it is.
-    if "ad_described" not in splits["eval"].column_names:
-        raise TruthJoinError(f"{raw / 'truth.csv'} has no ad_described column: it was written "
-                             "by an older version of this tool; run generate again (same "
-                             "seed: the same tables)")
-    seen = {split: {name: column(split, name) * column(split, "ad_described")
-                    for name in names} | {"ad_described": column(split, "ad_described")}
-            for split in ("train", "eval")}
+    seen = {split: indicators_as_seen(splits[split], raw) for split in ("train", "eval")}
 
     def seen_design(split: str, rows: np.ndarray | None = None) -> np.ndarray:
-        columns = [seen[split][name] for name in (*names, "ad_described")]
+        columns = [seen[split][name] for name in SEEN_INDICATORS]
         if rows is not None:
             columns = [c[rows] for c in columns]
         return np.column_stack([np.ones(columns[0].size), *columns])
@@ -467,6 +461,28 @@ def measure(raw: Path, data: Path, train_sample: int = 50000, seed: int = 0) -> 
     result["eval_engaged"] = int(engaged.sum())
     result["eval_engaged_beyond_256"] = int((engaged * (1 - visible)).sum())
     return result
+
+
+SEEN_INDICATORS = ("engaged_cate_recent", "viewed_cate_recent", "ad_described")
+"""The click logit's indicators as the imported tables show them, in this order."""
+
+
+def indicators_as_seen(impressions: pa.Table, raw: Path) -> dict[str, np.ndarray]:
+    """:data:`SEEN_INDICATORS` of ``impressions`` (joined to ``raw``'s truth.csv), as float64:
+    ENGAGED and VIEWED where the ad is described (an ad without a row in ad_feature.csv has no
+    category in the tables, so no model can tell either for it), and whether it is."""
+    if "ad_described" not in impressions.column_names:
+        raise TruthJoinError(f"{raw / 'truth.csv'} has no ad_described column: it was written "
+                             "by an older version of this tool; run generate again (same "
+                             "seed: the same tables)")
+
+    def column(name: str) -> np.ndarray:
+        return impressions.column(name).to_numpy().astype(np.float64)
+
+    described = column("ad_described")
+    return {"engaged_cate_recent": column("engaged_cate_recent") * described,
+            "viewed_cate_recent": column("viewed_cate_recent") * described,
+            "ad_described": described}
 
 
 def read_truth(raw: Path) -> pa.Table:
