@@ -28,6 +28,7 @@ import pytest
 
 from gem_core.checkpoint.digests import verify_files
 from gem_core.checkpoint.layout import complete_checkpoints
+from gem_core.testing.processes import alive, descendants
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get(
@@ -51,40 +52,6 @@ def _exact_resume_helpers():
     return module
 
 
-# -- processes, from /proc (Linux) --------------------------------------------------------------
-
-def _stat(pid: int) -> tuple[int, str, str] | None:
-    """``(parent, state, start time)`` of ``pid``, or None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0], fields[19]
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """Every process below ``root``: ``{pid: start time}`` (the start time tells a reused pid)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = stat
-    found: dict[int, str] = {}
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _, started) in parents.items():
-            if ppid == parent and pid not in found:
-                found[pid] = started
-                frontier.append(pid)
-    return found
-
-
-def _alive(processes: dict[int, str]) -> list[int]:
-    """The processes still running (zombies, waiting for a parent to reap them, are not)."""
-    return [pid for pid, started in processes.items()
-            if (stat := _stat(pid)) is not None and stat[2] == started and stat[1] != "Z"]
-
-
 @contextlib.contextmanager
 def _launched(out: Path, launch: list[str], log: Path, *,
               reset_sigint: bool = False) -> Iterator[tuple[subprocess.Popen, dict[int, str]]]:
@@ -100,8 +67,8 @@ def _launched(out: Path, launch: list[str], log: Path, *,
     try:
         yield process, seen
     finally:
-        left = {**seen, **_descendants(process.pid)}
-        for pid in [process.pid, *_alive(left)]:
+        left = {**seen, **descendants(process.pid)}
+        for pid in [process.pid, *alive(left)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         process.wait()
@@ -114,9 +81,9 @@ def _wait_for_steps(process: subprocess.Popen, out: Path, log: Path, steps: int,
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
-        seen.update(_descendants(process.pid))
+        seen.update(descendants(process.pid))
         if metrics.exists() and metrics.read_bytes().count(b"\n") >= steps:
-            seen.update(_descendants(process.pid))
+            seen.update(descendants(process.pid))
             return
         assert process.poll() is None, f"gem train ended early:\n{log.read_text()[-3000:]}"
         time.sleep(0.05)
@@ -125,9 +92,9 @@ def _wait_for_steps(process: subprocess.Popen, out: Path, log: Path, steps: int,
 
 def _wait_until_gone(processes: dict[int, str], timeout: float = TIMEOUT_S) -> list[int]:
     deadline = time.monotonic() + timeout
-    while (alive := _alive(processes)) and time.monotonic() < deadline:
+    while (left := alive(processes)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return alive
+    return left
 
 
 # -- what a stopped run left --------------------------------------------------------------------
@@ -213,7 +180,7 @@ def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_and_it_resumes_exa
         assert len(seen) >= 3, seen  # torchrun's agent and the two ranks
         process.send_signal(signal.SIGTERM)
         status = process.wait(timeout=TIMEOUT_S)
-        left = _alive(seen)  # the launcher waited for the agent, the agent for the ranks
+        left = alive(seen)  # the launcher waited for the agent, the agent for the ranks
     stderr = log.read_text()
     assert status == 143, stderr[-3000:]
     assert not left, f"processes of the run outlived it: {left}"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gem_core.testing.processes import CommandTimedOut, run_process_group
+from gem_core.testing.processes import CommandTimedOut, process_stat, run_process_group
 
 HANGS = ("import sys, time\n"
          "from gem_core.stack_dump import enable_stack_dumps\n"
@@ -61,13 +61,6 @@ def test_a_launch_past_its_limit_dumps_every_gem_process_and_leaves_none(tmp_pat
     pids = [int(pid) for pid in tree.group(1).split(",")]
     assert len(pids) >= 4  # launcher, agent, two ranks
     time.sleep(1.0)
-    alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
-    assert not alive, alive
+    left = [pid for pid in pids if (stat := process_stat(pid)) is not None and stat[1] != "Z"]
+    assert not left, left
 
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"

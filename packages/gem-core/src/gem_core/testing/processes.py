@@ -45,7 +45,7 @@ def run_process_group(command: Sequence[str], *, timeout: float,
     except subprocess.TimeoutExpired:
         pass
     tree = descendants(process.pid)
-    dumped = request_stack_dumps([process.pid, *tree])
+    dumped = request_stack_dumps([process.pid, *alive(tree)])
     if dumped:
         time.sleep(DUMP_WAIT_S)
     _signal_group(process.pid, signal.SIGTERM)
@@ -53,7 +53,7 @@ def run_process_group(command: Sequence[str], *, timeout: float,
         stdout, stderr = process.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         _signal_group(process.pid, signal.SIGKILL)
-        for pid in tree:
+        for pid in alive(tree):
             _signal(pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
     stderr = (stderr or "") + (
@@ -67,22 +67,40 @@ def run_process_group(command: Sequence[str], *, timeout: float,
     return subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
 
 
-def descendants(root: int) -> list[int]:
-    """Every living descendant of ``root`` (Linux ``/proc``; none elsewhere), parents first."""
-    children: dict[int, list[int]] = {}
+def process_stat(pid: int) -> tuple[int, str, str] | None:
+    """``(parent, state, start time)`` of ``pid`` (Linux ``/proc``), or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], fields[19]  # after "pid (comm)": state, ppid, ... start
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process below ``root``, parents first: ``{pid: start time}`` (the start time tells
+    a pid reused since from the process found). Empty where there is no ``/proc``."""
+    stats = {}
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
-        children.setdefault(parent, []).append(int(entry.name))
-    found, queue = [], [root]
+        if (stat := process_stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, str] = {}
+    queue = [root]
     while queue:
         for child in children.get(queue.pop(0), ()):
-            found.append(child)
-            queue.append(child)
+            if child not in found:
+                found[child] = stats[child][2]
+                queue.append(child)
     return found
+
+
+def alive(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` (``{pid: start time}``) still running: not gone, not a reused pid,
+    not a zombie waiting for its parent to reap it."""
+    return [pid for pid, started in processes.items()
+            if (stat := process_stat(pid)) is not None and stat[2] == started and stat[1] != "Z"]
 
 
 def request_stack_dumps(pids: Sequence[int]) -> list[int]:
