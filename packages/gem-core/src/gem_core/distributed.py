@@ -4,7 +4,11 @@ process."""
 from __future__ import annotations
 
 import datetime
+import faulthandler
+import logging
 import os
+import sys
+import threading
 from typing import Callable, Mapping
 
 import attrs
@@ -12,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 from gem_core.errors import GemConfigError
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,13 +191,18 @@ def single_process_group(ctx: ParallelContext, *,
     _single_process_destroy = destroy or dist.destroy_process_group
 
 
+DESTROY_LIMIT_S = 60.0
+"""How long a rank waits for ``destroy_process_group`` once every rank has passed the closing
+barrier (it takes milliseconds; see :func:`destroy_within`)."""
+
+
 def shutdown(ctx: ParallelContext) -> None:
     """End the process group cleanly (without the barrier, about a third of gloo runs crash at
     exit), or the one-rank group :func:`single_process_group` started."""
     global _single_process_destroy
     if ctx.is_distributed and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        destroy_within(dist.destroy_process_group, DESTROY_LIMIT_S)
     elif _single_process_destroy is not None:
         destroy, _single_process_destroy = _single_process_destroy, None
         if dist.is_initialized():
@@ -227,3 +238,35 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def destroy_within(destroy: Callable[[], None], limit_s: float) -> bool:
+    """Run ``destroy`` (the process group's teardown, after the closing barrier: every rank's
+    work is done and saved) and wait for it at most ``limit_s`` seconds. True when it finished;
+    an error it raised is raised here. Past the limit it is left running in its (daemon) thread,
+    a warning and every thread's stack go to stderr, and False is returned: the caller ends
+    without it. ``destroy_process_group`` hangs now and then at the end of a run whose ranks all
+    reached it (pytorch/pytorch#75097; seen once in our CI on a 2-rank gloo run, whose rank 0
+    had printed its result), and a finished run must not wait on it without end (a rank then
+    ends through ``os._exit``, :mod:`gem_core.rank_exit`, which stops that thread too)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            destroy()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
+            failure.append(error)
+
+    worker = threading.Thread(target=run, name="gem-destroy-process-group", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        log.warning("destroying the process group did not finish within %g s of the closing "
+                    "barrier (a known rare hang of torch.distributed at exit); this rank's work "
+                    "is done and saved, so it ends without waiting for it. Its threads' stacks "
+                    "follow on stderr.", limit_s)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        return False
+    if failure:
+        raise failure[0]
+    return True
