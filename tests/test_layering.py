@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", (
         "gem_core.errors", "gem_core.capabilities", "gem_core.jagged", "gem_core.flops",
         "gem_core.metrics", "gem_core.logs", "gem_core.process_life", "gem_core.rank_exit",
+        "gem_core.stack_dump",
         "gem_core.config", "gem_core.schema", "gem_core.batch", "gem_core.embedding_tables",
         # The checkpoint package: its layout, retention, digests and safe reading (the
         # checkpointer, the resume checks and the sharded modules' storage are run parts).
