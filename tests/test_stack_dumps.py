@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from gem_core.testing.processes import CommandTimedOut, process_stat, run_process_group
+from gem_core.process_life import process_stat
+from gem_core.testing.processes import CommandTimedOut, run_process_group
 
 HANGS = ("import sys, time\n"
          "from gem_core.stack_dump import enable_stack_dumps\n"

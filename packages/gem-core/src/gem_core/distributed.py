@@ -254,7 +254,8 @@ def destroy_within(destroy: Callable[[], None], limit_s: float) -> bool:
     def run() -> None:
         try:
             destroy()
-        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
+        except BaseException as error:  # noqa: BLE001 - any error of the teardown (gloo's
+            # RuntimeError, a SystemExit) is kept and raised again in the caller's thread
             failure.append(error)
 
     worker = threading.Thread(target=run, name="gem-destroy-process-group", daemon=True)

@@ -70,11 +70,17 @@ def rank_dies_with_agent() -> None:
 
 def parent_of(pid: int) -> int | None:
     """The parent of process ``pid`` (Linux ``/proc``); None when it is gone."""
+    stat = process_stat(pid)
+    return None if stat is None else stat[0]
+
+
+def process_stat(pid: int) -> tuple[int, str, str] | None:
+    """``(parent, state, start time)`` of ``pid`` (Linux ``/proc``), or None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+    return int(fields[1]), fields[0], fields[19]  # after "pid (comm)": state, ppid, ... start
 
 
 def _load_libc() -> Any:

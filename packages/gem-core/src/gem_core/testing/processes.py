@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from gem_core.process_life import process_stat
 from gem_core.stack_dump import STACK_DUMP_SIGNAL
 
 _GEM_PROGRAMS = {b"gem_core.cli.main", b"gem_core.cli.torchrun_agent", b"gem"}
@@ -65,15 +66,6 @@ def run_process_group(command: Sequence[str], *, timeout: float,
                               f"stdout tail:\n{(stdout or '')[-2000:]}\nstderr tail:\n"
                               f"{stderr[-30000:]}")
     return subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
-
-
-def process_stat(pid: int) -> tuple[int, str, str] | None:
-    """``(parent, state, start time)`` of ``pid`` (Linux ``/proc``), or None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0], fields[19]  # after "pid (comm)": state, ppid, ... start
 
 
 def descendants(root: int) -> dict[int, str]:
