@@ -33,7 +33,11 @@ def _pre_activation(module: AttributeAttention, candidate_vectors, event_vectors
         b2 = w_event[:, (num + p) * dim:(num + p + 1) * dim]
         pre = pre + a @ q + a2 @ (q * q) + b @ k + b2 @ (k * k)
         pre = pre + module.products[p].T @ (q * k)
-        pre = pre + module.similarities[p] * torch.dot(q, k) / dim
+        similarity = module.similarities[p]
+        if module.match_by_event is not None:  # T_p x_e: the match scaled by the event's token
+            rows = module.match_by_event.weight[p * module.hidden:(p + 1) * module.hidden]
+            similarity = similarity + rows @ _rms(events[e])
+        pre = pre + similarity * torch.dot(q, k) / dim
     return pre
 
 
@@ -105,11 +109,12 @@ def _inputs(seed: int, lengths: list[int], candidates: list[int], dim: int = 8):
 
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("tower_keys", [True, False])
-@pytest.mark.parametrize("latest", [0, 2])
-def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest):
+@pytest.mark.parametrize(("latest", "match_by_event"), [(0, False), (2, False), (0, True),
+                                                       (2, True)])
+def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest, match_by_event):
     torch.manual_seed(0)
     module = AttributeAttention(8, PAIRS, history=window, hidden=6, tower_keys=tower_keys,
-                                latest=latest).double()
+                                latest=latest, match_by_event=match_by_event).double()
     for parameter in module.parameters():  # nothing at its zero init
         torch.nn.init.normal_(parameter, std=0.3)
     lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
@@ -144,7 +149,7 @@ def test_latest_match_heads_tell_two_orders_of_the_same_events_apart():
 
 def test_an_empty_batch_of_events_and_gradients_reach_every_parameter():
     module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True,
-                                latest=2).double()
+                                latest=2, match_by_event=True).double()
     inputs = _inputs(2, [0, 0], [1, 2])
     out = module(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], 0)
     torch.testing.assert_close(out, _output_with_nothing_found(module).expand(3, -1))
@@ -160,11 +165,22 @@ def test_needs_a_shared_attribute():
         AttributeAttention(8, [], history=4, hidden=4, tower_keys=False)
 
 
-@pytest.mark.parametrize(("history", "latest"), [(0, 0), (5, 0), (0, 2)])
-def test_in_the_model_its_flops_are_counted(history, latest):
+@pytest.mark.parametrize("option", [{"attribute_attention_latest": 2},
+                                    {"attribute_attention_match_by_event": True}])
+def test_its_options_need_it(option):
+    schema, _ = synthetic_batch(2, max_seq_len=8, seed=0, candidates=1)
+    with pytest.raises(ValueError, match="are options of attribute attention: they need "
+                                         "attribute_attention = true"):
+        small_model(schema, **option)
+
+
+@pytest.mark.parametrize(("history", "latest", "match_by_event"),
+                         [(0, 0, False), (5, 0, False), (0, 2, False), (5, 0, True)])
+def test_in_the_model_its_flops_are_counted(history, latest, match_by_event):
     schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
     model = small_model(schema, attribute_attention=True, attribute_attention_history=history,
-                        attribute_attention_latest=latest, target_match=4)
+                        attribute_attention_latest=latest,
+                        attribute_attention_match_by_event=match_by_event, target_match=4)
     with FlopCounterMode(display=False) as counter:
         logits = model(batch)
     analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
@@ -173,3 +189,31 @@ def test_in_the_model_its_flops_are_counted(history, latest):
     assert sum(analytic.values()) == pytest.approx(counter.get_total_flops(), rel=0.01)
     assert all(torch.isfinite(v).all() for v in logits.values())
 
+
+
+def test_a_match_weighs_by_the_event_from_the_first_step():
+    """Two events that both match the candidate on every attribute and differ only in their
+    token (a purchase and a page view of its advertiser): beyond the additive terms, their
+    hidden units differ by ``sum_p T_p (x_0 - x_1)`` (each cosine is 1) with
+    ``match_by_event``, and by nothing more without it."""
+    torch.manual_seed(0)
+    inputs = list(_inputs(5, [2], [1]))
+    for name in inputs[1]:
+        inputs[1][name][1] = inputs[1][name][0] = inputs[0][name][0]
+    module = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False,
+                                match_by_event=True).double()
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+
+    def difference():
+        pre = [_pre_activation(module, inputs[0], inputs[1], inputs[2], None, 0, e)
+               for e in (0, 1)]
+        return pre[0] - pre[1]
+
+    with_map = difference()
+    maps = module.match_by_event.weight.detach().view(len(PAIRS), 6, 8).sum(0)
+    with torch.no_grad():
+        module.match_by_event.weight.zero_()
+    want = maps @ (_rms(inputs[2][0]) - _rms(inputs[2][1]))
+    torch.testing.assert_close(with_map - difference(), want, rtol=1e-5, atol=1e-5)
+    assert want.abs().max() > 0.1

@@ -228,6 +228,12 @@ class ModelConfig:
     each returns what its learned gate finds in the most recent event it fires on, so the order
     of matching events reaches the model (which kind of event came last); 0: none."""
 
+    attribute_attention_match_by_event: bool = False
+    """Each attribute's match (the cosine of the candidate's and the event's vectors) enters
+    attribute attention's hidden units scaled by a learned map of the event's token, so how much
+    a match weighs can depend on the event's action, age and position (a purchase of the
+    candidate's category against a page view of it) from the first step."""
+
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -544,6 +550,11 @@ class ModelConfig:
             raise ValueError("model.attribute_attention_retrieve searches the events older than "
                              "attribute attention's recent window: it needs attribute_attention "
                              "= true and attribute_attention_history > 0")
+        if (self.attribute_attention_latest or self.attribute_attention_match_by_event) and (
+                not self.attribute_attention):
+            raise ValueError("model.attribute_attention_latest and "
+                             "attribute_attention_match_by_event are options of attribute "
+                             "attention: they need attribute_attention = true")
         if self.attribute_attention_retrieve_engaged and not (
                 self.attribute_attention_retrieve and self.action_feature):
             raise ValueError("model.attribute_attention_retrieve_engaged needs "

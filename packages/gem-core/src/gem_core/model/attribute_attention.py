@@ -15,7 +15,7 @@ is compared on its own. For candidate ``n``, event ``e`` and shared attribute ``
 the candidate's vector of that attribute and ``k_p`` the event's, a small MLP sees::
 
     hidden(n, e) = act( sum_p [ A_p q_p + A2_p q_p^2 + B_p k_p + B2_p k_p^2 + C_p (q_p * k_p)
-                                + S_p cos(q_p, k_p) ] + G x_e + H h_e + b )
+                                + (S_p + T_p x_e) cos(q_p, k_p) ] + G x_e + H h_e + b )
                                                      (q, k, x, h each RMS-normalised)
     weight(n, e, p) = W_p hidden(n, e) + c_p          (no softmax: "how much" survives)
     out(n) = proj( sum_e sum_p weight(n, e, p) * V_p x_e )
@@ -36,6 +36,14 @@ cosine ``cos(q_p, k_p)`` (the mean of those products) is fed on its own through 
 starts as random directions, under which equality is no more visible than any other pattern,
 while the cosine is 1 for equal attributes and near 0 for unrelated ones at initialisation, so
 every hidden unit can read "same advertiser" from the first step.
+
+**Matches by event** (``match_by_event``; off: ``T_p = 0``). In the sum above the event's token
+``x_e`` and the match ``cos(q_p, k_p)`` meet only inside the activation, so "a purchase of the
+candidate's category" and "a page view of it" get weights that differ only where a hidden unit
+has learnt to sit at a threshold that both must cross. ``T_p x_e`` scales each attribute's
+cosine by a learned map of the event's token (its action, age and position), so how much a
+match weighs can depend on the kind of event from the first step. It is computed once per event
+(``(E, P, h)``); per pair it costs ``2 P h``.
 
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
@@ -84,7 +92,7 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, latest: int = 0) -> None:
+                 tower_keys: bool, latest: int = 0, match_by_event: bool = False) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
@@ -99,6 +107,8 @@ class AttributeAttention(nn.Module):
         nn.init.normal_(self.products, std=1.0 / dim)
         # S_p: the cosine of each attribute pair, its own input of every hidden unit.
         self.similarities = nn.Parameter(torch.randn(num, hidden))
+        # T_p: each attribute's cosine scaled by a map of the event's token (match_by_event).
+        self.match_by_event = nn.Linear(dim, num * hidden, bias=False) if match_by_event else None
         self.token_terms = nn.Linear(dim, hidden, bias=False)
         self.tower_terms = nn.Linear(dim, hidden, bias=False) if tower_keys else None
         self.act = nn.SiLU()
@@ -144,7 +154,11 @@ class AttributeAttention(nn.Module):
         # (N, W, P, d) products of the candidate's and each event's attribute vectors.
         products = q.unsqueeze(1) * k[index]
         pair_terms = torch.einsum("nwpd,pdh->nwh", products, self.products)
-        pair_terms = pair_terms + products.mean(dim=-1) @ self.similarities
+        cosines = products.mean(dim=-1)  # (N, W, P)
+        pair_terms = pair_terms + cosines @ self.similarities
+        if self.match_by_event is not None:
+            by_event = self.match_by_event(unit_events).view(-1, num, self.hidden)  # (E, P, h)
+            pair_terms = pair_terms + torch.einsum("nwp,nwph->nwh", cosines, by_event[index])
         hidden = self.act(per_candidate.unsqueeze(1) + per_event[index] + pair_terms)
         mask = valid.unsqueeze(-1).to(hidden.dtype)
         weight = self.weights(hidden) * mask  # (N, W, P)
@@ -189,6 +203,9 @@ class AttributeAttention(nn.Module):
             per_event += linear_layer_flops(self.tower_terms, events)
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
+        if self.match_by_event is not None:
+            per_event += linear_layer_flops(self.match_by_event, events)
+            per_pair += 2 * slots * num * self.hidden
         weighted_sum = 2 * slots * num * dim
         latest = 0
         if self.latest_gates is not None:

@@ -192,6 +192,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                history=config.attribute_attention_history,
                                hidden=config.attribute_attention_hidden,
                                latest=config.attribute_attention_latest,
+                               match_by_event=config.attribute_attention_match_by_event,
                                tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
