@@ -163,14 +163,6 @@ class ModelConfig:
     positions sharing the last bucket; 0 leaves positions out (age buckets only). Ages alone
     cannot single out "the last few events" when events are bursty."""
 
-    engaged_ranks: bool = False
-    """Each event token also carries an embedding of its rank within its kind: among the
-    history's engaged events (``action_feature`` not ``view_action``) for an engaged event,
-    among its views for a view (1 for the latest; ranks 1-16 a bucket each, then one per
-    doubling). "The user's 8th most recent purchase" is then visible wherever it sits among
-    the views, where the position from the end stops at ``position_buckets``, as production
-    models keep one sequence per kind of behaviour. Needs ``action_feature``."""
-
     relative_bias: bool = False
     """HSTU-style relative attention bias in every self-attention layer: a learned bias per head
     by relative position and by time-difference bucket, added to the attention scores (the
@@ -563,9 +555,6 @@ class ModelConfig:
             raise ValueError("model.attribute_attention_latest and "
                              "attribute_attention_match_by_event are options of attribute "
                              "attention: they need attribute_attention = true")
-        if self.engaged_ranks and not self.action_feature:
-            raise ValueError("model.engaged_ranks needs model.action_feature (the event "
-                             "feature holding the action) and model.view_action")
         if self.attribute_attention_retrieve_engaged and not (
                 self.attribute_attention_retrieve and self.action_feature):
             raise ValueError("model.attribute_attention_retrieve_engaged needs "

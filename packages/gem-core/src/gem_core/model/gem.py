@@ -129,7 +129,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self.embeddings = embeddings
         self.lookup = FeatureLookup(schema)
         self.events = EventTokenizer(dim, config.time_buckets, schema.seq_dense_dim,
-                                     config.position_buckets, config.engaged_ranks)
+                                     config.position_buckets)
         self.attention_params = AttentionParams(
             causal=True, window=config.window or None, normalization=config.normalization
         )
@@ -195,7 +195,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                match_by_event=config.attribute_attention_match_by_event,
                                tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
-        if config.attribute_attention_retrieve_engaged or config.engaged_ranks:
+        if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
             check_view_action(config.view_action)
         self.target_match = target_match_from_config(dim, config, schema)
@@ -340,8 +340,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=offsets.device),
                                        lengths, output_size=batch.seq_timestamps.shape[0])
         ages = batch.request_timestamps[rows] - batch.seq_timestamps
-        events = self.events(looked_up.events, ages, offsets, batch.seq_dense,
-                             self._engaged(batch) if self.config.engaged_ranks else None)
+        events = self.events(looked_up.events, ages, offsets, batch.seq_dense)
         # Non-sequence user/context tokens: candidate-independent, so the tower may see them.
         context = list(looked_up.context)
         if self.dense_proj is not None or self.dense_tokens is not None:
@@ -449,15 +448,16 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 self.attribute_attention.pairs,
                 budget=self.config.attribute_attention_retrieve,
                 skip_recent=self.config.attribute_attention_history, max_len=requests.max_len,
-                engaged=(self._engaged(batch)
-                         if self.config.attribute_attention_retrieve_engaged else None))
+                engaged=self._engaged(batch))
         return self.attribute_attention(
             looked_up.candidate_vectors, looked_up.event_vectors, requests.events, tower_output,
             requests.offsets, owner, requests.max_len, retrieved)
 
-    def _engaged(self, batch: JaggedBatch) -> Tensor:
+    def _engaged(self, batch: JaggedBatch) -> Tensor | None:
         """``(E,)`` whether each event is engaged (its action is not the view action), for
-        ``model.attribute_attention_retrieve_engaged`` and ``model.engaged_ranks``."""
+        ``model.attribute_attention_retrieve_engaged``; None when that is off."""
+        if not self.config.attribute_attention_retrieve_engaged:
+            return None
         return batch.event_ids[self.config.action_feature] != self.config.view_action
 
     # -- the model interface of strategies (gem_core.contracts) -------------------------------

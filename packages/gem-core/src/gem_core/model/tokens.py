@@ -8,10 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.jagged import row_ids
-from gem_core.model.target_match import rank_bucket, rank_buckets
-
-#: Ranks past this share the last engaged-rank bucket (``rank_bucket``: one per doubling).
-LONGEST_RANKED = 4096
 
 
 def log_time_buckets(age_seconds: Tensor, num_buckets: int) -> Tensor:
@@ -28,43 +24,21 @@ def positions_from_end(offsets: Tensor) -> Tensor:
     return ends - 1 - torch.arange(ends.numel(), device=offsets.device)
 
 
-def ranks_within_kind(offsets: Tensor, engaged: Tensor) -> Tensor:
-    """For every event, 1 + how many more recent events of its history are of its kind (engaged
-    or not): 1 for the latest engaged event and for the latest view. One cumulative sum over the
-    batch, no loop on the data (the model exports)."""
-    counts = engaged.to(torch.int64)
-    rows, ends = row_ids(offsets), offsets[1:] - 1
-    engaged_to_end = _suffix_counts(counts, rows, ends)
-    views_to_end = _suffix_counts(1 - counts, rows, ends)
-    return torch.where(engaged, engaged_to_end, views_to_end)
-
-
-def _suffix_counts(counts: Tensor, rows: Tensor, ends: Tensor) -> Tensor:
-    """Per event, the sum of ``counts`` from it to its history's last event."""
-    inclusive = torch.cumsum(counts, dim=0)
-    # Each event reads its own history's end (never that of an empty history, which points
-    # before its start).
-    return inclusive[ends[rows]] - inclusive + counts
-
-
 class EventTokenizer(nn.Module):
     """An event token = the sum of its feature vectors + age-bucket embedding + position-from-end
-    embedding (+ an embedding of its rank within its kind, engaged or viewed) (+ projected
-    content vector)."""
+    embedding (+ projected content vector)."""
 
     def __init__(self, dim: int, time_buckets: int, seq_dense_dim: int,
-                 position_buckets: int = 0, engaged_ranks: bool = False) -> None:
+                 position_buckets: int = 0) -> None:
         super().__init__()
         self.time_buckets, self.position_buckets = time_buckets, position_buckets
         self.age = nn.Embedding(time_buckets, dim)
         self.position = nn.Embedding(position_buckets, dim) if position_buckets else None
-        self.rank = nn.Embedding(rank_buckets(LONGEST_RANKED), dim) if engaged_ranks else None
         self.content = nn.Linear(seq_dense_dim, dim) if seq_dense_dim else None
         std = 1.0 / math.sqrt(dim)
         nn.init.normal_(self.age.weight, std=std)
-        for table in (self.position, self.rank):
-            if table is not None:
-                nn.init.normal_(table.weight, std=std)
+        if self.position is not None:
+            nn.init.normal_(self.position.weight, std=std)
 
     def content_vector(self, dense: Tensor | None) -> Tensor | None:
         """The projection of a content vector; candidates share it with history events so that
@@ -74,17 +48,11 @@ class EventTokenizer(nn.Module):
         return self.content(dense)
 
     def forward(self, feature_vectors: Tensor, ages: Tensor, offsets: Tensor,
-                seq_dense: Tensor | None, engaged: Tensor | None = None) -> Tensor:
-        """``engaged`` ``(E,)`` bool: which events are engaged (needed with engaged ranks)."""
+                seq_dense: Tensor | None) -> Tensor:
         tokens = feature_vectors + self.age(log_time_buckets(ages, self.time_buckets))
         if self.position is not None:
             bucket = positions_from_end(offsets).clamp(max=self.position_buckets - 1)
             tokens = tokens + self.position(bucket)
-        if self.rank is not None:
-            if engaged is None:
-                raise ValueError("engaged ranks need each event's engaged flag")
-            ranks = ranks_within_kind(offsets, engaged)
-            tokens = tokens + self.rank(rank_bucket(ranks, LONGEST_RANKED))
         content = self.content_vector(seq_dense)
         if content is not None:
             tokens = tokens + content
