@@ -22,10 +22,13 @@ pytest.importorskip("pyarrow")
 SMALL = ("train.steps=2", "train.batch_size=32", "train.eval_every=0",
          "train.checkpoint_every=2", "data.eval_rows=64", "data.max_seq_len=32",
          "data.options.num_items=300")
-# tiny-gem retrieves older matching events too (a data-dependent search that must export).
+# tiny-gem retrieves older matching events too (a data-dependent search that must export), with
+# matches by event.
 PRESETS = {"tiny": (), "tiny-gem": ("model.downstream_history=events",
                                     "model.attribute_attention_history=8",
-                                    "model.attribute_attention_retrieve=4"), "tiny-moe": ()}
+                                    "model.attribute_attention_retrieve=4",
+                                    "model.attribute_attention_match_by_event=true"),
+           "tiny-moe": ()}
 
 
 def _sets(pairs):
