@@ -125,3 +125,25 @@ def test_long_task_names_keep_the_figures_in_one_column(tmp_path):
     assert len(figures) == 6 and any("conversion.gauc" in line for line in figures)
     assert len({line.index(" ± ") for line in figures}) == 1
     assert all(float(line.split()[1]) > 0 for line in figures)  # the name, then the mean
+
+
+def test_runs_the_first_arm_did_not_run_are_named_unpaired(tmp_path):
+    """Five option runs against three baseline seeds: the paired difference is over three, and
+    the two the baseline lacks, with the baseline seed the option lacks, are named, not silently
+    left out of the pairing."""
+    base = [_run(tmp_path, f"base-{s}", s, BASE[s]) for s in (0, 1, 2)]
+    option = [_run(tmp_path, f"bias-{s}", s, 0.93, 'model.id_bias=["item"]') for s in (1, 2, 3, 4)]
+    first, second = seed_arms([read_run(p) for p in base + option])
+    assert not first.unpaired and not first.missing
+    assert second.paired["click.ne"].count == 2 and second.figures["click.ne"].count == 4
+    assert sorted(r.label for r in second.unpaired.values()) == ["bias-3", "bias-4"]
+    assert second.missing == (('0', '"logs/s0"'),)
+    result = CliRunner().invoke(runs, ["seeds", *map(str, base + option)])
+    assert result.exit_code == 0, result.output
+    assert 'unpaired: bias-3 (train.seed=3, data.path="logs/s3"): arm 1 has no run' in result.output
+    assert 'missing: arm 1\'s train.seed=0, data.path="logs/s0" (no run here)' in result.output
+    arms = json.loads(CliRunner().invoke(runs, ["seeds", "--json", *map(str, base + option)])
+                      .output)["arms"]
+    assert [Path(p).name for p in arms[1]["unpaired_runs"]] == ["bias-3", "bias-4"]
+    assert arms[1]["missing_seeds"] == [{"train.seed": 0, "data.path": "logs/s0"}]
+    assert arms[0]["unpaired_runs"] == [] and arms[0]["missing_seeds"] == []

@@ -88,10 +88,10 @@ def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: t
     from gem_core.report.runs import read_run
     from gem_core.report.seeds import DEFAULT_SEED_KEYS, arms_json, seed_arms
 
-    arms = seed_arms([read_run(d) for d in run_dirs], seed_keys or DEFAULT_SEED_KEYS,
-                     ignored_keys, last=last)
+    seed_keys = seed_keys or DEFAULT_SEED_KEYS
+    arms = seed_arms([read_run(d) for d in run_dirs], seed_keys, ignored_keys, last=last)
     if as_json:
-        click.echo(json.dumps(arms_json(arms)))
+        click.echo(json.dumps(arms_json(arms, seed_keys)))
         return
     # One column for the figures' names, wide enough for the longest (conversion.gauc).
     width = max([14] + [len(name) + 2 for arm in arms for name in arm.figures])
@@ -100,6 +100,11 @@ def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: t
                    f"{', '.join(r.label for r in arm.runs.values())})")
         if number > 1 and not arm.paired:
             click.echo("  (no seed in common with arm 1: not paired)")
+        for seed, run in arm.unpaired.items():
+            click.echo(f"  unpaired: {run.label} ({_seed_text(seed_keys, seed)}): arm 1 has no "
+                       f"run with these seed values")
+        for seed in arm.missing:
+            click.echo(f"  missing: arm 1's {_seed_text(seed_keys, seed)} (no run here)")
         for name, spread in arm.figures.items():
             line = f"  {name:<{width}}{spread.mean:.4f} ± {spread.sd:.4f} ({spread.count})"
             if name in arm.paired:
@@ -107,6 +112,11 @@ def seeds(run_dirs: tuple[str, ...], seed_keys: tuple[str, ...], ignored_keys: t
                 line += (f"   paired {diff.mean:+.4f} ± {diff.sd:.4f}, better on "
                          f"{arm.better[name]} of {diff.count}")
             click.echo(line)
+
+
+def _seed_text(seed_keys: tuple[str, ...], seed: tuple) -> str:
+    """One run's seed values as ``key=value`` pairs (values as the arms compare them)."""
+    return ", ".join(f"{key}={value}" for key, value in zip(seed_keys, seed))
 
 
 def _print_table(labels: list[str], rows: list[tuple[str, list]]) -> None:

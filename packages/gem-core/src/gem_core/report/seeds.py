@@ -68,6 +68,12 @@ class Arm:
     both ran); empty for the first arm and for an arm that shares no seed with it."""
     better: dict[str, int]
     """``task.metric``: on how many of the paired seeds this arm is better than the first."""
+    unpaired: dict[tuple, RunRecord] = attrs.field(factory=dict)
+    """This arm's runs whose seed values the first arm did not run (empty for the first arm):
+    they count in :attr:`figures` but not in :attr:`paired`, so a paired "better on 1 of 1"
+    over five runs says why here."""
+    missing: tuple[tuple, ...] = ()
+    """The first arm's seed values this arm did not run (empty for the first arm)."""
 
 
 def _text(value: Any) -> str:
@@ -140,17 +146,26 @@ def seed_arms(runs: Sequence[RunRecord], seed_keys: Sequence[str] = DEFAULT_SEED
                     paired[name] = Spread.of([a - b for a, b in pairs])
                     better[name] = sum((a < b) if LOWER_IS_BETTER[metric] else (a > b)
                                        for a, b in pairs)
+        base_seeds = groups[configs[0]]
+        unpaired = {} if index == 0 else {
+            seed: run for seed, run in members.items() if seed not in base_seeds}
+        missing = () if index == 0 else tuple(s for s in base_seeds if s not in members)
         arms.append(Arm(label=label, runs=members, figures=figures, paired=paired,
-                        better=better))
+                        better=better, unpaired=unpaired, missing=missing))
     return arms
 
 
-def arms_json(arms: Sequence[Arm]) -> dict[str, Any]:
-    """The arms as one JSON object (``gem runs seeds --json``)."""
+def arms_json(arms: Sequence[Arm],
+              seed_keys: Sequence[str] = DEFAULT_SEED_KEYS) -> dict[str, Any]:
+    """The arms as one JSON object (``gem runs seeds --json``); ``seed_keys`` name the values
+    of each missing seed."""
     def spread(s: Spread) -> dict[str, Any]:
         return {"count": s.count, "mean": s.mean, "sd": s.sd}
 
     return {"arms": [{"label": arm.label, "runs": [str(r.path) for r in arm.runs.values()],
                       "figures": {k: spread(v) for k, v in arm.figures.items()},
                       "paired_difference": {k: spread(v) for k, v in arm.paired.items()},
-                      "better_on": arm.better} for arm in arms]}
+                      "better_on": arm.better,
+                      "unpaired_runs": [str(r.path) for r in arm.unpaired.values()],
+                      "missing_seeds": [dict(zip(seed_keys, map(json.loads, seed)))
+                                        for seed in arm.missing]} for arm in arms]}
