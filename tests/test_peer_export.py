@@ -16,7 +16,7 @@ from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
 from gem_core.schema import ContextFeature, EmbeddingTable, FeatureSchema, SequenceFeature
 from gem_data.bench import write_requests
-from gem_data.generator import AdsLogGenerator, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_figures, achievable_ne
 from gem_data.peer_export import (
     export_peer_dataset,
     history_has_item_ids,
@@ -139,6 +139,10 @@ def test_export_is_the_trainers_impressions(tmp_path):
         assert np.array_equal(keys[task], torch.cat([c.labels[task] for c in chunks]).numpy())
     assert manifest["eval_impressions"] == keys["click"].size
     assert manifest["achievable_ne"] == pytest.approx(achievable_ne(generator, EVAL_ROWS))
+    truth = achievable_figures(generator, EVAL_ROWS)
+    for metric in ("auc", "gauc"):
+        assert manifest[f"achievable_{metric}"] == pytest.approx(
+            {task: figures[metric] for task, figures in truth.items()})
 
     # RecBole's benchmark mode reads a validation file: the first eval rows, nothing new.
     _, valid = read_atomic(tmp_path / "peers" / "peers.valid.inter")

@@ -397,11 +397,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
             m = entry[task]
             cells += [_f(m.get("ne")), _f(m.get("auc")), _f(m.get("gauc"))]
         lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
-    achievable = manifest.get("achievable_ne")
-    if achievable is not None:  # generated data knows its true probabilities
+    if manifest.get("achievable_ne") is not None:  # generated data knows its true probabilities
         cells = ["achievable (true probabilities" + (", whole eval split)" if share else ")")]
         for task in tasks:
-            cells += [_f(achievable.get(task)), "-", "-"]
+            cells += [_f(manifest.get(f"achievable_{metric}", {}).get(task))
+                      for metric in ("ne", "auc", "gauc")]
         lines.append("| " + " | ".join(cells + ["-", "-"]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ import torch
 from gem_core.metrics import normalized_entropy
 from gem_data.generator import (
     AdsLogGenerator,
+    achievable_figures,
     achievable_ne,
     normalized_entropy_of_probabilities,
     truncated_zipf_pmf,
@@ -135,3 +136,41 @@ def test_achievable_ne_on_the_eval_split(generator):
     assert all(0.3 < v < 1.0 for v in values.values())
     assert values == achievable_ne(AdsLogGenerator(OPTIONS, seed=3), 5000)
     assert [size for _, size in generator.eval_chunks(5000)] == [4096, 904]
+
+
+def _loop_gauc(scores: np.ndarray, labels: np.ndarray, users: np.ndarray) -> float:
+    """GAUC by a loop over users and over every pair of a user's impressions (ties count 1/2),
+    each user weighted by their impressions: the reference the figures are checked against."""
+    total = weight = 0.0
+    for user in np.unique(users):
+        s, y = scores[users == user], labels[users == user]
+        pos, neg = s[y == 1], s[y == 0]
+        if pos.size and neg.size:
+            wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+            total += y.size * wins / (pos.size * neg.size)
+            weight += y.size
+    return total / weight
+
+
+def test_achievable_ranking_is_that_of_the_true_probabilities_by_user(generator):
+    """The true probabilities' AUC and GAUC (users as a run's evaluation groups them: each
+    impression's request user), against a loop over every pair; better than any score that
+    knows less, such as the probabilities with noise."""
+    figures = achievable_figures(generator, 5000)
+    assert {task: f["ne"] for task, f in figures.items()} == achievable_ne(generator, 5000)
+    probs, labels, users = {t: [] for t in figures}, {t: [] for t in figures}, []
+    for index, size in generator.eval_chunks(5000):
+        batch, p = generator.chunk_with_probabilities(size, split="eval", index=index)
+        users.append(batch.user_ids[batch.candidate_rows()].numpy())
+        for task in figures:
+            probs[task].append(p[task])
+            labels[task].append(batch.labels[task].numpy())
+    users = np.concatenate(users)
+    assert np.unique(users).size > 50  # many users, most with several impressions
+    rng = np.random.default_rng(0)
+    for task, f in figures.items():
+        p, y = np.concatenate(probs[task]), np.concatenate(labels[task])
+        assert f["gauc"] == pytest.approx(_loop_gauc(p, y, users), abs=1e-12)
+        assert f["auc"] == pytest.approx(_loop_gauc(p, y, np.zeros_like(users)), abs=1e-12)
+        noisy = p * np.exp(rng.normal(0.0, 1.0, p.size))
+        assert _loop_gauc(noisy, y, users) < f["gauc"] and 0.55 < f["gauc"] < 1.0

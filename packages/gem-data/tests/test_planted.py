@@ -333,10 +333,13 @@ def test_the_source_and_synth_record_the_indicator_ne(tmp_path):
     report = build_plugins().data_source(config, seed=1).report()
     assert set(report["indicator_ne"]) == set(report["achievable_ne"]) == {"click",
                                                                           "conversion"}
+    assert set(report["achievable_auc"]) == set(report["achievable_gauc"]) == {"click",
+                                                                              "conversion"}
     options = SynthOptions(max_length=32, **small)
     synthesize(tmp_path / "ds", rows=200, seed=1, eval_rows=300, options=options,
                row_group_rows=128)
     info = read_manifest(tmp_path / "ds").info
     assert info["indicator_ne"] == pytest.approx(report["indicator_ne"])
-    assert info["achievable_ne"] == pytest.approx(report["achievable_ne"])
+    for metric in ("ne", "auc", "gauc"):
+        assert info[f"achievable_{metric}"] == pytest.approx(report[f"achievable_{metric}"])
     assert info["options"]["planted"] == "multi_valued"

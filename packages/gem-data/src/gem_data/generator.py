@@ -83,8 +83,9 @@ topics and content): the labels depend on attributes only, so only the ids chang
 :meth:`AdsLogGenerator.chunk_with_probabilities` returns the true probability of every label
 (``P(click)`` and ``P(conversion) = P(click) * P(conversion | click)``), and
 :func:`achievable_ne` the NE those probabilities reach on the eval split: the floor a model
-can approach, which ``gem data synth`` writes into the manifest, next to the NE of a logistic
-regression on the kind's indicators (:meth:`AdsLogGenerator.chunk_with_indicators`,
+can approach (:func:`achievable_figures` adds their AUC and GAUC, the ceilings of ranking),
+which ``gem data synth`` writes into the manifest, next to the NE of a logistic regression on
+the kind's indicators (:meth:`AdsLogGenerator.chunk_with_indicators`,
 :func:`gem_data.indicator_ne.indicator_regression_ne`).
 
 Every chunk is a pure function of ``(seed, split, index)``: data sets are reproducible byte for
@@ -489,16 +490,38 @@ def achievable_ne(generator: AdsLogGenerator, eval_rows: int) -> dict[str, float
     """Per task, the NE of the generating process's true probabilities on the eval split of
     ``eval_rows`` requests (the chunks of :meth:`AdsLogGenerator.eval_chunks`): the best NE any
     model can expect on that split, up to sampling noise."""
+    return {task: figures["ne"] for task, figures in
+            achievable_figures(generator, eval_rows).items()}
+
+
+def achievable_figures(generator: AdsLogGenerator, eval_rows: int) -> dict[str, dict[str, float]]:
+    """Per task, the ``ne``, ``auc`` and ``gauc`` of the generating process's true probabilities
+    on the eval split of ``eval_rows`` requests, GAUC grouped by each impression's user as a
+    run's evaluation groups it (``gem_core.metrics.grouped_auc``). The NE is the floor of
+    :func:`achievable_ne`; the rankings are the ceilings, up to sampling noise (ranking by the
+    true probability maximises the expected AUC, within each user too): two models level on
+    GAUC near the true probabilities' have nothing left to tell apart, two far below it do."""
+    from gem_core.metrics import grouped_auc, roc_auc
+
     probs: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
     labels: dict[str, list[np.ndarray]] = {task: [] for task in TASKS}
+    users: list[torch.Tensor] = []
     for index, size in generator.eval_chunks(eval_rows):
         batch, p = generator.chunk_with_probabilities(size, split="eval", index=index)
         for task in TASKS:
             probs[task].append(p[task])
             labels[task].append(batch.labels[task].numpy())
-    return {task: normalized_entropy_of_probabilities(np.concatenate(probs[task]),
-                                                      np.concatenate(labels[task]))
-            for task in TASKS if probs[task]}
+        users.append(batch.user_ids[batch.candidate_rows()])
+    figures: dict[str, dict[str, float]] = {}
+    for task in TASKS:
+        if not probs[task]:
+            continue
+        p, y = np.concatenate(probs[task]), np.concatenate(labels[task])
+        scores, targets = torch.from_numpy(p), torch.from_numpy(y)
+        figures[task] = {"ne": normalized_entropy_of_probabilities(p, y),
+                         "auc": roc_auc(scores, targets),
+                         "gauc": grouped_auc(scores, targets, torch.cat(users))["gauc"]}
+    return figures
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

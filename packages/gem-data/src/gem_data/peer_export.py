@@ -502,7 +502,10 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
         **counts,
     }
     if synthetic:  # what the generating process allows on this eval split
-        manifest["achievable_ne"] = source.achievable_ne()
+        achievable = source.achievable_figures()
+        for metric in ("ne", "auc", "gauc"):
+            manifest[f"achievable_{metric}"] = {task: figures[metric]
+                                                for task, figures in achievable.items()}
     text = json.dumps(manifest, indent=1)
     (out / "manifest.json").write_text(text + "\n")
     return json.loads(text)  # as a reader of manifest.json sees it (tuples as lists)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import attrs
 
-from gem_data.generator import AdsLogGenerator, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_figures
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.manifest import Manifest
 from gem_data.synth_options import SynthOptions
@@ -21,7 +21,8 @@ def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
     arguments (and memory stays at one chunk, whatever ``rows`` is). The eval split is written in
     the generator's fixed eval chunks, the same requests the ``synthetic-ads`` source evaluates
     on. The manifest's ``info.achievable_ne`` holds, per task, the NE of the generating process's
-    true probabilities on the eval split: the floor to compare a model's eval NE with;
+    true probabilities on the eval split: the floor to compare a model's eval NE with
+    (``achievable_auc`` and ``achievable_gauc`` their AUC and GAUC: the ceilings of ranking);
     ``info.indicator_ne`` the NE there of a logistic regression on the planted kind's indicators
     (fitted on :data:`~gem_data.indicator_ne.TRAIN_ROWS` training requests of the generator,
     cut in chunks of their own whatever ``rows`` and ``row_group_rows`` are: see
@@ -32,7 +33,10 @@ def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
     info = {"source": "gem data synth", "seed": seed, "rows": rows, "eval_rows": eval_rows,
             "row_group_rows": row_group_rows, "options": attrs.asdict(options)}
     if eval_rows:
-        info["achievable_ne"] = achievable_ne(generator, eval_rows)
+        achievable = achievable_figures(generator, eval_rows)
+        for metric in ("ne", "auc", "gauc"):
+            info[f"achievable_{metric}"] = {task: figures[metric]
+                                            for task, figures in achievable.items()}
         info["indicator_ne"] = indicator_regression_ne(generator, TRAIN_ROWS, eval_rows)
     writer = DatasetWriter(out, generator.schema, row_group_rows=row_group_rows, info=info)
     for index, start in enumerate(range(0, rows, row_group_rows)):

@@ -21,7 +21,7 @@ from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig
 from gem_core.config.validators import at_least
 from gem_core.data.api import Balancer, DataSource, IndexedStream
-from gem_data.generator import AdsLogGenerator, achievable_ne
+from gem_data.generator import AdsLogGenerator, achievable_figures
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.synth_options import SynthOptions
 
@@ -48,7 +48,7 @@ class SyntheticAdsSource(DataSource):
         self.generator = AdsLogGenerator(self.options, seed=self.seed)
         self.schema = self.generator.schema
         self.rows_generated = 0
-        self._achievable: dict[str, float] | None = None
+        self._achievable: dict[str, dict[str, float]] | None = None
         self._indicator: dict[str, float] | None = None
 
     def train_stream(self, *, batch_size: int, rank: int, world_size: int, balancer: Balancer,
@@ -76,8 +76,14 @@ class SyntheticAdsSource(DataSource):
 
     def achievable_ne(self) -> dict[str, float]:
         """Per task, the NE of the true label probabilities on this source's eval split."""
+        return {task: figures["ne"] for task, figures in self.achievable_figures().items()}
+
+    def achievable_figures(self) -> dict[str, dict[str, float]]:
+        """Per task, the NE, AUC and GAUC of the true label probabilities on this source's eval
+        split (:func:`gem_data.generator.achievable_figures`), computed once."""
         if self._achievable is None:
-            self._achievable = achievable_ne(self.generator, self.config.generated_eval_rows)
+            self._achievable = achievable_figures(self.generator,
+                                                  self.config.generated_eval_rows)
         return self._achievable
 
     def indicator_ne(self) -> dict[str, float]:
@@ -91,9 +97,14 @@ class SyntheticAdsSource(DataSource):
 
     def report(self) -> dict[str, Any]:
         # What the generating process allows on this eval split, and what a regression on its
-        # planted indicators reaches: a run's NE is read against both.
+        # planted indicators reaches: a run's NE is read against both, its AUC and GAUC against
+        # the true probabilities' (the ceilings of ranking).
+        achievable = self.achievable_figures()
         return {"source": "synthetic-ads", "rows_generated": self.rows_generated,
-                "rows_dropped": 0, "rows_repaired": 0, "achievable_ne": self.achievable_ne(),
+                "rows_dropped": 0, "rows_repaired": 0,
+                **{f"achievable_{metric}": {task: figures[metric]
+                                            for task, figures in achievable.items()}
+                   for metric in ("ne", "auc", "gauc")},
                 "indicator_ne": self.indicator_ne()}
 
 
