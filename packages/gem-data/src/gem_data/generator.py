@@ -524,5 +524,13 @@ def achievable_figures(generator: AdsLogGenerator, eval_rows: int) -> dict[str, 
     return figures
 
 
+def achievable_entries(figures: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """:func:`achievable_figures` as a report or manifest holds them: ``achievable_ne``,
+    ``achievable_auc`` and ``achievable_gauc``, each per task."""
+    metrics = dict.fromkeys(metric for per_task in figures.values() for metric in per_task)
+    return {f"achievable_{metric}": {task: per_task[metric] for task, per_task in figures.items()}
+            for metric in metrics}
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))

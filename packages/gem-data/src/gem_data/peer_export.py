@@ -92,6 +92,7 @@ from gem_core.errors import GemConfigError, GemDataError
 from gem_core.jagged import Jagged
 from gem_core.plugins import build_plugins
 from gem_core.schema import ContextFeature, FeatureSchema, SequenceFeature
+from gem_data.generator import achievable_entries
 from gem_data.synth_options import SynthOptions
 from gem_data.synthetic_source import SyntheticAdsSource
 
@@ -502,10 +503,7 @@ def export_peer_dataset(out_dir: str | Path, *, data: DataConfig, seed: int, ste
         **counts,
     }
     if synthetic:  # what the generating process allows on this eval split
-        achievable = source.achievable_figures()
-        for metric in ("ne", "auc", "gauc"):
-            manifest[f"achievable_{metric}"] = {task: figures[metric]
-                                                for task, figures in achievable.items()}
+        manifest.update(achievable_entries(source.achievable_figures()))
     text = json.dumps(manifest, indent=1)
     (out / "manifest.json").write_text(text + "\n")
     return json.loads(text)  # as a reader of manifest.json sees it (tuples as lists)

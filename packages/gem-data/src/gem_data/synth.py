@@ -6,7 +6,7 @@ from pathlib import Path
 
 import attrs
 
-from gem_data.generator import AdsLogGenerator, achievable_figures
+from gem_data.generator import AdsLogGenerator, achievable_entries, achievable_figures
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.manifest import Manifest
 from gem_data.synth_options import SynthOptions
@@ -33,10 +33,7 @@ def synthesize(out: str | Path, *, rows: int, seed: int, eval_rows: int = 8192,
     info = {"source": "gem data synth", "seed": seed, "rows": rows, "eval_rows": eval_rows,
             "row_group_rows": row_group_rows, "options": attrs.asdict(options)}
     if eval_rows:
-        achievable = achievable_figures(generator, eval_rows)
-        for metric in ("ne", "auc", "gauc"):
-            info[f"achievable_{metric}"] = {task: figures[metric]
-                                            for task, figures in achievable.items()}
+        info.update(achievable_entries(achievable_figures(generator, eval_rows)))
         info["indicator_ne"] = indicator_regression_ne(generator, TRAIN_ROWS, eval_rows)
     writer = DatasetWriter(out, generator.schema, row_group_rows=row_group_rows, info=info)
     for index, start in enumerate(range(0, rows, row_group_rows)):

@@ -21,7 +21,7 @@ from gem_core.batch import JaggedBatch
 from gem_core.config import DataConfig
 from gem_core.config.validators import at_least
 from gem_core.data.api import Balancer, DataSource, IndexedStream
-from gem_data.generator import AdsLogGenerator, achievable_figures
+from gem_data.generator import AdsLogGenerator, achievable_entries, achievable_figures
 from gem_data.indicator_ne import TRAIN_ROWS, indicator_regression_ne
 from gem_data.synth_options import SynthOptions
 
@@ -99,12 +99,9 @@ class SyntheticAdsSource(DataSource):
         # What the generating process allows on this eval split, and what a regression on its
         # planted indicators reaches: a run's NE is read against both, its AUC and GAUC against
         # the true probabilities' (the ceilings of ranking).
-        achievable = self.achievable_figures()
         return {"source": "synthetic-ads", "rows_generated": self.rows_generated,
                 "rows_dropped": 0, "rows_repaired": 0,
-                **{f"achievable_{metric}": {task: figures[metric]
-                                            for task, figures in achievable.items()}
-                   for metric in ("ne", "auc", "gauc")},
+                **achievable_entries(self.achievable_figures()),
                 "indicator_ne": self.indicator_ne()}
 
 
