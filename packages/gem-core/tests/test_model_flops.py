@@ -38,6 +38,8 @@ VARIANTS = {
                                        target_match_action_window=32,
                                        target_match_engaged_limit=3,
                                        target_match_engaged_rank="gate"),
+    "target-match-latest-by-action": dict(target_match=8, action_feature="action",
+                                          target_match_latest=True),
     "id-bias-beside-candidate-bias": dict(candidate_bias=True, id_bias=("item", "category")),
 }
 
@@ -87,7 +89,7 @@ def test_trainer_keys_and_padding_is_never_cheaper(data):
 def test_target_match_count_is_exact_with_several_candidates_per_request():
     schema, batch = synthetic_batch(6, max_seq_len=40, seed=1, candidates=3)
     model = _model(schema, target_match=8, action_feature="action",
-                   target_match_action_window=24)
+                   target_match_action_window=24, target_match_latest=True)
     with FlopCounterMode(display=False) as counter:
         model(batch)
     counts = model.flops_by_module(batch.seq_lengths(), batch.candidate_counts(), dense=True)

@@ -98,6 +98,7 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(dense_tokens="per_feature", cross_attention=True, interaction="wukong"),
     dict(token_norm="batch", interaction="cross", target_match=8, attribute_attention=True),
     dict(token_norm="rms", target_match=8, attribute_attention=True),
+    dict(target_match=8, target_match_latest=True, action_feature="action"),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data

@@ -124,7 +124,8 @@ def matvec(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool,
            window: int, action_window: int = 0, max_age: float = 0.0,
-           engaged_limit: int = 0, engaged_rank: str = "none") -> torch.Tensor:
+           engaged_limit: int = 0, engaged_rank: str = "none", latest: bool = False,
+           by_action: bool = False) -> torch.Tensor:
     """The token of every candidate, by loops over candidates, their request's events (most
     recent first) and the shared attributes, in Python floats."""
     d = history.shape[1]
@@ -168,8 +169,42 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                 for matrix, token, factor in terms:
                     projected = matvec(matrix[p * d:(p + 1) * d], token)
                     acc = [a + weight * factor * v for a, v in zip(acc, projected)]
+        if latest:
+            acc = [a + b for a, b in zip(acc, latest_oracle(match, data, candidate,
+                                                            recent_first, r, window,
+                                                            action_window, max_age,
+                                                            by_action))]
         out.append([b + s for b, s in zip(proj_b, matvec(proj_w, acc))])
     return torch.tensor(out, dtype=torch.float64).reshape(len(data["candidates"]), d)
+
+
+def latest_oracle(match: TargetMatch, data: dict, candidate: dict, recent_first: list[int],
+                  r: int, window: int, action_window: int, max_age: float,
+                  by_action: bool) -> list[float]:
+    """The latest-match MLP's output for one candidate: per class of events (views, then
+    engaged; or all) and attribute, a flag and log(1 + position) / log(1 + span) of the most
+    recent matching event among the last ``span`` events."""
+    span = max(window, action_window)
+    classes = [lambda a: a == VIEW, lambda a: a != VIEW] if by_action else [lambda a: True]
+    features = []
+    for in_class in classes:
+        for cf, ef in PAIRS:
+            position = None
+            for rank, e in enumerate(recent_first[:span]):
+                event = data["events"][e]
+                if max_age and not data["request_ts"][r] - event["time"] < max_age:
+                    continue
+                if in_class(event["action"][0]) and set(candidate[cf]) & set(event[ef]):
+                    position = rank
+                    break
+            features += ([0.0, 0.0] if position is None
+                         else [1.0, math.log(1 + position) / math.log(1 + span)])
+    first, _, second = match.latest
+    hidden = [v + b for v, b in zip(matvec(first.weight.tolist(), features),
+                                    first.bias.tolist())]
+    hidden = [v / (1 + math.exp(-v)) for v in hidden]  # SiLU
+    return [v + b for v, b in zip(matvec(second.weight.tolist(), hidden),
+                                  second.bias.tolist())]
 
 
 CASES = {
@@ -188,6 +223,10 @@ CASES = {
     "engaged-gate": dict(count=True, window=3, action_window=10, engaged_rank="gate"),
     "engaged-gate-aged": dict(count=False, window=2, action_window=9, engaged_rank="gate",
                               max_age=2200.0),
+    "latest": dict(count=True, window=6, latest=True),
+    "latest-by-action": dict(count=True, window=4, latest=True, by_action=True),
+    "latest-by-action-window": dict(count=False, window=2, action_window=9, latest=True,
+                                    by_action=True, max_age=2600.0),
 }
 
 
@@ -200,25 +239,32 @@ def test_matches_the_oracle(case, seed):
     torch.manual_seed(seed)
     d = 5
     action_window = options.get("action_window", 0)
+    by_action = action_window or options.get("by_action")
     match = TargetMatch(d, PAIRS, options["window"],
                         overlap="count" if options["count"] else "any",
-                        action_feature="action" if action_window else "",
+                        action_feature="action" if by_action else "",
                         action_window=action_window, view_action=VIEW,
                         engaged_limit=options.get("engaged_limit", 0),
                         engaged_rank=options.get("engaged_rank", "none"),
-                        max_age_s=options.get("max_age", 0.0)).double()
+                        max_age_s=options.get("max_age", 0.0),
+                        latest=options.get("latest", False)).double()
     # zero at first (as without ranks): test on values
     if match.engaged_rank is not None:
         torch.nn.init.normal_(match.engaged_rank.weight)
     if match.engaged_gate is not None:
         torch.nn.init.normal_(match.engaged_gate)
+    if match.latest is not None:
+        torch.nn.init.normal_(match.latest[2].weight)
+        torch.nn.init.normal_(match.latest[2].bias)
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
     out = match(history, **module_inputs(data))
     expected = oracle(match, history, data, **options)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
-    # The batch has matches of every kind, and candidates with none.
+    # The batch has matches of every kind, and candidates with none (read without the latest
+    # matches' MLP, which gives a candidate with no match a token of its own).
     bias = match.proj.bias.detach().expand_as(out)
-    unmatched = torch.isclose(expected, bias).all(dim=1)
+    sums = oracle(match, history, data, **{**options, "latest": False})
+    unmatched = torch.isclose(sums, bias).all(dim=1)
     assert unmatched.any() and not unmatched.all()
     if options.get("engaged_rank", "none") != "none":
         # the rank vectors (gates) reach the tokens: without them the tokens differ
@@ -226,6 +272,12 @@ def test_matches_the_oracle(case, seed):
             for weight in (match.engaged_rank, match.engaged_gate):
                 if weight is not None:
                     (weight.weight if isinstance(weight, torch.nn.Embedding) else weight).zero_()
+        assert not torch.allclose(match(history, **module_inputs(data)), out)
+    if options.get("latest"):
+        # the positions reach the tokens: with the MLP's last layer at zero they differ
+        with torch.no_grad():
+            match.latest[2].weight.zero_()
+            match.latest[2].bias.zero_()
         assert not torch.allclose(match(history, **module_inputs(data)), out)
     if options.get("engaged_limit"):
         # the batch has engaged matches beyond the limit, which the limit leaves out
@@ -345,6 +397,17 @@ def test_the_model_validates_the_options_and_passes_the_ages():
     # ranks 0-16, then 17-32 and 33-64: one row each, zero until trained
     assert ranked.target_match.engaged_rank.weight.shape[0] == 19
     assert not ranked.target_match.engaged_rank.weight.any()
+    # Latest matches: views and engaged events apart where the action feature is named
+    # (2 classes x 4 attributes x flag and position), all events together otherwise.
+    by_action = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
+                            target_match_latest=True).target_match
+    assert by_action.latest[0].in_features == 16 and by_action.action_window == 0
+    assert small_model(s, target_match=4, target_match_latest=True
+                       ).target_match.latest[0].in_features == 8
+    with pytest.raises(ValueError, match="target_match_latest is part of target match"):
+        small_model(s, target_match_latest=True)
+    with pytest.raises(ValueError, match="neither is on"):
+        TargetMatch(4, PAIRS, 4, action_feature="action", view_action=VIEW)
     gated = small_model(s, target_match=4, action_feature="action", view_action=VIEW,
                         target_match_action_window=40, target_match_engaged_rank="gate")
     assert gated.target_match.engaged_gate.shape == (19,)
@@ -372,3 +435,8 @@ def test_the_model_validates_the_options_and_passes_the_ages():
     assert seen["max_candidates"] == 3
     sum(logit.sum() for logit in logits.values()).backward()
     assert model.target_match.engaged_values.weight.grad.abs().sum() > 0
+    # the latest matches' MLP starts at zero and learns: its last layer gets a gradient
+    latest = small_model(schema_, target_match=4, action_feature="action",
+                         target_match_latest=True)
+    sum(logit.sum() for logit in latest(batch).values()).backward()
+    assert latest.target_match.latest[2].weight.grad.abs().sum() > 0

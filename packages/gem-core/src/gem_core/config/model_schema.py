@@ -405,6 +405,12 @@ class ModelConfig:
     """Target match (both windows) sees only events younger than this many seconds (the
     request's timestamp minus the event's). 0: no age limit."""
 
+    target_match_latest: bool = False
+    """Target match also says where the most recent matching event of each shared attribute
+    lies (a flag and its log position from the end, through a small MLP), for views and
+    engaged events apart when ``action_feature`` is set: which kind of match came last, which
+    a sum of matches cannot tell ("viewed this advertiser after buying in the category")."""
+
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:
     ``tower``, the sequence tower's outputs (one model, one stage); ``events``, the raw event

@@ -21,7 +21,15 @@ Two refinements, both optional:
   its token (``vector``), so the sum of matches can tell a match among the last few engaged
   events from an older one, or a learned factor on its match weight (``gate``), a soft limit;
 - an **age limit**: only events younger than ``max_age_s`` seconds at the request are matched,
-  in both windows.
+  in both windows;
+- the **latest match** (``latest``): per shared attribute, and per kind of event (views and
+  engaged events apart where an action feature is named, all events together otherwise), how
+  far back the most recent matching event is, as a flag and ``log(1 + position) /
+  log(1 + span)`` (position 0: the request's last event), through a small MLP into the token.
+  A sum of matches says how often and roughly how recently; it cannot say which of two kinds
+  of match came last ("viewed this advertiser after buying in this category"), which the
+  positions put side by side. Positions, not ages: the order of events is always there, and
+  it is what "after" means; ``max_age_s`` still limits which events count.
 
 Soft (dot-product) target attention can learn the same thing, but only after learning to make
 ``q.k`` of equal ids stand out among thousands of id embeddings; on data where the label turns
@@ -133,6 +141,26 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
 #: scale is ten times the learning rate for these few numbers alone.
 GATE_SCALE = 10.0
 
+def latest_match_features(grid: Tensor, classes: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """``(R, K, C * P * 2)``: for each request's candidates (``grid``, ``(R, K, span, P)``
+    overlaps with the request's last ``span`` events, most recent first) and each class of
+    events (``classes``: ``(R, span)`` masks, C of them), per attribute P: whether any event of
+    the class matches, and ``log(1 + position) / log(1 + span)`` of the most recent one (0
+    where none does). Computed with a minimum over positions (no loop on the data, so the
+    model exports)."""
+    span = grid.shape[2]
+    position = torch.arange(span, device=grid.device).view(1, 1, span, 1)
+    features = []
+    for mask in classes:
+        hit = (grid > 0) & mask[:, None, :, None]  # (R, K, span, P)
+        first = torch.where(hit, position, span).amin(dim=2)  # (R, K, P); span: none
+        present = first < span
+        scaled = torch.log1p(first.clamp(max=span - 1).to(dtype)) / math.log1p(span)
+        features.append(torch.stack([present.to(scaled.dtype),
+                                     torch.where(present, scaled, 0.0)], dim=3))
+    return torch.cat(features, dim=2).flatten(2)
+
+
 #: Engaged ranks with a bucket each (``engaged_rank``); beyond, one per doubling.
 EXACT_RANKS = 16
 
@@ -158,12 +186,13 @@ class TargetMatch(nn.Module):
     """One token per candidate: per shared attribute, the sum of a learned projection of the
     recent events that share an id with the candidate (weighted by the overlap), summed over
     attributes; with an action window, plus the same over the longer window's engaged events
-    through their own projection."""
+    through their own projection; with ``latest``, plus an MLP of where the most recent match
+    of each attribute (and kind of event) lies."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
                  view_action: int = 0, engaged_limit: int = 0, engaged_rank: str = "none",
-                 max_age_s: float = 0.0) -> None:
+                 max_age_s: float = 0.0, latest: bool = False) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
@@ -171,10 +200,13 @@ class TargetMatch(nn.Module):
         if overlap not in OVERLAPS:
             raise ValueError(f"model.target_match_overlap must be one of {', '.join(OVERLAPS)}; "
                              f"got {overlap!r}")
-        if bool(action_window) != bool(action_feature):
-            raise ValueError("model.target_match_action_window and "
-                             "model.action_feature go together: set both or "
-                             "neither")
+        if action_window and not action_feature:
+            raise ValueError("model.target_match_action_window needs model.action_feature: "
+                             "the event feature holding each event's action")
+        if action_feature and not (action_window or latest):
+            raise ValueError("target match reads model.action_feature in its action window "
+                             "(model.target_match_action_window) or its latest matches "
+                             "(model.target_match_latest); neither is on")
         if window < 1 or action_window < 0 or max_age_s < 0 or engaged_limit < 0:
             raise ValueError("model.target_match must be >= 1, target_match_action_window, "
                              "target_match_engaged_limit and target_match_max_age_s >= 0")
@@ -185,7 +217,7 @@ class TargetMatch(nn.Module):
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "count the engaged events of the action window: they need "
                              "model.target_match_action_window")
-        if action_window:
+        if action_feature:
             check_view_action(view_action)
         self.pairs, self.window = pairs, window
         self.count = overlap == "count"
@@ -205,6 +237,15 @@ class TargetMatch(nn.Module):
         # without ranks); 0 where a rank stops counting, the limit learned.
         self.engaged_gate = (nn.Parameter(torch.zeros(rank_buckets(action_window)))
                              if engaged_rank == "gate" else None)
+        # Latest matches: per class of events (views and engaged, or all) and attribute, a
+        # flag and a scaled position.
+        classes = 2 if action_feature else 1
+        self.latest = (nn.Sequential(nn.Linear(2 * classes * len(pairs), dim), nn.SiLU(),
+                                     nn.Linear(dim, dim)) if latest else None)
+        if self.latest is not None:
+            # Zero: the token starts as it is without, and learns what the positions add.
+            nn.init.zeros_(self.latest[2].weight)
+            nn.init.zeros_(self.latest[2].bias)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
@@ -240,12 +281,17 @@ class TargetMatch(nn.Module):
             (owner, slot), weights)
         tokens = history[index]  # (R, span, d)
         windows = [(self.window, valid, self.values, tokens)]
-        if self.engaged_values is not None:
+        if self.action_feature:
             actions = event_ids[self.action_feature]
             if isinstance(actions, Jagged):
                 raise ValueError(f"model.action_feature {self.action_feature!r} "
                                  "must be single-valued (one action per event)")
             engaged = valid & (actions[index] != self.view_action)
+        latest = None
+        if self.latest is not None:
+            classes = [valid & ~engaged, engaged] if self.action_feature else [valid]
+            latest = self.latest(latest_match_features(grid, classes, history.dtype))
+        if self.engaged_values is not None:
             # index runs most recent first, so the running count is each engaged event's rank
             # among the engaged events (1 for the latest).
             rank = engaged.cumsum(dim=1)
@@ -266,6 +312,8 @@ class TargetMatch(nn.Module):
         weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
                             .to(values.dtype) for width, mask, _, _ in windows], dim=2)
         summed = torch.bmm(weight, values)[owner, slot]  # (N, d)
+        if latest is not None:
+            summed = summed + latest[owner, slot]
         return self.proj(summed)
 
     def flops(self, lengths: Tensor, candidates: Tensor) -> int:
@@ -278,6 +326,9 @@ class TargetMatch(nn.Module):
         if not int(lengths.sum()):
             return total
         requests, widest = lengths.numel(), int(candidates.max())
+        if self.latest is not None:  # its MLP runs on every candidate slot of every request
+            total += sum(linear_layer_flops(layer, requests * widest)
+                         for layer in self.latest if isinstance(layer, nn.Linear))
         total += linear_layer_flops(self.values, requests * self.window)
         slots = self.window
         if self.engaged_values is not None:
@@ -323,17 +374,22 @@ def target_match_from_config(dim: int, config: ModelConfig,
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "shape target match's action window, and model.target_match is 0 "
                              "(off)")
+        if config.target_match_latest:
+            raise ValueError("model.target_match_latest is part of target match, and "
+                             "model.target_match is 0 (off)")
         return None
     if window and not name:
         raise ValueError(f"model.target_match_action_window = {window} needs "
                          "model.action_feature: the event feature holding each "
                          "event's action type")
-    if window:
+    by_action = window or (config.target_match_latest and name)
+    if by_action:
         check_action_feature(schema, name)
     return TargetMatch(dim, shared_attributes(schema), config.target_match,
                        overlap=config.target_match_overlap,
-                       action_feature=name if window else "",
+                       action_feature=name if by_action else "",
                        action_window=window, view_action=config.view_action,
                        engaged_limit=config.target_match_engaged_limit,
                        engaged_rank=config.target_match_engaged_rank,
-                       max_age_s=config.target_match_max_age_s)
+                       max_age_s=config.target_match_max_age_s,
+                       latest=config.target_match_latest)
