@@ -222,7 +222,8 @@ def test_target_match_sums_the_recent_events_sharing_an_attribute():
     match = TargetMatch(4, [("movie", "movie")], window=3).double()
     history = torch.randn(7, 4, dtype=torch.float64)
     owner = batch.candidate_rows()
-    out = match(history, batch.seq_offsets, owner, {"movie": candidates}, {"movie": movies})
+    out = match(history, batch.seq_offsets, owner, {"movie": candidates},
+                {"movie": movies})[:, 0]
     values = match.values(history)
     expected = torch.stack([
         values[0] + values[2],           # 5 among [5 6 5]

@@ -124,10 +124,9 @@ def matvec(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool,
            window: int, action_window: int = 0, max_age: float = 0.0,
-           engaged_limit: int = 0, engaged_rank: str = "none", latest: bool = False,
-           by_action: bool = False) -> torch.Tensor:
-    """The token of every candidate, by loops over candidates, their request's events (most
-    recent first) and the shared attributes, in Python floats."""
+           engaged_limit: int = 0, engaged_rank: str = "none", **_) -> torch.Tensor:
+    """The sums token of every candidate, by loops over candidates, their request's events
+    (most recent first) and the shared attributes, in Python floats."""
     d = history.shape[1]
     h = history.tolist()
     values = match.values.weight.tolist()
@@ -169,22 +168,25 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
                 for matrix, token, factor in terms:
                     projected = matvec(matrix[p * d:(p + 1) * d], token)
                     acc = [a + weight * factor * v for a, v in zip(acc, projected)]
-        if latest:
-            acc = [a + b for a, b in zip(acc, latest_oracle(match, data, candidate,
-                                                            recent_first, r, window,
-                                                            action_window, max_age,
-                                                            by_action))]
         out.append([b + s for b, s in zip(proj_b, matvec(proj_w, acc))])
     return torch.tensor(out, dtype=torch.float64).reshape(len(data["candidates"]), d)
 
 
-def latest_oracle(match: TargetMatch, data: dict, candidate: dict, recent_first: list[int],
-                  r: int, window: int, action_window: int, max_age: float,
-                  by_action: bool) -> list[float]:
-    """The latest-match MLP's output for one candidate: per class of events (views, then
+def latest_oracle(match: TargetMatch, data: dict, *, window: int, action_window: int = 0,
+                  max_age: float = 0.0, by_action: bool = False, **_) -> torch.Tensor:
+    """The latest matches' token of every candidate: per class of events (views, then
     engaged; or all) and attribute, a flag and log(1 + position) / log(1 + span) of the most
-    recent matching event among the last ``span`` events."""
+    recent matching event among the last ``span`` events, through the MLP, in Python floats."""
+    return torch.tensor([latest_one(match, data, candidate, data["owner"][n], window,
+                                    action_window, max_age, by_action)
+                         for n, candidate in enumerate(data["candidates"])],
+                        dtype=torch.float64)
+
+
+def latest_one(match: TargetMatch, data: dict, candidate: dict, r: int, window: int,
+               action_window: int, max_age: float, by_action: bool) -> list[float]:
     span = max(window, action_window)
+    recent_first = list(range(data["cut"][r + 1] - 1, data["cut"][r] - 1, -1))
     classes = [lambda a: a == VIEW, lambda a: a != VIEW] if by_action else [lambda a: True]
     features = []
     for in_class in classes:
@@ -257,14 +259,14 @@ def test_matches_the_oracle(case, seed):
         torch.nn.init.normal_(match.latest[2].weight)
         torch.nn.init.normal_(match.latest[2].bias)
     history = torch.randn(len(data["events"]), d, dtype=torch.float64)
-    out = match(history, **module_inputs(data))
+    both = match(history, **module_inputs(data))
+    assert both.shape[1] == match.tokens == 1 + int(options.get("latest", False))
+    out = both[:, 0]
     expected = oracle(match, history, data, **options)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
-    # The batch has matches of every kind, and candidates with none (read without the latest
-    # matches' MLP, which gives a candidate with no match a token of its own).
+    # The batch has matches of every kind, and candidates with none.
     bias = match.proj.bias.detach().expand_as(out)
-    sums = oracle(match, history, data, **{**options, "latest": False})
-    unmatched = torch.isclose(sums, bias).all(dim=1)
+    unmatched = torch.isclose(expected, bias).all(dim=1)
     assert unmatched.any() and not unmatched.all()
     if options.get("engaged_rank", "none") != "none":
         # the rank vectors (gates) reach the tokens: without them the tokens differ
@@ -272,13 +274,13 @@ def test_matches_the_oracle(case, seed):
             for weight in (match.engaged_rank, match.engaged_gate):
                 if weight is not None:
                     (weight.weight if isinstance(weight, torch.nn.Embedding) else weight).zero_()
-        assert not torch.allclose(match(history, **module_inputs(data)), out)
+        assert not torch.allclose(match(history, **module_inputs(data))[:, 0], out)
     if options.get("latest"):
-        # the positions reach the tokens: with the MLP's last layer at zero they differ
-        with torch.no_grad():
-            match.latest[2].weight.zero_()
-            match.latest[2].bias.zero_()
-        assert not torch.allclose(match(history, **module_inputs(data)), out)
+        latest = both[:, 1]
+        torch.testing.assert_close(latest, latest_oracle(match, data, **options),
+                                   rtol=1e-10, atol=1e-10)
+        # candidates' latest matches differ (the positions reach the token)
+        assert not torch.allclose(latest, latest[:1].expand_as(latest))
     if options.get("engaged_limit"):
         # the batch has engaged matches beyond the limit, which the limit leaves out
         unlimited = oracle(match, history, data, **{**options, "engaged_limit": 0})
@@ -320,9 +322,9 @@ def test_overlap_counts_distinct_candidate_ids_and_compares_exactly():
     expected = torch.tensor([[2.0 + 10.0, 10.0],  # 2 distinct ids in event 0, 1 (big) in event 2
                              [0.0, 0.0],
                              [20.0, 1.0 + 20.0]], dtype=torch.float64)
-    torch.testing.assert_close(match(*args), expected)
+    torch.testing.assert_close(match(*args)[:, 0], expected)
     match.count = False
-    torch.testing.assert_close(match(*args), torch.tensor(
+    torch.testing.assert_close(match(*args)[:, 0], torch.tensor(
         [[11.0, 10.0], [0.0, 0.0], [10.0, 11.0]], dtype=torch.float64))
 
 
@@ -331,7 +333,13 @@ def test_no_history_at_all_gives_the_bias():
     match = TargetMatch(4, PAIRS, 3, action_feature="action", action_window=5,
                         view_action=VIEW, max_age_s=10.0).double()
     out = match(torch.zeros(0, 4, dtype=torch.float64), **module_inputs(data))
-    torch.testing.assert_close(out, match.proj.bias.detach().expand(3, 4))
+    torch.testing.assert_close(out[:, 0], match.proj.bias.detach().expand(3, 4))
+    # with the latest matches: their token says "no match of any kind" (flags and positions 0)
+    latest = TargetMatch(4, PAIRS, 3, action_feature="action", view_action=VIEW,
+                         latest=True).double()
+    torch.nn.init.normal_(latest.latest[2].weight)
+    out = latest(torch.zeros(0, 4, dtype=torch.float64), **module_inputs(data))
+    torch.testing.assert_close(out[:, 1], latest.latest(torch.zeros(3, 16, dtype=torch.float64)))
 
 
 def test_gradients_reach_the_matched_events_and_both_projections():
@@ -340,7 +348,7 @@ def test_gradients_reach_the_matched_events_and_both_projections():
     match = TargetMatch(6, PAIRS, 3, action_feature="action", action_window=12,
                         view_action=VIEW)
     history = torch.randn(len(data["events"]), 6, requires_grad=True)
-    match(history, **module_inputs(data)).square().sum().backward()
+    match(history, **module_inputs(data)).square().sum().backward()  # (N, 1, d)
     for parameter in (match.values.weight, match.engaged_values.weight, match.proj.weight):
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0
     assert history.grad.abs().sum() > 0

@@ -407,9 +407,10 @@ class ModelConfig:
 
     target_match_latest: bool = False
     """Target match also says where the most recent matching event of each shared attribute
-    lies (a flag and its log position from the end, through a small MLP), for views and
-    engaged events apart when ``action_feature`` is set: which kind of match came last, which
-    a sum of matches cannot tell ("viewed this advertiser after buying in the category")."""
+    lies (a flag and its log position from the end, through a small MLP, as one more token),
+    for views and engaged events apart when ``action_feature`` is set: which kind of match came
+    last, which a sum of matches cannot tell ("viewed this advertiser after buying in the
+    category"). It reads target match's windows (the longer of the two)."""
 
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:

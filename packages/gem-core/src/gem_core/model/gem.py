@@ -217,6 +217,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
         self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
+                           + int(config.target_match > 0 and config.target_match_latest)
                            + int(config.attribute_attention)
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
@@ -396,11 +397,11 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         # Sums over a variable number of events (match_token_scale).
         scale = log_magnitude if self.config.match_token_scale == "log" else (lambda x: x)
         if self.target_match is not None:
-            tokens.append(scale(self.target_match(history, requests.offsets, owner,
-                                                  batch.candidate_ids, batch.event_ids,
-                                                  candidate_offsets=candidate_offsets,
-                                                  max_candidates=max_candidates,
-                                                  ages=requests.ages)))
+            matched = self.target_match(history, requests.offsets, owner, batch.candidate_ids,
+                                        batch.event_ids, candidate_offsets=candidate_offsets,
+                                        max_candidates=max_candidates, ages=requests.ages)
+            # the sums are scaled; the latest matches' token (an MLP of bounded inputs) is not
+            tokens += [scale(matched[:, 0])] + list(matched[:, 1:].unbind(1))
         if self.attribute_attention is not None:
             tokens.append(scale(self._attribute_attention(batch, looked_up, requests, history,
                                                           owner)))

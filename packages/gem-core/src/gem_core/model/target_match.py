@@ -25,7 +25,9 @@ Two refinements, both optional:
 - the **latest match** (``latest``): per shared attribute, and per kind of event (views and
   engaged events apart where an action feature is named, all events together otherwise), how
   far back the most recent matching event is, as a flag and ``log(1 + position) /
-  log(1 + span)`` (position 0: the request's last event), through a small MLP into the token.
+  log(1 + span)`` (position 0: the request's last event), through a small MLP into a second
+  token of its own (added to the sums, it was scaled with them: a sum over many events is
+  large, and ``match_token_scale`` shrinks the whole token by its size).
   A sum of matches says how often and roughly how recently; it cannot say which of two kinds
   of match came last ("viewed this advertiser after buying in this category"), which the
   positions put side by side. Positions, not ages: the order of events is always there, and
@@ -183,11 +185,11 @@ def rank_bucket(rank: Tensor, window: int) -> Tensor:
 
 
 class TargetMatch(nn.Module):
-    """One token per candidate: per shared attribute, the sum of a learned projection of the
-    recent events that share an id with the candidate (weighted by the overlap), summed over
-    attributes; with an action window, plus the same over the longer window's engaged events
-    through their own projection; with ``latest``, plus an MLP of where the most recent match
-    of each attribute (and kind of event) lies."""
+    """Per candidate, the sums token: per shared attribute, the sum of a learned projection of
+    the recent events that share an id with the candidate (weighted by the overlap), summed
+    over attributes; with an action window, plus the same over the longer window's engaged
+    events through their own projection. With ``latest``, a second token: an MLP of where the
+    most recent match of each attribute (and kind of event) lies."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
@@ -247,6 +249,8 @@ class TargetMatch(nn.Module):
             nn.init.zeros_(self.latest[2].weight)
             nn.init.zeros_(self.latest[2].bias)
         self.proj = nn.Linear(dim, dim)
+        #: Tokens per candidate: the sums, then the latest matches.
+        self.tokens = 1 + int(latest)
 
     def forward(self, history: Tensor, offsets: Tensor, owner: Tensor,
                 candidate_ids: Mapping[str, Ids], event_ids: Mapping[str, Ids], *,
@@ -256,10 +260,13 @@ class TargetMatch(nn.Module):
         ``candidate_offsets`` ``(R + 1,)`` and ``max_candidates`` (the most of one request)
         cut the candidates into requests (None: derived from ``owner``); ``ages`` ``(E,)``
         each event's age at its request in seconds (needed with ``max_age_s``).
-        Returns ``(N, d)``."""
+        Returns ``(N, tokens, d)``: the sums, then (with ``latest``) the latest matches."""
         n, dim = owner.numel(), history.shape[1]
         if history.shape[0] == 0:
-            return self.proj(history.new_zeros(n, dim))
+            tokens = [self.proj(history.new_zeros(n, dim))]
+            if self.latest is not None:  # no match anywhere: every flag and position 0
+                tokens.append(self.latest(history.new_zeros(n, self.latest[0].in_features)))
+            return torch.stack(tokens, dim=1)
         requests, device = offsets.numel() - 1, offsets.device
         if candidate_offsets is None or max_candidates is None:
             counts = torch.bincount(owner, minlength=requests)
@@ -312,9 +319,9 @@ class TargetMatch(nn.Module):
         weight = torch.cat([(grid[:, :, :width] * mask[:, None, :width, None]).flatten(2)
                             .to(values.dtype) for width, mask, _, _ in windows], dim=2)
         summed = torch.bmm(weight, values)[owner, slot]  # (N, d)
-        if latest is not None:
-            summed = summed + latest[owner, slot]
-        return self.proj(summed)
+        if latest is None:
+            return self.proj(summed).unsqueeze(1)
+        return torch.stack([self.proj(summed), latest[owner, slot]], dim=1)
 
     def flops(self, lengths: Tensor, candidates: Tensor) -> int:
         """Forward FLOPs (matmuls) of a batch of requests with these history lengths and
