@@ -8,6 +8,7 @@ import random
 import attrs
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from gem_core.jagged import Jagged, offsets_from_lengths
 from gem_core.model.target_match import GATE_SCALE, TargetMatch, shared_attributes
@@ -338,8 +339,12 @@ def test_no_history_at_all_gives_the_bias():
     latest = TargetMatch(4, PAIRS, 3, action_feature="action", view_action=VIEW,
                          latest=True).double()
     torch.nn.init.normal_(latest.latest[2].weight)
-    out = latest(torch.zeros(0, 4, dtype=torch.float64), **module_inputs(data))
+    with FlopCounterMode(display=False) as counter:
+        out = latest(torch.zeros(0, 4, dtype=torch.float64), **module_inputs(data))
     torch.testing.assert_close(out[:, 1], latest.latest(torch.zeros(3, 16, dtype=torch.float64)))
+    # its FLOPs are counted there too (no events: the MLP and the output projection)
+    assert latest.flops(torch.zeros(2, dtype=torch.int64),
+                        torch.tensor([2, 1])) == counter.get_total_flops()
 
 
 def test_gradients_reach_the_matched_events_and_both_projections():

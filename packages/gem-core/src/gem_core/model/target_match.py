@@ -9,7 +9,7 @@ the number of distinct candidate ids among the event's ids (``overlap = "count"`
 is any (``"any"``). An event token carries its action, age and position, so the sum says how
 often, how recently and how the user engaged with that advertiser or category.
 
-Two refinements, both optional:
+Refinements, each optional:
 
 - an **action window**: a second, longer window (by count) in which only engaged events (an
   action other than the "view" action) are matched, through a value projection of its own, so
@@ -142,6 +142,7 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
 #: for engaged ranks 1-9, down from 11) but moved 0.07 at most (docs/results.md). Ten times the
 #: scale is ten times the learning rate for these few numbers alone.
 GATE_SCALE = 10.0
+
 
 def latest_match_features(grid: Tensor, classes: list[Tensor], dtype: torch.dtype) -> Tensor:
     """``(R, K, C * P * 2)``: for each request's candidates (``grid``, ``(R, K, span, P)``
@@ -330,18 +331,22 @@ class TargetMatch(nn.Module):
         the output projection of every candidate."""
         impressions = int(candidates.sum())
         total = linear_layer_flops(self.proj, impressions)
-        if not int(lengths.sum()):
-            return total
+        if not int(lengths.sum()):  # the latest matches' MLP still runs, once per candidate
+            return total + (self._latest_flops(impressions) if self.latest is not None else 0)
         requests, widest = lengths.numel(), int(candidates.max())
         if self.latest is not None:  # its MLP runs on every candidate slot of every request
-            total += sum(linear_layer_flops(layer, requests * widest)
-                         for layer in self.latest if isinstance(layer, nn.Linear))
+            total += self._latest_flops(requests * widest)
         total += linear_layer_flops(self.values, requests * self.window)
         slots = self.window
         if self.engaged_values is not None:
             total += linear_layer_flops(self.engaged_values, requests * self.action_window)
             slots += self.action_window
         return total + 2 * requests * widest * slots * self.values.out_features
+
+    def _latest_flops(self, rows: int) -> int:
+        """FLOPs of the latest matches' MLP on ``rows`` rows."""
+        return sum(linear_layer_flops(layer, rows)
+                   for layer in self.latest if isinstance(layer, nn.Linear))
 
 
 def check_action_feature(schema: FeatureSchema, name: str) -> None:
