@@ -23,11 +23,14 @@ SMALL = ("train.steps=2", "train.batch_size=32", "train.eval_every=0",
          "train.checkpoint_every=2", "data.eval_rows=64", "data.max_seq_len=32",
          "data.options.num_items=300")
 # tiny-gem retrieves older matching events too (a data-dependent search that must export), with
-# matches by event.
+# matches by event and target match's latest-match token (views and engaged events apart); tiny
+# has target match's sums token alone.
 PRESETS = {"tiny": (), "tiny-gem": ("model.downstream_history=events",
                                     "model.attribute_attention_history=8",
                                     "model.attribute_attention_retrieve=4",
-                                    "model.attribute_attention_match_by_event=true"),
+                                    "model.attribute_attention_match_by_event=true",
+                                    "model.action_feature=action",
+                                    "model.target_match_latest=true"),
            "tiny-moe": ()}
 
 

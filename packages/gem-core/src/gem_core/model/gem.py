@@ -401,7 +401,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                         batch.event_ids, candidate_offsets=candidate_offsets,
                                         max_candidates=max_candidates, ages=requests.ages)
             # the sums are scaled; the latest matches' token (an MLP of bounded inputs) is not
-            tokens += [scale(matched[:, 0])] + list(matched[:, 1:].unbind(1))
+            tokens.append(scale(matched[:, 0]))
+            if self.target_match.tokens == 2:  # no unbind: an exported one of none won't load
+                tokens.append(matched[:, 1])
         if self.attribute_attention is not None:
             tokens.append(scale(self._attribute_attention(batch, looked_up, requests, history,
                                                           owner)))
