@@ -216,8 +216,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         config, schema, dim = self.config, self.embedded_schema, self.config.embedding_dim
         # candidate, target-aware summary, target match, history mean, PMA user tokens, sparse
         # features, dense
-        self.num_tokens = (1 + int(config.target_attention) + int(config.target_match > 0)
-                           + int(config.target_match > 0 and config.target_match_latest)
+        self.num_tokens = (1 + int(config.target_attention)
+                           + (self.target_match.tokens if self.target_match is not None else 0)
                            + int(config.attribute_attention)
                            + int(config.history_mean) + config.pma_queries + self.num_context
                            + int(config.teacher_embedding_dim > 0))
@@ -402,8 +402,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                         max_candidates=max_candidates, ages=requests.ages)
             # the sums are scaled; the latest matches' token (an MLP of bounded inputs) is not
             tokens.append(scale(matched[:, 0]))
-            if self.target_match.tokens == 2:  # no unbind: an exported one of none won't load
-                tokens.append(matched[:, 1])
+            # the latest token, by index: an exported unbind of no tokens does not load
+            tokens += [matched[:, i] for i in range(1, self.target_match.tokens)]
         if self.attribute_attention is not None:
             tokens.append(scale(self._attribute_attention(batch, looked_up, requests, history,
                                                           owner)))
