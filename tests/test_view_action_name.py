@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from gem_core.cli.main import cli
 from gem_core.config import DataConfig, load_config
 from gem_core.contracts import DataSource
-from gem_core.errors import GemConfigError
+from gem_core.errors import GemConfigError, GemDataError
 from gem_core.model.target_match import TargetMatch, check_view_action
 from gem_core.plugins import build_plugins
 from gem_core.train.applied import config_as_source_applies, resolve_view_action
@@ -217,3 +217,44 @@ def test_gem_plan_measures_activations_at_its_own_lengths_on_a_data_set(data_set
     fit = measure_activations(config, build_plugins(), "none", lengths=(4, 16))
     short, long = fit["tokens"]
     assert short < long and fit["per_sample"] > 0
+
+
+def test_actions_declared_in_the_schema_reach_the_model_as_ids(tmp_path):
+    raw = tmp_path / "logs"
+    raw.mkdir()
+    rng = np.random.default_rng(1)
+    impressions = ["user_id,request_id,timestamp,ad,click"]
+    events = ["user_id,timestamp,ad,btag"]
+    for user in range(1, 41):
+        for request in range(3):
+            time = 1000 + 100 * request
+            impressions += [f"{user},u{user}r{request},{time},{ad},{int(rng.random() < 0.3)}"
+                            for ad in rng.integers(1, 50, size=2)]
+            events += [f"{user},{time - 50 + i},{rng.integers(1, 50)},{rng.choice(ACTIONS)}"
+                       for i in range(6)]
+    (raw / "imp.csv").write_text("\n".join(impressions) + "\n")
+    (raw / "ev.csv").write_text("\n".join(events) + "\n")
+    (raw / "schema.toml").write_text('action_feature = "btag"\nview_action = "pv"\n' + SCHEMA)
+    out = tmp_path / "data"
+    import_logs(raw / "imp.csv", raw / "ev.csv", raw / "schema.toml", out)
+    source = _source(out)
+    assert (source.schema.action_feature, source.schema.view_action) == ("btag", "pv")
+    config = load_config(preset="tiny", overrides=[
+        "data.source=parquet", f"data.path={out}", "data.options={}",
+        "model.action_feature=schema", "model.target_match_latest=with_actions"])
+    applied = config_as_source_applies(config, source)
+    # the declared feature and the view's id (the vocabulary's pv), as the run records them
+    assert (applied.model.action_feature, applied.model.view_action) == ("btag", 5)
+
+
+def test_a_declared_view_given_as_text_needs_a_vocabulary(tmp_path):
+    (tmp_path / "schema.toml").write_text(
+        'action_feature = "btag"\nview_action = "pv"\n'
+        + SCHEMA.replace('[import.strings]\nbtag = "vocabulary"\n', ""))
+    (tmp_path / "imp.csv").write_text("user_id,request_id,timestamp,ad,click\n1,r,10,3,1\n")
+    (tmp_path / "ev.csv").write_text("user_id,timestamp,ad,btag\n1,5,3,7\n")
+    with pytest.raises(GemDataError, match="view_action = 'pv' is an action's text, looked up "
+                                           "in the vocabulary of table 'btag'.*needs "
+                                           'import.strings.btag = "vocabulary"'):
+        import_logs(tmp_path / "imp.csv", tmp_path / "ev.csv", tmp_path / "schema.toml",
+                    tmp_path / "out")

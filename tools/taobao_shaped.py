@@ -63,6 +63,8 @@ BASE_LOGIT = -4.2  # not the brief's -3.0: ENGAGED is common (~40 %), and ~5 % C
 SCHEMA = f"""tasks = ["clk"]
 max_seq_len = {MAX_SEQ_LEN}
 candidate_numeric_dim = 1
+action_feature = "btag"
+view_action = "pv"
 """ + "".join(f'\n[[tables]]\nname = "{name}"\nnum_embeddings = {size}\n'
               + ('id_policy = "hash"\n' if size >= 1000 else "")
               for name, size in [("adgroup", 200000), ("cate", 50000), ("brand", 100000),

@@ -174,19 +174,21 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
 
 
 def latest_oracle(match: TargetMatch, data: dict, *, window: int, action_window: int = 0,
-                  max_age: float = 0.0, by_action: bool = False, **_) -> torch.Tensor:
+                  max_age: float = 0.0, by_action: bool = False, latest_window: int = 0,
+                  **_) -> torch.Tensor:
     """The latest matches' token of every candidate: per class of events (views, then
     engaged; or all) and attribute, a flag and log(1 + position) / log(1 + span) of the most
-    recent matching event among the last ``span`` events, through the MLP, in Python floats."""
-    return torch.tensor([latest_one(match, data, candidate, data["owner"][n], window,
-                                    action_window, max_age, by_action)
+    recent matching event among the last ``span`` events (``latest_window``, else the longer
+    window), through the MLP, in Python floats."""
+    span = latest_window or max(window, action_window)
+    return torch.tensor([latest_one(match, data, candidate, data["owner"][n], span, max_age,
+                                    by_action)
                          for n, candidate in enumerate(data["candidates"])],
                         dtype=torch.float64)
 
 
-def latest_one(match: TargetMatch, data: dict, candidate: dict, r: int, window: int,
-               action_window: int, max_age: float, by_action: bool) -> list[float]:
-    span = max(window, action_window)
+def latest_one(match: TargetMatch, data: dict, candidate: dict, r: int, span: int,
+               max_age: float, by_action: bool) -> list[float]:
     recent_first = list(range(data["cut"][r + 1] - 1, data["cut"][r] - 1, -1))
     classes = [lambda a: a == VIEW, lambda a: a != VIEW] if by_action else [lambda a: True]
     features = []
@@ -230,6 +232,11 @@ CASES = {
     "latest-by-action": dict(count=True, window=4, latest=True, by_action=True),
     "latest-by-action-window": dict(count=False, window=2, action_window=9, latest=True,
                                     by_action=True, max_age=2600.0),
+    # a window of the latest matches' own, longer and shorter than the sums'
+    "latest-own-window": dict(count=True, window=2, latest=True, by_action=True,
+                              latest_window=10),
+    "latest-own-window-shorter": dict(count=False, window=6, action_window=8, latest=True,
+                                      by_action=True, latest_window=3),
 }
 
 
@@ -250,7 +257,8 @@ def test_matches_the_oracle(case, seed):
                         engaged_limit=options.get("engaged_limit", 0),
                         engaged_rank=options.get("engaged_rank", "none"),
                         max_age_s=options.get("max_age", 0.0),
-                        latest=options.get("latest", False)).double()
+                        latest=options.get("latest", False),
+                        latest_window=options.get("latest_window", 0)).double()
     # zero at first (as without ranks): test on values
     if match.engaged_rank is not None:
         torch.nn.init.normal_(match.engaged_rank.weight)

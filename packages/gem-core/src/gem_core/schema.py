@@ -190,6 +190,19 @@ class FeatureSchema:
     """Width of the teacher's user embedding each request carries
     (``JaggedBatch.teacher_embedding``; 0: none). Not a feature, like ``teacher_tasks``."""
 
+    action_feature: str = ""
+    """The event feature holding each event's kind of action (a page view, a click, a cart, a
+    purchase), where the data's events come in kinds: a single-valued event feature. Empty
+    where they do not (every event a rating, a play). Not a feature of its own but what one
+    feature means: a model option set to ``model.action_feature = "schema"`` reads it, so a
+    preset can turn on what reads actions where the data declares them and leave it off where
+    it does not."""
+
+    view_action: int | str = 0
+    """The most common, least engaged action of ``action_feature`` (the page view): its raw id,
+    or its text (``"pv"``) where the data set keeps a vocabulary of the feature's table
+    (``[import.strings]``), looked up when a run starts. Needs ``action_feature``."""
+
     def __attrs_post_init__(self) -> None:
         if not self.event_features:
             raise ValueError("the schema declares no event features: a history event needs at "
@@ -225,6 +238,26 @@ class FeatureSchema:
         unused = sorted(names - set(users))
         if unused:
             raise ValueError(f"tables {', '.join(unused)} are declared but no feature uses them")
+        self._check_actions()
+
+    def _check_actions(self) -> None:
+        """Raise ValueError unless the declared actions name a single-valued event feature."""
+        if not self.action_feature:
+            if self.view_action not in (0, ""):
+                raise ValueError(f"view_action = {self.view_action!r} needs action_feature (the "
+                                 "event feature holding each event's action)")
+            return
+        events = {feature.name: feature for feature in self.event_features}
+        feature = events.get(self.action_feature)
+        if feature is None:
+            raise ValueError(f"action_feature = {self.action_feature!r} is not an event feature; "
+                             f"event features: {', '.join(sorted(events))}")
+        if feature.multi_valued:
+            raise ValueError(f"action_feature = {self.action_feature!r} is multi-valued; an "
+                             "event has one action")
+        if isinstance(self.view_action, bool) or not isinstance(self.view_action, (int, str)):
+            raise ValueError(f"view_action must be a raw id (an integer) or the action's text; "
+                             f"got {self.view_action!r}")
 
     def table(self, name: str) -> EmbeddingTable:
         """The declared table ``name``."""
@@ -267,10 +300,18 @@ def schema_to_dict(schema: FeatureSchema) -> dict:
     for name in (*TEACHER_FIELDS, "candidate_numeric_dim"):
         if not data[name]:
             del data[name]
+    # Likewise the declared actions, only where a data set declares them.
+    if not data["action_feature"]:
+        for name in ACTION_FIELDS:
+            del data[name]
     return data
 
 
 TEACHER_FIELDS = ("teacher_tasks", "teacher_embedding_dim")
+
+#: The fields that say which event feature holds the actions: a description of a feature,
+#: not one (a model's options resolve it when a run starts; see ``model.action_feature``).
+ACTION_FIELDS = ("action_feature", "view_action")
 
 
 def without_teacher_signals(schema: FeatureSchema) -> FeatureSchema:

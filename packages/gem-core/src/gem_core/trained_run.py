@@ -28,7 +28,13 @@ from gem_core.distributed import ParallelContext
 from gem_core.errors import GemConfigError
 from gem_core.model.building import build_run_model
 from gem_core.plugins import GemPlugins, build_data_source, build_plugins
-from gem_core.schema import TEACHER_FIELDS, FeatureSchema, schema_to_dict, without_teacher_signals
+from gem_core.schema import (
+    ACTION_FIELDS,
+    TEACHER_FIELDS,
+    FeatureSchema,
+    schema_to_dict,
+    without_teacher_signals,
+)
 from gem_core.train.applied import config_as_source_applies
 from gem_core.train.backends import RunBackends, resolve_backends
 
@@ -173,11 +179,13 @@ def load_run(run_dir: Path, *, step: int | None = None, data: DataConfig | None 
     source = build_data_source(resolved.data, config.data, seed=config.train.seed)
     config = config_as_source_applies(config, source)  # as the run did
     # Teacher columns (gem distill-precompute) are not features: a data set that has them is
-    # the same data for this model.
+    # the same data for this model. Nor is the declaration of which feature holds the actions:
+    # the run's configuration recorded what its model read (model.action_feature).
     trained = state.get("schema")
     trained = None if trained is None else {k: v for k, v in trained.items()
-                                            if k not in TEACHER_FIELDS}
-    given = schema_to_dict(without_teacher_signals(source.schema))
+                                            if k not in (*TEACHER_FIELDS, *ACTION_FIELDS)}
+    given = {k: v for k, v in schema_to_dict(without_teacher_signals(source.schema)).items()
+             if k not in ACTION_FIELDS}
     if trained is not None and trained != given:
         raise GemConfigError(
             f"the data of {config.data.source!r} has another feature schema than {run_dir} "

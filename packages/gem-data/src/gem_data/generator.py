@@ -470,6 +470,8 @@ def synthetic_ads_schema(o: SynthOptions) -> FeatureSchema:
         candidate_content=bool(o.seq_dense_dim),
         tasks=TASKS,
         max_seq_len=o.max_length,
+        action_feature="action",  # 0 view, 1 click, 2 conversion
+        view_action=0,
     )
 
 

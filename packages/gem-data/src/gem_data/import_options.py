@@ -316,6 +316,12 @@ def check_options(path: Path, schema: Any, options: ImportOptions) -> None:
             fail(f'import.strings.{table} = "hash" gives 64-bit ids, which table {table!r} '
                  '(id_policy dense) has no rows for: give it id_policy = "hash" (or "modulo", '
                  '"managed"), or use import.strings = "vocabulary"')
+    if isinstance(schema.view_action, str):
+        table = next(f.table for f in schema.event_features if f.name == schema.action_feature)
+        if options.strings.get(table) != "vocabulary":
+            fail(f"view_action = {schema.view_action!r} is an action's text, looked up in the "
+                 f"vocabulary of table {table!r} (action_feature {schema.action_feature!r}): "
+                 f'it needs import.strings.{table} = "vocabulary", or give the raw id')
     keys = feature_keys(schema, options)
     for key, entry in options.features.items():
         if key not in keys:

@@ -365,8 +365,11 @@ class ModelConfig:
 
     action_feature: str = ""
     """The event feature holding each event's action type (``action``, ``btag``): a
-    single-valued event feature of the schema, read by ``target_match_action_window`` and
-    ``attribute_attention_retrieve_engaged`` to tell engaged events from views. Empty: none."""
+    single-valued event feature of the schema, read by ``target_match_action_window``,
+    ``target_match_latest`` and ``attribute_attention_retrieve_engaged`` to tell engaged events
+    from views. ``"schema"``: the one the data declares (its schema's ``action_feature`` and
+    ``view_action``, which then replace ``view_action``), or none where it declares none; the
+    run records what it resolved to. Empty: none."""
 
     target_match_action_window: int = attrs.field(default=0, validator=at_least(0))
     """A second, longer target-match window by count (256, ...) in which only engaged events
@@ -405,12 +408,21 @@ class ModelConfig:
     """Target match (both windows) sees only events younger than this many seconds (the
     request's timestamp minus the event's). 0: no age limit."""
 
-    target_match_latest: bool = False
+    target_match_latest: bool | str = attrs.field(default=False,
+                                                  validator=choice(False, True, "with_actions"))
     """Target match also says where the most recent matching event of each shared attribute
     lies (a flag and its log position from the end, through a small MLP, as one more token),
     for views and engaged events apart when ``action_feature`` is set: which kind of match came
     last, which a sum of matches cannot tell ("viewed this advertiser after buying in the
-    category"). It reads target match's windows (the longer of the two)."""
+    category"). ``"with_actions"``: on only where there is an action feature (with
+    ``action_feature = "schema"``: where the data declares one), since with one kind of event
+    it measured level or worse (docs/results.md)."""
+
+    target_match_latest_window: int = attrs.field(default=0, validator=at_least(0))
+    """How many of the most recent events ``target_match_latest`` reads: 0, target match's
+    windows (the longer of ``target_match`` and ``target_match_action_window``); otherwise
+    that many, at most the data's ``max_seq_len`` (a large number: the whole history), whatever
+    the windows of the sums."""
 
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:

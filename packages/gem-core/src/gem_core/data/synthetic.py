@@ -140,6 +140,8 @@ class SyntheticSource(DataSource):
             candidate_content=bool(o.content_dim),
             tasks=("click", "conversion"),
             max_seq_len=config.max_seq_len,
+            action_feature="action",  # 0 view, 1 click, 2 conversion
+            view_action=0,
         )
 
     # -- the contract -------------------------------------------------------------------------

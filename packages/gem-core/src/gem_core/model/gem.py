@@ -22,6 +22,7 @@ from gem_core.contracts import (
 from gem_core.embedding import EmbeddingTableConfig
 from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
 from gem_core.jagged import max_length
+from gem_core.model.actions import declared_actions
 from gem_core.model.attribute_attention import AttributeAttention
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.cross_branch import CrossBranch, cross_branch_skipped
@@ -123,6 +124,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         dim = config.embedding_dim
         # The data's features (the model's inputs: the offsets of id_bias read their ids there)
         # and those it embeds, which every part below is built from.
+        # model.action_feature = "schema" read from the data's declaration (the trainer has
+        # already resolved it; a model built straight from a configuration does it here).
+        config = declared_actions(config, schema)
         self.config, self.schema = config, schema
         self.embedded_schema = schema = model_schema(config, schema)
         norm = norm if norm is not None else ReferenceNorm()

@@ -31,7 +31,9 @@ Refinements, each optional:
   A sum of matches says how often and roughly how recently; it cannot say which of two kinds
   of match came last ("viewed this advertiser after buying in this category"), which the
   positions put side by side. Positions, not ages: the order of events is always there, and
-  it is what "after" means; ``max_age_s`` still limits which events count.
+  it is what "after" means; ``max_age_s`` still limits which events count. It reads the
+  windows' events, or a window of its own (``latest_window``: the whole history, say, while
+  the sums keep the last 32).
 
 Soft (dot-product) target attention can learn the same thing, but only after learning to make
 ``q.k`` of equal ids stand out among thousands of id embeddings; on data where the label turns
@@ -63,6 +65,7 @@ from gem_core.config.model_schema import ENGAGED_RANKS
 from gem_core.errors import GemConfigError
 from gem_core.flops import linear_layer_flops
 from gem_core.jagged import Jagged, max_length, offsets_from_lengths
+from gem_core.model.actions import latest_by_action
 from gem_core.schema import FeatureSchema
 
 #: How a multi-valued attribute weighs an event's match (``model.target_match_overlap``).
@@ -195,7 +198,7 @@ class TargetMatch(nn.Module):
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
                  view_action: int = 0, engaged_limit: int = 0, engaged_rank: str = "none",
-                 max_age_s: float = 0.0, latest: bool = False) -> None:
+                 max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
@@ -210,9 +213,12 @@ class TargetMatch(nn.Module):
             raise ValueError("target match reads model.action_feature in its action window "
                              "(model.target_match_action_window) or its latest matches "
                              "(model.target_match_latest); neither is on")
-        if window < 1 or action_window < 0 or max_age_s < 0 or engaged_limit < 0:
+        if window < 1 or min(action_window, max_age_s, engaged_limit, latest_window) < 0:
             raise ValueError("model.target_match must be >= 1, target_match_action_window, "
-                             "target_match_engaged_limit and target_match_max_age_s >= 0")
+                             "target_match_engaged_limit, target_match_max_age_s and "
+                             "target_match_latest_window >= 0")
+        if latest_window and not latest:
+            raise ValueError("model.target_match_latest_window needs model.target_match_latest")
         if engaged_rank not in ENGAGED_RANKS:
             raise ValueError(f"model.target_match_engaged_rank must be one of "
                              f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
@@ -227,6 +233,8 @@ class TargetMatch(nn.Module):
         self.action_feature, self.action_window = action_feature, action_window
         self.view_action, self.max_age_s = view_action, max_age_s
         self.engaged_limit = engaged_limit
+        #: The events the latest matches read: their own window, else the longer of the two.
+        self.latest_window = latest_window or max(window, action_window)
         self.values = nn.Linear(dim, dim * len(pairs), bias=False)
         self.engaged_values = (nn.Linear(dim, dim * len(pairs), bias=False)
                                if action_window else None)
@@ -272,8 +280,9 @@ class TargetMatch(nn.Module):
         if candidate_offsets is None or max_candidates is None:
             counts = torch.bincount(owner, minlength=requests)
             candidate_offsets, max_candidates = offsets_from_lengths(counts), max_length(counts)
-        # Every request's last `span` events (both windows: the shorter is a prefix).
-        span = max(self.window, self.action_window)
+        # Every request's last `span` events (every window: the shorter are prefixes).
+        span = max(self.window, self.action_window,
+                   self.latest_window if self.latest is not None else 0)
         index, valid = recent_event_index(offsets, torch.arange(requests, device=device), span)
         if self.max_age_s:
             if ages is None:
@@ -297,8 +306,10 @@ class TargetMatch(nn.Module):
             engaged = valid & (actions[index] != self.view_action)
         latest = None
         if self.latest is not None:
+            width = self.latest_window
             classes = [valid & ~engaged, engaged] if self.action_feature else [valid]
-            latest = self.latest(latest_match_features(grid, classes, history.dtype))
+            latest = self.latest(latest_match_features(
+                grid[:, :, :width], [mask[:, :width] for mask in classes], history.dtype))
         if self.engaged_values is not None:
             # index runs most recent first, so the running count is each engaged event's rank
             # among the engaged events (1 for the latest).
@@ -381,12 +392,14 @@ def target_match_from_config(dim: int, config: ModelConfig,
     """The target match of ``config`` (``model.target_match*``) on ``schema``; None when
     ``model.target_match`` is 0. Raises ValueError naming the option the schema cannot serve."""
     name, window = config.action_feature, config.target_match_action_window
+    latest = latest_by_action(config)
     if not config.target_match:
         if config.target_match_engaged_limit or config.target_match_engaged_rank != "none":
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "shape target match's action window, and model.target_match is 0 "
                              "(off)")
-        if config.target_match_latest:
+        # "with_actions" is a preset's "where it applies", and it does not apply here.
+        if config.target_match_latest is True:
             raise ValueError("model.target_match_latest is part of target match, and "
                              "model.target_match is 0 (off)")
         return None
@@ -394,7 +407,10 @@ def target_match_from_config(dim: int, config: ModelConfig,
         raise ValueError(f"model.target_match_action_window = {window} needs "
                          "model.action_feature: the event feature holding each "
                          "event's action type")
-    by_action = window or (config.target_match_latest and name)
+    if config.target_match_latest_window and not config.target_match_latest:
+        raise ValueError("model.target_match_latest_window is the window of the latest-match "
+                         "token, and model.target_match_latest is off")
+    by_action = window or (latest and name)
     if by_action:
         check_action_feature(schema, name)
     return TargetMatch(dim, shared_attributes(schema), config.target_match,
@@ -403,5 +419,6 @@ def target_match_from_config(dim: int, config: ModelConfig,
                        action_window=window, view_action=config.view_action,
                        engaged_limit=config.target_match_engaged_limit,
                        engaged_rank=config.target_match_engaged_rank,
-                       max_age_s=config.target_match_max_age_s,
-                       latest=config.target_match_latest)
+                       max_age_s=config.target_match_max_age_s, latest=latest,
+                       latest_window=min(config.target_match_latest_window,
+                                         schema.max_seq_len) if latest else 0)

@@ -13,6 +13,7 @@ import attrs
 from gem_core.config import GemConfig
 from gem_core.contracts import DataSource
 from gem_core.errors import GemConfigError
+from gem_core.model.actions import declared_actions
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +21,22 @@ log = logging.getLogger(__name__)
 def config_as_source_applies(config: GemConfig, source: DataSource) -> GemConfig:
     """``config`` as ``source`` applies it, where ``source`` was built from ``config.data``:
     ``data`` replaced by :meth:`DataSource.applied_config` (e.g. a data set's own
-    ``max_seq_len`` in place of a preset's) and ``model.view_action`` given as text resolved to
-    the source's raw id (:func:`resolve_view_action`). This is what a run records and builds
+    ``max_seq_len`` in place of a preset's), ``model.action_feature = "schema"`` replaced by the
+    source's declared actions (:func:`~gem_core.model.actions.declared_actions`) and
+    ``model.view_action`` given as text resolved to the source's raw id
+    (:func:`resolve_view_action`). This is what a run records and builds
     its model from; raises :class:`~gem_core.errors.GemConfigError` where the source cannot
     look the view action up."""
-    return resolve_view_action(attrs.evolve(config, data=source.applied_config(config.data)),
-                               source)
+    try:
+        model = declared_actions(config.model, source.schema)
+    except ValueError as error:
+        raise GemConfigError(str(error)) from None
+    if model is not config.model:
+        log.info("model.action_feature = 'schema': the data declares %s", (
+            f"event feature {model.action_feature!r} (view action {model.view_action!r})"
+            if model.action_feature else "no action feature"))
+    return resolve_view_action(attrs.evolve(config, data=source.applied_config(config.data),
+                                            model=model), source)
 
 
 def resolve_view_action(config: GemConfig, source: DataSource) -> GemConfig:
