@@ -305,6 +305,32 @@ def test_a_crash_during_a_re_export_leaves_the_old_export(trained, tmp_path, mon
     assert (other / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("fault", ["does not load", "scores otherwise"])
+def test_a_program_that_runs_in_memory_but_not_from_its_file_is_not_written(
+        trained, tmp_path, monkeypatch, fault):
+    """The saved file is what serves: an export loads it back and checks it (a torch export of
+    an unbind with no outputs ran in memory and failed to load from its file)."""
+    import gem_core.serving.export as export
+    from gem_core.errors import GemConfigError, GemDataError
+
+    load = export.program_from_bytes
+
+    def faulty(data, path):
+        if fault == "does not load":
+            raise GemDataError(f"{path}: torch could not load the program (IndexError: list "
+                               "index out of range)")
+        program = load(data, path)
+        return lambda inputs: {k: v + 0.5 for k, v in program(inputs).items()}
+
+    monkeypatch.setattr(export, "program_from_bytes", faulty)
+    target = tmp_path / "export"
+    expected = ("would be refused by gem score .*could not load the program" if fault ==
+                "does not load" else "'full \\(loaded from its file\\)' disagrees with the run's model")
+    with pytest.raises(GemConfigError, match=expected):
+        export.export_model(trained[1], target)
+    assert not target.exists() and list(tmp_path.iterdir()) == []  # nothing published
+
+
 def _dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", ""])
     process.wait()

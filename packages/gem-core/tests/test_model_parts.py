@@ -99,6 +99,8 @@ def test_wukong_changes_token_count_through_a_learned_residual():
     dict(token_norm="batch", interaction="cross", target_match=8, attribute_attention=True),
     dict(token_norm="rms", target_match=8, attribute_attention=True),
     dict(target_match=8, target_match_latest=True, action_feature="action"),
+    dict(target_match=8, target_match_latest="with_actions", action_feature="schema",
+         target_match_latest_window=1024),
 ])
 def test_every_switch_trains(data, switches):
     schema, batch = data

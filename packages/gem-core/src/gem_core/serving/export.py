@@ -17,7 +17,8 @@ everything else the model needs (gem-core's ``padded`` backend when it does; the
 depend on the backend) and says so; a backend the user names explicitly that cannot export is an
 error, and so is a model that no installed backend can export. Every export is checked before it
 is written: the exported programs score a held-out batch (other sizes than the capture's example)
-and must agree with the run's model on its own backend.
+and must agree with the run's model on its own backend, in memory and once more as loaded back
+from the saved file (what ``gem score`` and a server run).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from gem_core.errors import GemConfigError, GemDataError
 from gem_core.jagged import offsets_from_lengths
 from gem_core.plugins import build_plugins
 from gem_core.schema import schema_to_dict
-from gem_core.serving.archive import inspect_program
 from gem_core.serving.inputs import batch_inputs, input_specs
 from gem_core.serving.integrity import MANIFEST, MANIFEST_FORMAT, record_files
+from gem_core.serving.loading import program_from_bytes
 from gem_core.serving.programs import RANKER, USER_TOWER, logit_name, programs_of
 from gem_core.serving.publish import check_target, staged
 from gem_core.trained_run import LoadedRun, load_run
@@ -279,8 +280,9 @@ def _write_programs(run: LoadedRun, reference: LoadedRun, example: JaggedBatch,
                     held_out: JaggedBatch, staging: Path, aoti: bool) -> dict[str, Any]:
     """Capture, check and save every program of ``run`` into ``staging``; their manifest
     entries. Each saved ``.pt2`` must pass the loaders' rules
-    (:func:`gem_core.serving.archive.inspect_program`): an export that ``gem score`` would
-    refuse is not written."""
+    (:func:`gem_core.serving.archive.inspect_program`), load, and score the held-out batch as
+    the eager model does: an export that ``gem score`` would refuse or misread is not
+    written."""
     programs: dict[str, Any] = {}
     for name, program in programs_of(run.model, run.backends.attention.impl).items():
         specs = input_specs(program.model.schema, program.groups)
@@ -294,12 +296,19 @@ def _write_programs(run: LoadedRun, reference: LoadedRun, example: JaggedBatch,
         parity = _check_parity(name, got, _eager_outputs(name, reference, held_out))
         path = staging / f"{name}.pt2"
         torch.export.save(exported, path)
+        # What serves is the file, not the program in memory: a program can run in memory and
+        # still not load (torch 2.x's deserializer fails on an unbind with no outputs), so the
+        # saved file is loaded back as gem score loads it and must score as the capture did.
         try:
-            inspect_program(path.read_bytes(), path.name)
+            reloaded = program_from_bytes(path.read_bytes(), Path(path.name))
         except GemDataError as error:
             raise GemConfigError(f"program {name!r} as torch {torch.__version__} saved it would "
                                  f"be refused by gem score ({error}); the export was not "
                                  "written") from None
+        with torch.no_grad():
+            parity = max(parity, _check_parity(f"{name} (loaded from its file)",
+                                               reloaded(check_inputs),
+                                               _eager_outputs(name, reference, held_out)))
         entry: dict[str, Any] = {
             "file": path.name, "groups": list(program.groups),
             "inputs": [{**attrs.asdict(s), "shape": list(s.shape)} for s in specs],

@@ -71,6 +71,13 @@ def load_program(directory: Path, manifest: dict[str, Any], program: str, *,
                                f"({type(error).__name__}: {first_sentence(error)})"
                                ) from None
     path, data = _verified_bytes(directory, manifest, entry["file"])
+    return program_from_bytes(data, path)
+
+
+def program_from_bytes(data: bytes, path: Path) -> Program:
+    """The program a ``.pt2`` file's bytes ``data`` hold (read from ``path``), checked against
+    the loaders' rules (:func:`~gem_core.serving.archive.inspect_program`) before torch
+    unpickles it. Raises GemDataError naming the file where either refuses it."""
     inspect_program(data, str(path))
     try:
         return torch.export.load(io.BytesIO(data)).module()
