@@ -324,8 +324,9 @@ def test_a_program_that_runs_in_memory_but_not_from_its_file_is_not_written(
 
     monkeypatch.setattr(export, "program_from_bytes", faulty)
     target = tmp_path / "export"
-    expected = ("would be refused by gem score .*could not load the program" if fault ==
-                "does not load" else "'full \\(loaded from its file\\)' disagrees with the run's model")
+    expected = ("would be refused by gem score .*could not load the program"
+                if fault == "does not load"
+                else "'full \\(loaded from its file\\)' disagrees with the run's model")
     with pytest.raises(GemConfigError, match=expected):
         export.export_model(trained[1], target)
     assert not target.exists() and list(tmp_path.iterdir()) == []  # nothing published
