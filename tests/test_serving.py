@@ -23,14 +23,13 @@ SMALL = ("train.steps=2", "train.batch_size=32", "train.eval_every=0",
          "train.checkpoint_every=2", "data.eval_rows=64", "data.max_seq_len=32",
          "data.options.num_items=300")
 # tiny-gem retrieves older matching events too (a data-dependent search that must export), with
-# matches by event and target match's latest-match token (views and engaged events apart); tiny
-# has target match's sums token alone.
+# matches by event and, as the preset has it, target match's latest-match token (views and
+# engaged events apart: the synthetic source declares its actions); tiny has target match's sums
+# token alone.
 PRESETS = {"tiny": (), "tiny-gem": ("model.downstream_history=events",
                                     "model.attribute_attention_history=8",
                                     "model.attribute_attention_retrieve=4",
-                                    "model.attribute_attention_match_by_event=true",
-                                    "model.action_feature=action",
-                                    "model.target_match_latest=true"),
+                                    "model.attribute_attention_match_by_event=true"),
            "tiny-moe": ()}
 
 
@@ -165,6 +164,20 @@ def _torch_only(directory: Path, cases: dict, tmp_path: Path, aoti: bool) -> Non
                            "1" if aoti else "0"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[0] == "ok"
+
+
+def test_tiny_gem_reads_the_actions_the_data_declares(exported):
+    """The preset's ``model.action_feature = "schema"`` is resolved when the run starts and
+    recorded as the feature it read; its latest-match token is in the exported model."""
+    import tomllib
+
+    from gem_core.trained_run import load_run
+
+    run = exported["tiny-gem"][0]
+    recorded = tomllib.loads((run / "config.toml").read_text())["model"]
+    assert (recorded["action_feature"], recorded["view_action"]) == ("action", 0)
+    match = load_run(run).model.target_match
+    assert match.action_feature == "action" and match.latest is not None
 
 
 def test_exported_files_run_in_a_torch_only_process(exported, tmp_path):

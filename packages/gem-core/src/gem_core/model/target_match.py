@@ -296,7 +296,10 @@ class TargetMatch(nn.Module):
         slot = torch.arange(n, device=device) - candidate_offsets[:-1][owner]
         grid = weights.new_zeros(requests, max_candidates, span, len(self.pairs)).index_put_(
             (owner, slot), weights)
-        tokens = history[index]  # (R, span, d)
+        # The sums' events only (the latest matches read overlaps, not tokens): gathered rather
+        # than sliced from a longer span, whose strided slice torch.export could only fold
+        # into the projection's matmul for two or more requests.
+        tokens = history[index[:, :max(self.window, self.action_window)]]  # (R, sums' span, d)
         windows = [(self.window, valid, self.values, tokens)]
         if self.action_feature:
             actions = event_ids[self.action_feature]
