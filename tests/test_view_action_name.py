@@ -42,7 +42,13 @@ SCHEMA = ('tasks = ["click"]\nmax_seq_len = 32\n'
 @pytest.fixture(scope="module")
 def data_set(tmp_path_factory) -> Path:
     """40 users' clicks and page views, mostly ``pv``, through the real importer."""
-    raw = tmp_path_factory.mktemp("logs")
+    return _imported(tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("data") / "data",
+                     SCHEMA)
+
+
+def _imported(raw: Path, out: Path, schema: str) -> Path:
+    """The logs of :func:`data_set` written into ``raw`` and imported into ``out`` with the
+    schema file ``schema``."""
     rng = np.random.default_rng(0)
     impressions = ["user_id,request_id,timestamp,ad,click"]
     events = ["user_id,timestamp,ad,btag"]
@@ -55,8 +61,7 @@ def data_set(tmp_path_factory) -> Path:
                        f"{rng.choice(ACTIONS, p=[0.7, 0.1, 0.1, 0.1])}" for i in range(8)]
     (raw / "imp.csv").write_text("\n".join(impressions) + "\n")
     (raw / "ev.csv").write_text("\n".join(events) + "\n")
-    (raw / "schema.toml").write_text(SCHEMA)
-    out = tmp_path_factory.mktemp("data") / "data"
+    (raw / "schema.toml").write_text(schema)
     import_logs(raw / "imp.csv", raw / "ev.csv", raw / "schema.toml", out)
     return out
 
@@ -220,23 +225,9 @@ def test_gem_plan_measures_activations_at_its_own_lengths_on_a_data_set(data_set
 
 
 def test_actions_declared_in_the_schema_reach_the_model_as_ids(tmp_path):
-    raw = tmp_path / "logs"
-    raw.mkdir()
-    rng = np.random.default_rng(1)
-    impressions = ["user_id,request_id,timestamp,ad,click"]
-    events = ["user_id,timestamp,ad,btag"]
-    for user in range(1, 41):
-        for request in range(3):
-            time = 1000 + 100 * request
-            impressions += [f"{user},u{user}r{request},{time},{ad},{int(rng.random() < 0.3)}"
-                            for ad in rng.integers(1, 50, size=2)]
-            events += [f"{user},{time - 50 + i},{rng.integers(1, 50)},{rng.choice(ACTIONS)}"
-                       for i in range(6)]
-    (raw / "imp.csv").write_text("\n".join(impressions) + "\n")
-    (raw / "ev.csv").write_text("\n".join(events) + "\n")
-    (raw / "schema.toml").write_text('action_feature = "btag"\nview_action = "pv"\n' + SCHEMA)
-    out = tmp_path / "data"
-    import_logs(raw / "imp.csv", raw / "ev.csv", raw / "schema.toml", out)
+    (tmp_path / "logs").mkdir()
+    out = _imported(tmp_path / "logs", tmp_path / "data",
+                    'action_feature = "btag"\nview_action = "pv"\n' + SCHEMA)
     source = _source(out)
     assert (source.schema.action_feature, source.schema.view_action) == ("btag", "pv")
     config = load_config(preset="tiny", overrides=[
