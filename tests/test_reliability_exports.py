@@ -332,6 +332,30 @@ def test_a_program_that_runs_in_memory_but_not_from_its_file_is_not_written(
     assert not target.exists() and list(tmp_path.iterdir()) == []  # nothing published
 
 
+def test_a_program_that_refuses_one_candidate_is_not_written(trained, tmp_path, monkeypatch):
+    """Outside mixture-of-experts, a capture that specialises a dim to 2 or more (a server's
+    single-candidate request would fail its guard) is a bug to fix, not a minimum to ship."""
+    import gem_core.serving.export as export
+    from gem_core.errors import GemConfigError
+
+    capture = export.capture
+
+    def specialising(program, inputs, specs, minimum=None):
+        if minimum and minimum.get("candidates") == 1:  # as torch.export words it
+            raise torch._dynamo.exc.UserError(
+                torch._dynamo.exc.UserErrorType.CONSTRAINT_VIOLATION,
+                "Constraints violated (candidates)! Not all values of candidates = "
+                "L['inputs']['candidate.item'].size()[0] in the specified range are valid")
+        return capture(program, inputs, specs, minimum)
+
+    monkeypatch.setattr(export, "capture", specialising)
+    target = tmp_path / "export"
+    with pytest.raises(GemConfigError, match="program 'full' specialises on candidates > 1.*"
+                                             "only a mixture-of-experts model"):
+        export.export_model(trained[1], target)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
 def _dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", ""])
     process.wait()

@@ -8,7 +8,8 @@ from gem_core.config.loading import (
     to_toml,
     unstructure,
 )
-from gem_core.config.model_schema import EmbeddingOptimizerConfig, ModelConfig, MoeConfig
+from gem_core.config.model_schema import EmbeddingOptimizerConfig, ModelConfig
+from gem_core.config.moe_schema import MoeConfig
 from gem_core.config.schema import (
     AdapterConfig,
     BackendsConfig,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from gem_core.config.moe_schema import MoeConfig
 from gem_core.config.validators import at_least, between, choice, each, greater_than
 
 TOKEN_NORMS = ("none", "batch", "rms", "sample", "cap")
@@ -86,50 +87,6 @@ class EmbeddingOptimizerConfig:
         if self.name == "sgd" and self.weight_decay:
             raise ValueError("model.embedding_optimizer: weight_decay needs name = "
                              "'rowwise_adagrad' (FBGEMM's fused SGD has no weight decay)")
-
-
-@attrs.frozen(kw_only=True)
-class MoeConfig:
-    """Mixture of experts in place of the dense model's MLPs (``[model.moe]``); off while
-    ``num_experts`` is 0."""
-
-    num_experts: int = attrs.field(default=0, validator=at_least(0))
-    """Routed experts per MoE layer, each the size of the MLP it replaces; 0: no MoE."""
-
-    top_k: int = attrs.field(default=2, validator=greater_than(0))
-    """Experts each token (sequence layers) or sample (Wukong layers) is routed to."""
-
-    capacity_factor: float = attrs.field(default=1.25, validator=at_least(0))
-    """An expert takes at most ``ceil(capacity_factor * rows * top_k / num_experts)``
-    assignments per forward; the rest are dropped (first choices before second choices, earlier
-    rows first) and their rows keep only the residual and the shared expert. 0: no limit."""
-
-    shared_expert: bool = False
-    """Add one always-on expert of the same size that every row goes through."""
-
-    aux_loss_weight: float = attrs.field(default=0.01, validator=at_least(0))
-    """Weight of the Switch/GShard load-balancing loss ``E * sum_e f_e * P_e`` per layer,
-    added to the training loss."""
-
-    where: tuple[str, ...] = attrs.field(default=("sequence",), converter=tuple,
-                                         validator=each(choice("sequence", "wukong")))
-    """MLPs that become MoE: ``sequence`` (the SwiGLU of every sequence layer) and/or
-    ``wukong`` (the MLP of every Wukong factorization-machine block)."""
-
-    impl: str = attrs.field(default="grouped", validator=choice("reference", "grouped"))
-    """``reference``: experts run one after another over their tokens; ``grouped``: tokens
-    sorted by expert and all expert matmuls batched (torch._grouped_mm where it runs)."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.num_experts > 0
-
-    def __attrs_post_init__(self) -> None:
-        if self.enabled and self.top_k > self.num_experts:
-            raise ValueError(f"top_k ({self.top_k}) must be <= num_experts "
-                             f"({self.num_experts})")
-        if self.enabled and not self.where:
-            raise ValueError("where must name at least one of sequence, wukong")
 
 
 @attrs.frozen(kw_only=True)
@@ -423,6 +380,12 @@ class ModelConfig:
     windows (the longer of ``target_match`` and ``target_match_action_window``); otherwise
     that many, at most the data's ``max_seq_len`` (a large number: the whole history), whatever
     the windows of the sums."""
+
+    target_match_latest_counts: bool = False
+    """The latest-match token also reads, per kind of event and shared attribute, how many
+    events match among the last 1, 2, 4, ... events of its window (``log(1 + overlap)`` summed):
+    "an engaged event of this topic among the last few", which a position alone says only for
+    the newest match. Needs ``target_match_latest`` (off where that resolves off)."""
 
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:

@@ -120,12 +120,15 @@ def capture(program, inputs: dict[str, Tensor], specs,
                                    dynamic_shapes=(dynamic_shapes(specs, minimum),))
 
 
-def capture_with_minimums(name: str, program, inputs: dict[str, Tensor], specs
-                          ) -> tuple[Any, dict[str, int]]:
-    """:func:`capture`, and the smallest size of each dim the program accepts. Where the model
-    cannot run one size of 1 the same way as larger sizes (the mixture-of-experts layers
-    specialise on more than one history event), the dim's minimum is raised to 2 and logged;
-    the manifest records it and the program's guard refuses a smaller input by name."""
+def capture_with_minimums(name: str, program, inputs: dict[str, Tensor], specs, *,
+                          may_specialise: bool) -> tuple[Any, dict[str, int]]:
+    """:func:`capture`, and the smallest size of each dim the program accepts. Only a model
+    with layers that cannot run a size of 1 the same way as larger sizes (``may_specialise``:
+    the mixture-of-experts layers specialise on more than one history event) may raise a dim's
+    minimum, to 2, logged; the manifest records it and the program's guard refuses a smaller
+    input by name. Any other model whose capture specialises is refused, naming the dims: a
+    server's request of one candidate (or one event) would fail the program's guard, so it is a
+    bug in the model's code, not a limit to ship."""
     minimum = {d: 1 for d in dim_names(specs)}
     for _ in range(len(minimum) + 1):
         try:
@@ -136,6 +139,12 @@ def capture_with_minimums(name: str, program, inputs: dict[str, Tensor], specs
             if not found:
                 raise GemConfigError(f"torch.export cannot capture program {name!r}: "
                                      f"{str(error).splitlines()[0]}") from error
+            if not may_specialise:
+                raise GemConfigError(
+                    f"program {name!r} specialises on {', '.join(found)} > 1: it would refuse a "
+                    f"request of one, and only a mixture-of-experts model may export with such "
+                    f"a minimum; the export was not written (torch.export: "
+                    f"{str(error).splitlines()[0]})") from error
             log.warning("program %r specialises on %s > 1: it accepts 2 or more", name,
                         ", ".join(found))
             minimum.update({d: 2 for d in found})
@@ -288,7 +297,8 @@ def _write_programs(run: LoadedRun, reference: LoadedRun, example: JaggedBatch,
         specs = input_specs(program.model.schema, program.groups)
         started = time.perf_counter()
         exported, minimum = capture_with_minimums(
-            name, program, _program_inputs(program, example, run), specs)
+            name, program, _program_inputs(program, example, run), specs,
+            may_specialise=run.config.model.moe.enabled)
         capture_s = time.perf_counter() - started
         check_inputs = _program_inputs(program, held_out, run)
         with torch.no_grad():
