@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import tomllib
 from pathlib import Path
 
@@ -200,6 +201,12 @@ def test_gem_config_show_sizes_the_model_with_the_text(data_set):
     assert result.exit_code == 0, (result.output, result.exception)
     assert "# parameters: " in result.stdout
     assert 'view_action = "pv"' in result.stdout  # the configuration shown is the one given
+    # as the run records it: the text looked up in the data set's vocabulary
+    applied = CliRunner().invoke(cli, ["config", "show", "--applied", "--no-sizes", "--preset",
+                                       "tiny", *_on_data_set(data_set, "pv")])
+    assert applied.exit_code == 0, (applied.output, applied.exception)
+    assert 'view_action = "pv"' not in applied.stdout
+    assert re.search(r"^view_action = \d+$", applied.stdout, re.M), applied.stdout
 
 
 def test_gem_plan_refuses_a_text_not_in_the_vocabulary_naming_the_key(data_set):

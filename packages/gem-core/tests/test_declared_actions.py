@@ -105,6 +105,24 @@ def test_the_model_reads_the_declaration_and_its_latest_window():
     assert plain.target_match.tokens == 1
     # "with_actions" does not apply with target match off (the learned path alone of a preset)
     assert small_model(s, **{**options, "target_match": 0}).target_match is None
-    with pytest.raises(ValueError, match="target_match_latest_window is the window of the "
+    with pytest.raises(ValueError, match="target_match_latest_window and .* shape the "
                                          "latest-match token, and .* is off"):
         small_model(s, target_match=4, target_match_latest_window=8)
+
+
+@pytest.mark.parametrize("source", ["synthetic", "synthetic-ads"])
+def test_config_show_applied_prints_what_schema_resolves_to(source):
+    """As given, `gem config show` prints "schema"; `--applied` prints what a run on the data
+    records (both synthetic sources declare their `action`, 0 the view)."""
+    from click.testing import CliRunner
+
+    from gem_core.cli.main import cli
+
+    args = ["config", "show", "--no-sizes", "--preset", "tiny-gem",
+            "--set", f"data.source={source}", "--set", "data.options={}"]
+    given = CliRunner().invoke(cli, args)
+    assert given.exit_code == 0, given.output
+    assert 'action_feature = "schema"' in given.stdout
+    applied = CliRunner().invoke(cli, [*args, "--applied"])
+    assert applied.exit_code == 0, (applied.output, applied.exception)
+    assert {'action_feature = "action"', "view_action = 0"} <= set(applied.stdout.splitlines())

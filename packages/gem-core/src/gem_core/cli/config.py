@@ -20,11 +20,22 @@ def config() -> None:
 @config_options()
 @click.option("--sizes/--no-sizes", default=True, show_default=True,
               help="Append parameter count and FLOPs per sample as TOML comments.")
+@click.option("--applied", is_flag=True,
+              help="Print the configuration as a run on this data records it in its "
+                   "config.toml: the data set's own values applied and `\"schema\"` and "
+                   "text settings resolved (model.action_feature, model.view_action); the "
+                   "data must be there.")
 def show(preset: str | None, config_file: str | None, overrides: tuple[str, ...],
-         sizes: bool) -> None:
-    """Print the resolved configuration as TOML (`gem config explain KEY` says what a key
-    means)."""
+         sizes: bool, applied: bool) -> None:
+    """Print the resolved configuration as TOML, as given (`--applied`: as a run on this data
+    records it). `gem config explain KEY` says what a key means."""
     resolved = load_config(preset=preset, path=config_file, overrides=overrides)
+    if applied:
+        from gem_core.plugins import build_plugins
+        from gem_core.train.applied import config_as_source_applies
+
+        source = build_plugins().data_source(resolved.data, seed=resolved.train.seed)
+        resolved = config_as_source_applies(resolved, source)
     click.echo(to_toml(unstructure(resolved)), nl=False)
     if sizes:
         click.echo(_size_comments(resolved), nl=False)
