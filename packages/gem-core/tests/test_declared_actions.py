@@ -105,7 +105,7 @@ def test_the_model_reads_the_declaration_and_its_latest_window():
     assert plain.target_match.tokens == 1
     # "with_actions" does not apply with target match off (the learned path alone of a preset)
     assert small_model(s, **{**options, "target_match": 0}).target_match is None
-    with pytest.raises(ValueError, match="target_match_latest_window and .* shape the "
+    with pytest.raises(ValueError, match="target_match_latest_window is the window of the "
                                          "latest-match token, and .* is off"):
         small_model(s, target_match=4, target_match_latest_window=8)
 

@@ -175,40 +175,35 @@ def oracle(match: TargetMatch, history: torch.Tensor, data: dict, *, count: bool
 
 def latest_oracle(match: TargetMatch, data: dict, *, window: int, action_window: int = 0,
                   max_age: float = 0.0, by_action: bool = False, latest_window: int = 0,
-                  latest_counts: bool = False, **_) -> torch.Tensor:
+                  **_) -> torch.Tensor:
     """The latest matches' token of every candidate: per class of events (views, then
     engaged; or all) and attribute, a flag and log(1 + position) / log(1 + span) of the most
     recent matching event among the last ``span`` events (``latest_window``, else the longer
-    window), with ``latest_counts`` log(1 + overlap) summed over the matches among the last 1,
-    2, 4, ... events and the whole span, through the MLP, in Python floats."""
+    window), through the MLP, in Python floats."""
     span = latest_window or max(window, action_window)
-    scales = [1 << j for j in range(span) if 1 << j < span] + [span] if latest_counts else []
     return torch.tensor([latest_one(match, data, candidate, data["owner"][n], span, max_age,
-                                    by_action, scales)
+                                    by_action)
                          for n, candidate in enumerate(data["candidates"])],
                         dtype=torch.float64)
 
 
 def latest_one(match: TargetMatch, data: dict, candidate: dict, r: int, span: int,
-               max_age: float, by_action: bool, scales: list[int]) -> list[float]:
+               max_age: float, by_action: bool) -> list[float]:
     recent_first = list(range(data["cut"][r + 1] - 1, data["cut"][r] - 1, -1))
     classes = [lambda a: a == VIEW, lambda a: a != VIEW] if by_action else [lambda a: True]
     features = []
     for in_class in classes:
         for cf, ef in PAIRS:
-            position, overlaps = None, []
+            position = None
             for rank, e in enumerate(recent_first[:span]):
                 event = data["events"][e]
-                shared = set(candidate[cf]) & set(event[ef])
-                if (max_age and not data["request_ts"][r] - event["time"] < max_age
-                        or not in_class(event["action"][0]) or not shared):
+                if max_age and not data["request_ts"][r] - event["time"] < max_age:
                     continue
-                position = rank if position is None else position
-                overlaps.append((rank, len(shared) if match.count else 1))
+                if in_class(event["action"][0]) and set(candidate[cf]) & set(event[ef]):
+                    position = rank
+                    break
             features += ([0.0, 0.0] if position is None
                          else [1.0, math.log(1 + position) / math.log(1 + span)])
-            features += [math.log1p(sum(o for rank, o in overlaps if rank < scale))
-                         for scale in scales]
     first, _, second = match.latest
     hidden = [v + b for v, b in zip(matvec(first.weight.tolist(), features),
                                     first.bias.tolist())]
@@ -242,11 +237,6 @@ CASES = {
                               latest_window=10),
     "latest-own-window-shorter": dict(count=False, window=6, action_window=8, latest=True,
                                       by_action=True, latest_window=3),
-    # matches counted among the last 1, 2, 4, ... events (a span of 10: 1, 2, 4, 8, 10)
-    "latest-counts": dict(count=True, window=3, latest=True, by_action=True, latest_window=10,
-                          latest_counts=True),
-    "latest-counts-aged": dict(count=False, window=5, latest=True, latest_counts=True,
-                               max_age=2400.0),
 }
 
 
@@ -268,8 +258,7 @@ def test_matches_the_oracle(case, seed):
                         engaged_rank=options.get("engaged_rank", "none"),
                         max_age_s=options.get("max_age", 0.0),
                         latest=options.get("latest", False),
-                        latest_window=options.get("latest_window", 0),
-                        latest_counts=options.get("latest_counts", False)).double()
+                        latest_window=options.get("latest_window", 0)).double()
     # zero at first (as without ranks): test on values
     if match.engaged_rank is not None:
         torch.nn.init.normal_(match.engaged_rank.weight)
@@ -438,12 +427,6 @@ def test_the_model_validates_the_options_and_passes_the_ages():
                        ).target_match.latest[0].in_features == 8
     with pytest.raises(ValueError, match="target_match_latest is part of target match"):
         small_model(s, target_match_latest=True)
-    # with counts, each attribute of each class adds its windows: span 4 counts in 1, 2, 4
-    counted = small_model(s, target_match=4, target_match_latest=True,
-                          target_match_latest_counts=True).target_match
-    assert counted.count_scales == (1, 2, 4) and counted.latest[0].in_features == 4 * (2 + 3)
-    with pytest.raises(ValueError, match="target_match_latest_counts shape the latest"):
-        small_model(s, target_match=4, target_match_latest_counts=True)
     with pytest.raises(ValueError, match="neither is on"):
         TargetMatch(4, PAIRS, 4, action_feature="action", view_action=VIEW)
     gated = small_model(s, target_match=4, action_feature="action", view_action=VIEW,

@@ -381,12 +381,6 @@ class ModelConfig:
     that many, at most the data's ``max_seq_len`` (a large number: the whole history), whatever
     the windows of the sums."""
 
-    target_match_latest_counts: bool = False
-    """The latest-match token also reads, per kind of event and shared attribute, how many
-    events match among the last 1, 2, 4, ... events of its window (``log(1 + overlap)`` summed):
-    "an engaged event of this topic among the last few", which a position alone says only for
-    the newest match. Needs ``target_match_latest`` (off where that resolves off)."""
-
     downstream_history: str = attrs.field(default="tower", validator=choice("tower", "events"))
     """What target-aware attention and the history mean read besides the user tokens:
     ``tower``, the sequence tower's outputs (one model, one stage); ``events``, the raw event

@@ -147,35 +147,23 @@ def younger_than(ages: Tensor, max_age_s: float) -> Tensor:
 GATE_SCALE = 10.0
 
 
-def count_scales(span: int) -> tuple[int, ...]:
-    """The windows ``latest_counts`` counts matches in: the last 1, 2, 4, ... events below
-    ``span``, then ``span`` itself."""
-    return tuple(1 << j for j in range(max(span - 1, 0).bit_length()) if 1 << j < span) + (span,)
-
-
-def latest_match_features(grid: Tensor, classes: list[Tensor], dtype: torch.dtype,
-                          scales: tuple[int, ...] = ()) -> Tensor:
-    """``(R, K, C * P * (2 + S))``: for each request's candidates (``grid``, ``(R, K, span,
-    P)`` overlaps with the request's last ``span`` events, most recent first) and each class
-    of events (``classes``: ``(R, span)`` masks, C of them), per attribute P: whether any event
-    of the class matches, ``log(1 + position) / log(1 + span)`` of the most recent one (0 where
-    none does), and for each of ``scales`` (S window lengths, at most ``span``) ``log(1 +
-    overlap)`` summed over the class's events among the last that many. Computed with a
-    minimum and a running sum over positions (no loop on the data, so the model exports)."""
+def latest_match_features(grid: Tensor, classes: list[Tensor], dtype: torch.dtype) -> Tensor:
+    """``(R, K, C * P * 2)``: for each request's candidates (``grid``, ``(R, K, span, P)``
+    overlaps with the request's last ``span`` events, most recent first) and each class of
+    events (``classes``: ``(R, span)`` masks, C of them), per attribute P: whether any event of
+    the class matches, and ``log(1 + position) / log(1 + span)`` of the most recent one (0
+    where none does). Computed with a minimum over positions (no loop on the data, so the
+    model exports)."""
     span = grid.shape[2]
     position = torch.arange(span, device=grid.device).view(1, 1, span, 1)
-    ends = torch.tensor([scale - 1 for scale in scales], dtype=torch.long, device=grid.device)
     features = []
     for mask in classes:
         hit = (grid > 0) & mask[:, None, :, None]  # (R, K, span, P)
         first = torch.where(hit, position, span).amin(dim=2)  # (R, K, P); span: none
         present = first < span
         scaled = torch.log1p(first.clamp(max=span - 1).to(dtype)) / math.log1p(span)
-        parts = [present.to(scaled.dtype), torch.where(present, scaled, 0.0)]
-        if scales:  # overlaps summed over the last 1, 2, 4, ... events: (R, K, P, S)
-            running = torch.where(hit, grid, 0).to(dtype).cumsum(dim=2)
-            parts += list(torch.log1p(running.index_select(2, ends)).unbind(dim=2))
-        features.append(torch.stack(parts, dim=3))
+        features.append(torch.stack([present.to(scaled.dtype),
+                                     torch.where(present, scaled, 0.0)], dim=3))
     return torch.cat(features, dim=2).flatten(2)
 
 
@@ -210,8 +198,7 @@ class TargetMatch(nn.Module):
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
                  view_action: int = 0, engaged_limit: int = 0, engaged_rank: str = "none",
-                 max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0,
-                 latest_counts: bool = False) -> None:
+                 max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
@@ -230,9 +217,8 @@ class TargetMatch(nn.Module):
             raise ValueError("model.target_match must be >= 1, target_match_action_window, "
                              "target_match_engaged_limit, target_match_max_age_s and "
                              "target_match_latest_window >= 0")
-        if (latest_window or latest_counts) and not latest:
-            raise ValueError("model.target_match_latest_window and target_match_latest_counts "
-                             "need model.target_match_latest")
+        if latest_window and not latest:
+            raise ValueError("model.target_match_latest_window needs model.target_match_latest")
         if engaged_rank not in ENGAGED_RANKS:
             raise ValueError(f"model.target_match_engaged_rank must be one of "
                              f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
@@ -263,13 +249,9 @@ class TargetMatch(nn.Module):
         self.engaged_gate = (nn.Parameter(torch.zeros(rank_buckets(action_window)))
                              if engaged_rank == "gate" else None)
         # Latest matches: per class of events (views and engaged, or all) and attribute, a
-        # flag and a scaled position, and with counts the overlaps in windows by doubling.
+        # flag and a scaled position.
         classes = 2 if action_feature else 1
-        #: The windows the latest token counts matches in (empty: no counts).
-        self.count_scales = count_scales(self.latest_window) if latest_counts else ()
-        per_attribute = 2 + len(self.count_scales)
-        self.latest = (nn.Sequential(nn.Linear(per_attribute * classes * len(pairs), dim),
-                                     nn.SiLU(),
+        self.latest = (nn.Sequential(nn.Linear(2 * classes * len(pairs), dim), nn.SiLU(),
                                      nn.Linear(dim, dim)) if latest else None)
         if self.latest is not None:
             # Zero: the token starts as it is without, and learns what the positions add.
@@ -330,8 +312,7 @@ class TargetMatch(nn.Module):
             width = self.latest_window
             classes = [valid & ~engaged, engaged] if self.action_feature else [valid]
             latest = self.latest(latest_match_features(
-                grid[:, :, :width], [mask[:, :width] for mask in classes], history.dtype,
-                self.count_scales))
+                grid[:, :, :width], [mask[:, :width] for mask in classes], history.dtype))
         if self.engaged_values is not None:
             # index runs most recent first, so the running count is each engaged event's rank
             # among the engaged events (1 for the latest).
@@ -429,10 +410,9 @@ def target_match_from_config(dim: int, config: ModelConfig,
         raise ValueError(f"model.target_match_action_window = {window} needs "
                          "model.action_feature: the event feature holding each "
                          "event's action type")
-    if ((config.target_match_latest_window or config.target_match_latest_counts)
-            and not config.target_match_latest):
-        raise ValueError("model.target_match_latest_window and target_match_latest_counts "
-                         "shape the latest-match token, and model.target_match_latest is off")
+    if config.target_match_latest_window and not config.target_match_latest:
+        raise ValueError("model.target_match_latest_window is the window of the latest-match "
+                         "token, and model.target_match_latest is off")
     by_action = window or (latest and name)
     if by_action:
         check_action_feature(schema, name)
@@ -444,5 +424,4 @@ def target_match_from_config(dim: int, config: ModelConfig,
                        engaged_rank=config.target_match_engaged_rank,
                        max_age_s=config.target_match_max_age_s, latest=latest,
                        latest_window=min(config.target_match_latest_window,
-                                         schema.max_seq_len) if latest else 0,
-                       latest_counts=config.target_match_latest_counts and latest)
+                                         schema.max_seq_len) if latest else 0)
