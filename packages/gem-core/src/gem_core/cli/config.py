@@ -30,37 +30,43 @@ def show(preset: str | None, config_file: str | None, overrides: tuple[str, ...]
     """Print the resolved configuration as TOML, as given (`--applied`: as a run on this data
     records it). `gem config explain KEY` says what a key means."""
     resolved = load_config(preset=preset, path=config_file, overrides=overrides)
-    if applied:
-        from gem_core.plugins import build_plugins
-        from gem_core.train.applied import config_as_source_applies
-
-        source = build_plugins().data_source(resolved.data, seed=resolved.train.seed)
-        resolved = config_as_source_applies(resolved, source)
+    applied_source = None
+    if applied:  # the source is built once, for the configuration and the sizes
+        applied_source, resolved = _applied(resolved)
     click.echo(to_toml(unstructure(resolved)), nl=False)
     if sizes:
-        click.echo(_size_comments(resolved), nl=False)
+        click.echo(_size_comments(resolved, applied_source), nl=False)
 
 
-def _model_summary(resolved) -> dict:
-    """:func:`gem_core.model.summary.model_summary` of this configuration, built on the meta
-    device (no memory, no data read beyond the schema); GemError when the data source cannot
-    give its schema here (a data set that is not there)."""
-    from gem_core.model.summary import model_summary
+def _applied(resolved) -> tuple:
+    """The data source of ``resolved`` and ``resolved`` as that source applies it (what a run
+    records and builds its model from: e.g. a view action given as text looked up in the
+    source's vocabulary); GemError when the source cannot be built here (a data set that is
+    not there)."""
     from gem_core.plugins import build_plugins
     from gem_core.train.applied import config_as_source_applies
 
     source = build_plugins().data_source(resolved.data, seed=resolved.train.seed)
-    # the model the run would build: e.g. a view action given as text is looked up as the run
-    # will (the source's vocabulary)
-    return model_summary(config_as_source_applies(resolved, source).model, source.schema)
+    return source, config_as_source_applies(resolved, source)
 
 
-def _size_comments(resolved) -> str:
+def _model_summary(resolved, source=None) -> dict:
+    """:func:`gem_core.model.summary.model_summary` of this configuration, built on the meta
+    device (no memory, no data read beyond the schema). ``source``: the data source
+    ``resolved`` was already applied by, else built here (GemError when it cannot be)."""
+    from gem_core.model.summary import model_summary
+
+    if source is None:
+        source, resolved = _applied(resolved)
+    return model_summary(resolved.model, source.schema)
+
+
+def _size_comments(resolved, source=None) -> str:
     """Model size for this configuration, as TOML comments."""
     from gem_core.errors import GemError
 
     try:
-        summary = _model_summary(resolved)
+        summary = _model_summary(resolved, source)
     except GemError as error:
         return f"\n# Model size not computed: the data schema is unavailable ({error})\n"
     p = summary["parameters"]
