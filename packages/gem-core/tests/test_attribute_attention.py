@@ -27,6 +27,8 @@ def _pre_activation(module: AttributeAttention, candidate_vectors, event_vectors
         pre = pre + module.tower_terms.weight @ _rms(history[e])
     for p, (c_name, e_name) in enumerate(module.pairs):
         q, k = _rms(candidate_vectors[c_name][n]), _rms(event_vectors[e_name][e])
+        if module.query_maps is not None:  # M_p and N_p, then back to unit RMS
+            q, k = _rms(module.query_maps[p] @ q), _rms(module.key_maps[p] @ k)
         a = w_candidate[:, p * dim:(p + 1) * dim]
         a2 = w_candidate[:, (num + p) * dim:(num + p + 1) * dim]
         b = w_event[:, p * dim:(p + 1) * dim]
@@ -109,12 +111,14 @@ def _inputs(seed: int, lengths: list[int], candidates: list[int], dim: int = 8):
 
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("tower_keys", [True, False])
-@pytest.mark.parametrize(("latest", "match_by_event"), [(0, False), (2, False), (0, True),
-                                                       (2, True)])
-def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest, match_by_event):
+@pytest.mark.parametrize(("latest", "match_by_event", "maps"),
+                         [(0, False, False), (2, False, False), (0, True, False),
+                          (2, True, False), (0, False, True), (2, True, True)])
+def test_matches_the_loop_oracle_in_float64(window, tower_keys, latest, match_by_event, maps):
     torch.manual_seed(0)
     module = AttributeAttention(8, PAIRS, history=window, hidden=6, tower_keys=tower_keys,
-                                latest=latest, match_by_event=match_by_event).double()
+                                latest=latest, match_by_event=match_by_event,
+                                maps=maps).double()
     for parameter in module.parameters():  # nothing at its zero init
         torch.nn.init.normal_(parameter, std=0.3)
     lengths, candidates = [5, 0, 7, 1], [2, 3, 1, 2]
@@ -149,7 +153,7 @@ def test_latest_match_heads_tell_two_orders_of_the_same_events_apart():
 
 def test_an_empty_batch_of_events_and_gradients_reach_every_parameter():
     module = AttributeAttention(8, PAIRS, history=4, hidden=6, tower_keys=True,
-                                latest=2, match_by_event=True).double()
+                                latest=2, match_by_event=True, maps=True).double()
     inputs = _inputs(2, [0, 0], [1, 2])
     out = module(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], 0)
     torch.testing.assert_close(out, _output_with_nothing_found(module).expand(3, -1))
@@ -166,7 +170,8 @@ def test_needs_a_shared_attribute():
 
 
 @pytest.mark.parametrize("option", [{"attribute_attention_latest": 2},
-                                    {"attribute_attention_match_by_event": True}])
+                                    {"attribute_attention_match_by_event": True},
+                                    {"attribute_attention_maps": True}])
 def test_its_options_need_it(option):
     schema, _ = synthetic_batch(2, max_seq_len=8, seed=0, candidates=1)
     with pytest.raises(ValueError, match="are options of attribute attention: they need "
@@ -174,13 +179,15 @@ def test_its_options_need_it(option):
         small_model(schema, **option)
 
 
-@pytest.mark.parametrize(("history", "latest", "match_by_event"),
-                         [(0, 0, False), (5, 0, False), (0, 2, False), (5, 0, True)])
-def test_in_the_model_its_flops_are_counted(history, latest, match_by_event):
+@pytest.mark.parametrize(("history", "latest", "match_by_event", "maps"),
+                         [(0, 0, False, False), (5, 0, False, False), (0, 2, False, False),
+                          (5, 0, True, False), (5, 2, False, True)])
+def test_in_the_model_its_flops_are_counted(history, latest, match_by_event, maps):
     schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
     model = small_model(schema, attribute_attention=True, attribute_attention_history=history,
                         attribute_attention_latest=latest,
-                        attribute_attention_match_by_event=match_by_event, target_match=4)
+                        attribute_attention_match_by_event=match_by_event,
+                        attribute_attention_maps=maps, target_match=4)
     with FlopCounterMode(display=False) as counter:
         logits = model(batch)
     analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
@@ -217,3 +224,45 @@ def test_a_match_weighs_by_the_event_from_the_first_step():
     want = maps @ (_rms(inputs[2][0]) - _rms(inputs[2][1]))
     torch.testing.assert_close(with_map - difference(), want, rtol=1e-5, atol=1e-5)
     assert want.abs().max() > 0.1
+
+
+def test_maps_start_as_the_module_without_them_and_learn_a_similarity_the_rows_lack():
+    """At the identity the maps change nothing (to the normalisation's epsilon). Then two
+    attributes whose rows are orthogonal (cosine 0: nothing in the table says they are
+    alike) can be made similar by the maps alone: with ``N_p`` sending the event's row onto
+    the candidate's, the cosine the scorer reads is 1, as for equal attributes."""
+    torch.manual_seed(0)
+    plain = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False).double()
+    mapped = AttributeAttention(8, PAIRS, history=0, hidden=6, tower_keys=False,
+                                maps=True).double()
+    mapped.load_state_dict(plain.state_dict(), strict=False)
+    inputs = _inputs(6, [3, 2], [2, 1])
+    # (to the normalisation's epsilon: a unit vector normalised again moves by 5e-7)
+    torch.testing.assert_close(mapped(*inputs, 3), plain(*inputs, 3), rtol=1e-5, atol=1e-5)
+
+    inputs = list(_inputs(7, [1], [1]))
+    candidate = torch.zeros(8, dtype=torch.float64)
+    candidate[0] = 1.0
+    sibling = torch.zeros(8, dtype=torch.float64)
+    sibling[1] = 1.0  # orthogonal to the candidate's row
+    inputs[0]["category"][0], inputs[1]["category"][0] = candidate, sibling
+
+    def cosine():
+        q, k = _rms(candidate), _rms(sibling)
+        q, k = _rms(mapped.query_maps[2].detach() @ q), _rms(mapped.key_maps[2].detach() @ k)
+        return float(torch.dot(q, k) / 8)
+
+    assert cosine() == pytest.approx(0.0)
+    swap = torch.eye(8, dtype=torch.float64)[[1, 0, *range(2, 8)]]
+    with torch.no_grad():
+        mapped.key_maps[2].copy_(swap)
+    assert cosine() == pytest.approx(1.0, abs=1e-5)
+    # and the module reads it: its output is that of an event with the candidate's own row
+    same = [dict(inputs[0]), {k: v.clone() for k, v in inputs[1].items()}, *inputs[2:]]
+    same[1]["category"][0] = candidate
+    with torch.no_grad():
+        mapped.key_maps[2].copy_(torch.eye(8))
+    want = mapped(*same, 1)
+    with torch.no_grad():
+        mapped.key_maps[2].copy_(swap)
+    torch.testing.assert_close(mapped(*inputs, 1), want, rtol=1e-12, atol=1e-12)

@@ -195,6 +195,14 @@ class ModelConfig:
     a match weighs can depend on the event's action, age and position (a purchase of the
     candidate's category against a page view of it) from the first step."""
 
+    attribute_attention_maps: bool = False
+    """Each shared attribute's candidate vector and event vector pass through a learned map of
+    their own (``d x d``, starting at the identity) before attribute attention compares them,
+    so which attributes count as similar (sibling categories, related topics) is learnt in
+    dense maps every impression trains, not only in the table's rows (the scorer compares
+    the vectors coordinate by coordinate). Costs ``2 (candidates + events) x attributes x
+    d^2`` FLOPs."""
+
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -530,11 +538,12 @@ class ModelConfig:
             raise ValueError("model.attribute_attention_retrieve searches the events older than "
                              "attribute attention's recent window: it needs attribute_attention "
                              "= true and attribute_attention_history > 0")
-        if (self.attribute_attention_latest or self.attribute_attention_match_by_event) and (
-                not self.attribute_attention):
-            raise ValueError("model.attribute_attention_latest and "
-                             "attribute_attention_match_by_event are options of attribute "
-                             "attention: they need attribute_attention = true")
+        if (self.attribute_attention_latest or self.attribute_attention_match_by_event
+                or self.attribute_attention_maps) and not self.attribute_attention:
+            raise ValueError("model.attribute_attention_latest, "
+                             "attribute_attention_match_by_event and attribute_attention_maps "
+                             "are options of attribute attention: they need "
+                             "attribute_attention = true")
         if self.attribute_attention_retrieve_engaged and not (
                 self.attribute_attention_retrieve and self.action_feature):
             raise ValueError("model.attribute_attention_retrieve_engaged needs "

@@ -45,6 +45,21 @@ cosine by a learned map of the event's token (its action, age and position), so 
 match weighs can depend on the kind of event from the first step. It is computed once per event
 (``(E, P, h)``); per pair it costs ``2 P h``.
 
+**Query and key maps** (``maps``; off: ``M_p = N_p = I``). The terms above compare ``q_p`` and
+``k_p`` coordinate by coordinate (``C_p`` is diagonal in them, the cosine too), so two
+attributes are similar only where the table has learnt them to be: sibling categories need
+rows that point alike, and a row moves only in the batches that look it up. With maps, each
+attribute's vectors first pass through a learned ``d x d`` map of their own, one for the
+candidate's and one for the event's side::
+
+    q_p <- unit(M_p q_p),  k_p <- unit(N_p k_p)
+
+so every term reads the bilinear form ``q^T M_p^T diag(.) N_p k`` and which attributes count
+as similar is learnt in two dense matrices that every impression trains. Both start at the
+identity, where the module is the one without maps (``unit`` of a unit vector is itself,
+to the normalisation's epsilon). The cost is ``2 (N + E) P d^2``, once per candidate and
+once per event.
+
 The events scored are the most recent ``history`` of each request (0: all of them), padded per
 candidate to the longest with a mask (a request's candidates share its events).
 
@@ -92,13 +107,18 @@ class AttributeAttention(nn.Module):
     request's recent events (see the module docstring for the formula)."""
 
     def __init__(self, dim: int, pairs: list[tuple[str, str]], *, history: int, hidden: int,
-                 tower_keys: bool, latest: int = 0, match_by_event: bool = False) -> None:
+                 tower_keys: bool, latest: int = 0, match_by_event: bool = False,
+                 maps: bool = False) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.attribute_attention needs a candidate feature and an event "
                              "feature that share a table; the schema has none")
         self.pairs, self.history, self.hidden, self.latest = pairs, history, hidden, latest
         num = len(pairs)
+        # M_p and N_p (maps): each attribute's candidate and event vectors, from the identity.
+        identity = torch.eye(dim).expand(num, dim, dim)
+        self.query_maps = nn.Parameter(identity.clone()) if maps else None
+        self.key_maps = nn.Parameter(identity.clone()) if maps else None
         # Per candidate: A q + A2 q^2 for every attribute in one matmul; per event likewise.
         self.candidate_terms = nn.Linear(2 * num * dim, hidden, bias=True)
         self.event_terms = nn.Linear(2 * num * dim, hidden, bias=False)
@@ -145,6 +165,9 @@ class AttributeAttention(nn.Module):
             index, valid = torch.cat([index, retrieved[0]], 1), torch.cat([valid, retrieved[1]], 1)
         q = _unit(torch.stack([candidate_vectors[c] for c, _ in self.pairs], dim=1))  # (N, P, d)
         k = _unit(torch.stack([event_vectors[e] for _, e in self.pairs], dim=1))  # (E, P, d)
+        if self.query_maps is not None and self.key_maps is not None:
+            q = _unit(torch.einsum("npd,ped->npe", q, self.query_maps))
+            k = _unit(torch.einsum("npd,ped->npe", k, self.key_maps))
         per_candidate = self.candidate_terms(torch.cat([q, q * q], dim=1).flatten(1))
         per_event = self.event_terms(torch.cat([k, k * k], dim=1).flatten(1))
         unit_events = _unit(events)  # the scores' input and the values' (normalised once)
@@ -203,6 +226,8 @@ class AttributeAttention(nn.Module):
             per_event += linear_layer_flops(self.tower_terms, events)
         per_pair = (2 * slots * num * (dim + 1) * self.hidden
                     + linear_layer_flops(self.weights, slots))
+        if self.query_maps is not None:  # one (d, d) map per attribute, candidate and event
+            per_event += 2 * (impressions + events) * num * dim * dim
         if self.match_by_event is not None:
             per_event += linear_layer_flops(self.match_by_event, events)
             per_pair += 2 * slots * num * self.hidden

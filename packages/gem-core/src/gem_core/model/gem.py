@@ -197,6 +197,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                hidden=config.attribute_attention_hidden,
                                latest=config.attribute_attention_latest,
                                match_by_event=config.attribute_attention_match_by_event,
+                               maps=config.attribute_attention_maps,
                                tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
         if config.attribute_attention_retrieve_engaged:
