@@ -373,6 +373,13 @@ class ModelConfig:
     """Target match (both windows) sees only events younger than this many seconds (the
     request's timestamp minus the event's). 0: no age limit."""
 
+    target_match_dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
+    """Share of each training batch's candidates for which target match finds no match (both
+    its tokens read "nothing matched"), so those impressions are explained by the learned
+    paths: with every exact match in view, attribute attention stops learning what equality
+    does not explain (which categories are siblings). Evaluation and serving see every match.
+    0: off."""
+
     target_match_latest: bool | str = attrs.field(default=False,
                                                   validator=choice(False, True, "with_actions"))
     """Target match also says where the most recent matching event of each shared attribute
