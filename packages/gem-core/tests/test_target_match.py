@@ -463,37 +463,6 @@ def test_the_model_validates_the_options_and_passes_the_ages():
     assert latest.target_match.latest[2].weight.grad.abs().sum() > 0
 
 
-def test_hidden_matches_read_as_nothing_matched_in_training_only():
-    """``dropout``: in training each candidate either sees its matches (the output of
-    evaluation) or none at all (the sums' bias and the latest-match MLP of all-zero flags and
-    positions, as with no history); evaluation is the module without hidden matches."""
-    data = random_batch(7, lengths=[9, 12, 6, 10], candidates=[4, 5, 3, 4])
-    torch.manual_seed(0)
-    plain = TargetMatch(4, PAIRS, 6, action_feature="action", view_action=VIEW,
-                        latest=True).double()
-    torch.nn.init.normal_(plain.latest[2].weight)
-    hiding = TargetMatch(4, PAIRS, 6, action_feature="action", view_action=VIEW, latest=True,
-                         dropout=0.5).double()
-    hiding.load_state_dict(plain.state_dict())
-    history = torch.randn(len(data["events"]), 4, dtype=torch.float64)
-    inputs = module_inputs(data)
-    seen = plain.eval()(history, **inputs)
-    torch.testing.assert_close(hiding.eval()(history, **inputs), seen, rtol=0, atol=0)
-    nothing = torch.stack([plain.proj.bias.detach().expand(len(data["owner"]), 4),
-                           plain.latest(torch.zeros(len(data["owner"]), 2 * 2 * len(PAIRS),
-                                                    dtype=torch.float64))], dim=1)
-    matched = (seen - nothing).abs().amax(dim=(1, 2)) > 1e-6
-    assert matched.sum() >= 10  # the batch plants matches: hiding them changes the output
-    torch.manual_seed(1)
-    trained = hiding.train()(history, **inputs)
-    as_seen = (trained - seen).abs().amax(dim=(1, 2)) < 1e-12
-    as_nothing = (trained - nothing).abs().amax(dim=(1, 2)) < 1e-12
-    assert (as_seen | as_nothing).all()
-    assert (as_nothing & matched).any() and (as_seen & matched).any()
-    with pytest.raises(ValueError, match=r"model.target_match_dropout must be in \[0, 1\)"):
-        TargetMatch(4, PAIRS, 6, dropout=1.0)
-
-
 def test_skipped_attributes_are_left_to_the_learned_paths():
     s = schema()
     kept = small_model(s, target_match=4, target_match_skip=["topics", "genres"]).target_match

@@ -379,13 +379,6 @@ class ModelConfig:
     learn which of its values are alike (sibling categories; docs/results.md). Every name
     must be a candidate feature that shares a table with an event feature."""
 
-    target_match_dropout: float = attrs.field(default=0.0, validator=between(0.0, 0.9))
-    """Share of each training batch's candidates for which target match finds no match (both
-    its tokens read "nothing matched"), so those impressions are explained by the learned
-    paths: with every exact match in view, attribute attention stops learning what equality
-    does not explain (which categories are siblings). Evaluation and serving see every match.
-    0: off."""
-
     target_match_latest: bool | str = attrs.field(default=False,
                                                   validator=choice(False, True, "with_actions"))
     """Target match also says where the most recent matching event of each shared attribute

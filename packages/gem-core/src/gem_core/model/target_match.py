@@ -35,15 +35,6 @@ Refinements, each optional:
   windows' events, or a window of its own (``latest_window``: the whole history, say, while
   the sums keep the last 32).
 
-**Hidden matches** (``dropout``, training only): a share of the candidates of each training
-batch see no match at all (their overlaps zeroed, so both tokens read as "nothing matched"),
-and those impressions must be explained by the model's learned paths. An exact-match token
-explains at once the part of a label that equality explains, and the learned attention then
-stops learning what equality does not explain: on ``hierarchy`` (the label pays for an
-engaged event of a *sibling* category), attribute attention learns which categories are
-siblings when target match is off, and not when it is on (docs/results.md). Evaluation and
-serving always see the matches.
-
 Soft (dot-product) target attention can learn the same thing, but only after learning to make
 ``q.k`` of equal ids stand out among thousands of id embeddings; on data where the label turns
 on "a clicked event among the last few has the candidate's advertiser" it was still far from
@@ -207,8 +198,7 @@ class TargetMatch(nn.Module):
     def __init__(self, dim: int, pairs: list[tuple[str, str]], window: int, *,
                  overlap: str = "count", action_feature: str = "", action_window: int = 0,
                  view_action: int = 0, engaged_limit: int = 0, engaged_rank: str = "none",
-                 max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0,
-                 dropout: float = 0.0) -> None:
+                 max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0) -> None:
         super().__init__()
         if not pairs:
             raise ValueError("model.target_match needs a candidate feature and an event feature "
@@ -229,8 +219,6 @@ class TargetMatch(nn.Module):
                              "target_match_latest_window >= 0")
         if latest_window and not latest:
             raise ValueError("model.target_match_latest_window needs model.target_match_latest")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"model.target_match_dropout must be in [0, 1); got {dropout}")
         if engaged_rank not in ENGAGED_RANKS:
             raise ValueError(f"model.target_match_engaged_rank must be one of "
                              f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
@@ -244,7 +232,7 @@ class TargetMatch(nn.Module):
         self.count = overlap == "count"
         self.action_feature, self.action_window = action_feature, action_window
         self.view_action, self.max_age_s = view_action, max_age_s
-        self.engaged_limit, self.dropout = engaged_limit, dropout
+        self.engaged_limit = engaged_limit
         #: The events the latest matches read: their own window, else the longer of the two.
         self.latest_window = latest_window or max(window, action_window)
         self.values = nn.Linear(dim, dim * len(pairs), bias=False)
@@ -305,9 +293,6 @@ class TargetMatch(nn.Module):
         events = index[owner]
         weights = torch.stack([overlap(candidate_ids[candidate], event_ids[event], events,
                                        self.count) for candidate, event in self.pairs], dim=2)
-        if self.training and self.dropout:  # hidden matches: these candidates match nothing
-            hidden = torch.rand(n, device=device) < self.dropout
-            weights = weights.masked_fill(hidden[:, None, None], 0)
         slot = torch.arange(n, device=device) - candidate_offsets[:-1][owner]
         grid = weights.new_zeros(requests, max_candidates, span, len(self.pairs)).index_put_(
             (owner, slot), weights)
@@ -459,5 +444,4 @@ def target_match_from_config(dim: int, config: ModelConfig,
                        engaged_rank=config.target_match_engaged_rank,
                        max_age_s=config.target_match_max_age_s, latest=latest,
                        latest_window=min(config.target_match_latest_window,
-                                         schema.max_seq_len) if latest else 0,
-                       dropout=config.target_match_dropout)
+                                         schema.max_seq_len) if latest else 0)
