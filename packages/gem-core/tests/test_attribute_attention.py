@@ -171,7 +171,8 @@ def test_needs_a_shared_attribute():
 
 @pytest.mark.parametrize("option", [{"attribute_attention_latest": 2},
                                     {"attribute_attention_match_by_event": True},
-                                    {"attribute_attention_maps": True}])
+                                    {"attribute_attention_maps": True},
+                                    {"attribute_attention_loss": 0.5}])
 def test_its_options_need_it(option):
     schema, _ = synthetic_batch(2, max_seq_len=8, seed=0, candidates=1)
     with pytest.raises(ValueError, match="are options of attribute attention: they need "
@@ -179,15 +180,17 @@ def test_its_options_need_it(option):
         small_model(schema, **option)
 
 
-@pytest.mark.parametrize(("history", "latest", "match_by_event", "maps"),
-                         [(0, 0, False, False), (5, 0, False, False), (0, 2, False, False),
-                          (5, 0, True, False), (5, 2, False, True)])
-def test_in_the_model_its_flops_are_counted(history, latest, match_by_event, maps):
+@pytest.mark.parametrize(("history", "latest", "match_by_event", "maps", "loss"),
+                         [(0, 0, False, False, 0.0), (5, 0, False, False, 0.0),
+                          (0, 2, False, False, 0.0), (5, 0, True, False, 0.0),
+                          (5, 2, False, True, 0.5)])
+def test_in_the_model_its_flops_are_counted(history, latest, match_by_event, maps, loss):
     schema, batch = synthetic_batch(10, max_seq_len=24, seed=1, candidates=3)
     model = small_model(schema, attribute_attention=True, attribute_attention_history=history,
                         attribute_attention_latest=latest,
                         attribute_attention_match_by_event=match_by_event,
-                        attribute_attention_maps=maps, target_match=4)
+                        attribute_attention_maps=maps, attribute_attention_loss=loss,
+                        target_match=4)
     with FlopCounterMode(display=False) as counter:
         logits = model(batch)
     analytic = model.flops_by_module(batch.seq_lengths(), batch.candidate_offsets.diff(),
@@ -266,3 +269,35 @@ def test_maps_start_as_the_module_without_them_and_learn_a_similarity_the_rows_l
     with torch.no_grad():
         mapped.key_maps[2].copy_(swap)
     torch.testing.assert_close(mapped(*inputs, 1), want, rtol=1e-12, atol=1e-12)
+
+
+def test_its_own_loss_reads_its_token_alone_in_training_and_leaves_the_prediction_alone():
+    """``attribute_attention_loss``: in training the model reports ``weight * sum_t
+    BCE(head_t(token), label_t)`` (float64 from the token captured in the forward)
+    among its auxiliary losses; its gradient reaches attribute attention and not the task
+    heads; the logits are those of the model without it, and evaluation reports nothing."""
+    schema, batch = synthetic_batch(6, max_seq_len=16, seed=2, candidates=3)
+    with_loss = small_model(schema, attribute_attention=True, attribute_attention_loss=0.5,
+                            target_match=4)
+    without = small_model(schema, attribute_attention=True, target_match=4)
+    without.load_state_dict(with_loss.state_dict(), strict=False)
+    captured = {}
+    hook = with_loss.attribute_attention.register_forward_hook(
+        lambda module, args, out: captured.update(token=out))
+    logits = with_loss(batch)
+    hook.remove()
+    torch.testing.assert_close(logits, without(batch), rtol=0, atol=0)
+    token = captured["token"].double()  # match_token_scale "linear": as the module gives it
+    weight, bias = (p.detach().double() for p in (with_loss.path_loss.heads.weight,
+                                                  with_loss.path_loss.heads.bias))
+    want = sum(torch.nn.functional.binary_cross_entropy_with_logits(
+        token @ weight[i] + bias[i], batch.labels[task].double())
+        for i, task in enumerate(schema.tasks)) * 0.5
+    got = with_loss.auxiliary_losses()["learned_path"]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    got.backward()
+    assert with_loss.attribute_attention.proj.weight.grad.abs().sum() > 0
+    assert all(head.weight.grad is None for head in with_loss.heads.values())
+    with_loss.eval()
+    with_loss(batch)
+    assert "learned_path" not in with_loss.auxiliary_losses()

@@ -203,6 +203,12 @@ class ModelConfig:
     the vectors coordinate by coordinate). Costs ``2 (candidates + events) x attributes x
     d^2`` FLOPs."""
 
+    attribute_attention_loss: float = attrs.field(default=0.0, validator=at_least(0))
+    """Weight of attribute attention's own loss in training: a logistic read of its token alone
+    per task, trained against the labels (``gem_core.model.learned_path_loss``), so that it
+    reads the matches target match's exact tokens already explain and from them learns which
+    attributes are alike. The model's prediction is unchanged; 0: off."""
+
     attribute_attention_retrieve: int = attrs.field(default=0, validator=at_least(0))
     """Long histories (SIM-style hard search): besides its recent window, attribute attention
     scores up to this many older events per candidate, the most recent of those that share an
@@ -545,11 +551,12 @@ class ModelConfig:
                              "attribute attention's recent window: it needs attribute_attention "
                              "= true and attribute_attention_history > 0")
         if (self.attribute_attention_latest or self.attribute_attention_match_by_event
-                or self.attribute_attention_maps) and not self.attribute_attention:
+                or self.attribute_attention_maps or self.attribute_attention_loss) and (
+                    not self.attribute_attention):
             raise ValueError("model.attribute_attention_latest, "
-                             "attribute_attention_match_by_event and attribute_attention_maps "
-                             "are options of attribute attention: they need "
-                             "attribute_attention = true")
+                             "attribute_attention_match_by_event, attribute_attention_maps and "
+                             "attribute_attention_loss are options of attribute attention: "
+                             "they need attribute_attention = true")
         if self.attribute_attention_retrieve_engaged and not (
                 self.attribute_attention_retrieve and self.action_feature):
             raise ValueError("model.attribute_attention_retrieve_engaged needs "

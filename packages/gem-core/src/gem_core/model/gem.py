@@ -31,9 +31,10 @@ from gem_core.model.dense_tokens import PerFeatureDenseTokens
 from gem_core.model.features import FeatureLookup
 from gem_core.model.features import embedding_tables as feature_tables
 from gem_core.model.heads import esmm_logits
-from gem_core.model.history_retrieval import retrieve_matching_events
+from gem_core.model.history_retrieval import engaged_events, retrieve_matching_events
 from gem_core.model.id_bias import IdBias, model_schema
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
+from gem_core.model.learned_path_loss import LearnedPathLoss
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
 from gem_core.model.pma import PooledMultiheadAttention
@@ -200,6 +201,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                maps=config.attribute_attention_maps,
                                tower_keys=live and config.downstream_history == "tower")
             if config.attribute_attention else None)
+        self.path_loss = (LearnedPathLoss(dim, list(schema.tasks), config.attribute_attention_loss)
+                          if config.attribute_attention_loss else None)
+        self._path_loss: Tensor | None = None  # the last training forward's
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
             check_view_action(config.view_action)
@@ -410,8 +414,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             # the latest token, by index: an exported unbind of no tokens does not load
             tokens += [matched[:, i] for i in range(1, self.target_match.tokens)]
         if self.attribute_attention is not None:
-            tokens.append(scale(self._attribute_attention(batch, looked_up, requests, history,
-                                                          owner)))
+            attended = scale(self._attribute_attention(batch, looked_up, requests, history, owner))
+            self._path_loss = (self.path_loss(attended, batch.labels)
+                               if self.path_loss is not None and self.training else None)
+            tokens.append(attended)
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
                 0, requests.rows, history)
@@ -456,17 +462,10 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                 self.attribute_attention.pairs,
                 budget=self.config.attribute_attention_retrieve,
                 skip_recent=self.config.attribute_attention_history, max_len=requests.max_len,
-                engaged=self._engaged(batch))
+                engaged=engaged_events(self.config, batch.event_ids))
         return self.attribute_attention(
             looked_up.candidate_vectors, looked_up.event_vectors, requests.events, tower_output,
             requests.offsets, owner, requests.max_len, retrieved)
-
-    def _engaged(self, batch: JaggedBatch) -> Tensor | None:
-        """``(E,)`` whether each event is engaged (its action is not the view action), for
-        ``model.attribute_attention_retrieve_engaged``; None when that is off."""
-        if not self.config.attribute_attention_retrieve_engaged:
-            return None
-        return batch.event_ids[self.config.action_feature] != self.config.view_action
 
     # -- the model interface of strategies (gem_core.contracts) -------------------------------
 
@@ -508,7 +507,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def auxiliary_losses(self) -> dict[str, Tensor]:
         """Weighted auxiliary losses of the last training forward, to add to the training loss
         (the MoE load-balancing losses; empty without MoE)."""
-        return auxiliary_losses(self)
+        losses = auxiliary_losses(self)
+        return losses if self._path_loss is None else {**losses, "learned_path": self._path_loss}
 
     def step_stats(self) -> dict[str, float]:
         """Additive per-step counts of the last training forward (summed across ranks by the
@@ -555,6 +555,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         if self.attribute_attention is not None:
             counts["attribute_attention"] = self.attribute_attention.flops(
                 lengths, candidates, c.attribute_attention_retrieve)
+        if self.path_loss is not None:  # its head runs in every training forward
+            counts["learned_path_loss"] = linear_layer_flops(self.path_loss.heads, impressions)
         if self.target_match is not None:
             counts["target_match"] = self.target_match.flops(lengths, candidates)
         if self.teacher_token is not None:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from gem_core.batch import Ids
+from gem_core.config import ModelConfig
 from gem_core.model.target_match import overlap
 
 
@@ -57,3 +58,11 @@ def retrieve_matching_events(offsets: Tensor, owner: Tensor, candidate_ids: Mapp
     index_out.scatter_(1, slot, index)
     valid_out.scatter_(1, slot, torch.ones_like(match))
     return index_out[:, :budget], valid_out[:, :budget]
+
+
+def engaged_events(config: ModelConfig, event_ids: Mapping[str, Ids]) -> Tensor | None:
+    """``(E,)`` whether each event is engaged (its action is not the view action), for
+    ``model.attribute_attention_retrieve_engaged``; None when that is off."""
+    if not config.attribute_attention_retrieve_engaged:
+        return None
+    return event_ids[config.action_feature] != config.view_action
