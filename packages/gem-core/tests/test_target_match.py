@@ -462,18 +462,3 @@ def test_the_model_validates_the_options_and_passes_the_ages():
     sum(logit.sum() for logit in latest(batch).values()).backward()
     assert latest.target_match.latest[2].weight.grad.abs().sum() > 0
 
-
-def test_skipped_attributes_are_left_to_the_learned_paths():
-    s = schema()
-    kept = small_model(s, target_match=4, target_match_skip=["topics", "genres"]).target_match
-    assert kept.pairs == [("ad", "ad"), ("advertiser", "advertisers")]
-    dim = kept.proj.in_features
-    assert kept.values.out_features == dim * 2  # a value projection per matched attribute
-    with pytest.raises(ValueError, match=r"target_match_skip names \['genre'\], not candidate "
-                                         r"features shared with the events; the shared ones: "
-                                         r"\['ad', 'topics', 'advertiser', 'genres'\]"):
-        small_model(s, target_match=4, target_match_skip=["genre"])
-    with pytest.raises(ValueError, match="leaves target match no attribute"):
-        small_model(s, target_match=4, target_match_skip=[c for c, _ in PAIRS])
-    with pytest.raises(ValueError, match="target_match_skip leaves attributes out.*is 0"):
-        small_model(s, target_match_skip=["ad"])

@@ -379,12 +379,6 @@ class ModelConfig:
     """Target match (both windows) sees only events younger than this many seconds (the
     request's timestamp minus the event's). 0: no age limit."""
 
-    target_match_skip: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Candidate features (shared attributes) target match leaves out, for the learned paths
-    to read alone: with an attribute's exact matches in view, attribute attention does not
-    learn which of its values are alike (sibling categories; docs/results.md). Every name
-    must be a candidate feature that shares a table with an event feature."""
-
     target_match_latest: bool | str = attrs.field(default=False,
                                                   validator=choice(False, True, "with_actions"))
     """Target match also says where the most recent matching event of each shared attribute

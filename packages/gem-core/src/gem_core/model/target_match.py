@@ -390,23 +390,6 @@ def check_view_action(view_action: int | str) -> None:
             "configuration that was not")
 
 
-def matched_attributes(config: ModelConfig, schema: FeatureSchema) -> list[tuple[str, str]]:
-    """The shared attributes target match reads: all but ``model.target_match_skip``'s
-    (candidate feature names). Raises ValueError for a name that is not a shared attribute
-    and for a skip that leaves none."""
-    pairs = shared_attributes(schema)
-    shared = [candidate for candidate, _ in pairs]
-    unknown = sorted(set(config.target_match_skip) - set(shared))
-    if unknown:
-        raise ValueError(f"model.target_match_skip names {unknown}, not candidate features "
-                         f"shared with the events; the shared ones: {shared}")
-    kept = [pair for pair in pairs if pair[0] not in config.target_match_skip]
-    if not kept:
-        raise ValueError("model.target_match_skip leaves target match no attribute to match; "
-                         "set model.target_match = 0 instead")
-    return kept
-
-
 def target_match_from_config(dim: int, config: ModelConfig,
                              schema: FeatureSchema) -> TargetMatch | None:
     """The target match of ``config`` (``model.target_match*``) on ``schema``; None when
@@ -414,9 +397,6 @@ def target_match_from_config(dim: int, config: ModelConfig,
     name, window = config.action_feature, config.target_match_action_window
     latest = latest_by_action(config)
     if not config.target_match:
-        if config.target_match_skip:
-            raise ValueError("model.target_match_skip leaves attributes out of target match, "
-                             "and model.target_match is 0 (off)")
         if config.target_match_engaged_limit or config.target_match_engaged_rank != "none":
             raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
                              "shape target match's action window, and model.target_match is 0 "
@@ -436,7 +416,7 @@ def target_match_from_config(dim: int, config: ModelConfig,
     by_action = window or (latest and name)
     if by_action:
         check_action_feature(schema, name)
-    return TargetMatch(dim, matched_attributes(config, schema), config.target_match,
+    return TargetMatch(dim, shared_attributes(schema), config.target_match,
                        overlap=config.target_match_overlap,
                        action_feature=name if by_action else "",
                        action_window=window, view_action=config.view_action,
