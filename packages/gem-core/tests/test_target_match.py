@@ -461,4 +461,3 @@ def test_the_model_validates_the_options_and_passes_the_ages():
                          target_match_latest=True)
     sum(logit.sum() for logit in latest(batch).values()).backward()
     assert latest.target_match.latest[2].weight.grad.abs().sum() > 0
-
