@@ -505,8 +505,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         return self._matched_user_embedding
 
     def auxiliary_losses(self) -> dict[str, Tensor]:
-        """Weighted auxiliary losses of the last training forward, to add to the training loss
-        (the MoE load-balancing losses; empty without MoE)."""
+        """Weighted auxiliary losses of the last training forward, to add to the training loss:
+        the MoE load-balancing losses and attribute attention's own (``learned_path``)."""
         losses = auxiliary_losses(self)
         return losses if self._path_loss is None else {**losses, "learned_path": self._path_loss}
 
