@@ -13,8 +13,12 @@ passes the gradient that pulls siblings' vectors together.
 This loss gives attribute attention a reason of its own to read equality: the head sees only
 its token, so the token must carry whatever of the label the history's matches explain, exact
 ones included; the model's prediction is unchanged (the head is not part of it, and it runs in
-training only). Its weight scales a mean binary cross-entropy over the batch's impressions,
-summed over tasks, added to the training loss as the model's other auxiliary losses are.
+training only). Its weight scales a mean binary cross-entropy over the impressions, summed over
+tasks, added to the training loss as the model's other auxiliary losses are: as theirs, the
+mean is over this rank's impressions, so on several ranks (whose shares of a batch hold
+different numbers of impressions) it is not the global batch's mean the task losses use, and a
+run on two ranks does not repeat one on a single rank exactly (``tests/test_distill.py`` found
+it). Normalising it like the task losses is what the presets wait for.
 """
 
 from __future__ import annotations
