@@ -152,6 +152,29 @@ def test_two_ranks_with_ddp_match_one_process(gem, tmp_path, whole_run):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
 
 
+LEARNED_PATH_LOSS = ["--set", "model.attribute_attention=true",
+                     "--set", "model.attribute_attention_loss=0.5"]
+
+
+@pytest.mark.distributed
+def test_the_models_own_loss_on_two_ranks_matches_one_process(gem, tmp_path):
+    """Attribute attention's own loss (``model.attribute_attention_loss``) is normalised by the
+    global batch's impressions like the task losses: the ranks' shares of a batch hold
+    different numbers of impressions, and a per-rank mean would train another loss (the losses
+    of steps 2 on would differ by about 1e-3 relative)."""
+    runs = {}
+    for ranks in (1, 2):
+        runs[ranks] = tmp_path / f"ranks-{ranks}"
+        result = gem("train", "--out", str(runs[ranks]), "--nproc-per-node", str(ranks),
+                     *SMALL, *LEARNED_PATH_LOSS)
+        assert result.returncode == 0, result.stderr[-3000:]
+    for a, b in zip(_metrics(runs[1]), _metrics(runs[2]), strict=True):
+        assert a["samples"] == b["samples"]
+        assert a["learned_path_loss"] > 0.1  # weighted BCE of two tasks, near 2 x 0.5 x log 2
+        assert b["learned_path_loss"] == pytest.approx(a["learned_path_loss"], rel=1e-4)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+
+
 def test_checkpoints_of_the_single_candidate_trainer_are_refused(gem, tmp_path, stopped_run):
     """A checkpoint written before request-level samples (no model format in its side file) is
     refused with a message that says why and what to do, before anything is loaded."""

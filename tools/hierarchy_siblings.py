@@ -15,7 +15,6 @@ import argparse
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gem_core.trained_run import load_run
 
@@ -39,13 +38,11 @@ def sibling_figures(run_dir: str) -> dict[str, float]:
     pairs = model.attribute_attention.pairs
     slot = [i for i, (candidate, _) in enumerate(pairs) if candidate == "category"][0]
     rows = model.embeddings.tables.category.weight.detach().double()
-    unit = F.rms_norm(rows, (rows.shape[1],))
-    queries = keys = unit
-    attention = model.attribute_attention
-    if attention.query_maps is not None and attention.key_maps is not None:
-        queries = F.rms_norm(unit @ attention.query_maps[slot].detach().double().T,
-                             (rows.shape[1],))
-        keys = F.rms_norm(unit @ attention.key_maps[slot].detach().double().T, (rows.shape[1],))
+    attention = model.attribute_attention.double()
+    # every category as a candidate's (query side) and as an event's (key side) attribute
+    stacked = rows[:, None, :].expand(-1, len(pairs), -1)
+    queries = attention.compared(stacked, attention.query_maps)[:, slot]
+    keys = attention.compared(stacked, attention.key_maps)[:, slot]
     cosine = (queries @ keys.T / rows.shape[1]).numpy()
     distinct = ~np.eye(len(parent), dtype=bool)
     siblings = (parent[:, None] == parent[None, :])[distinct]

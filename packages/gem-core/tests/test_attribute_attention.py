@@ -272,9 +272,9 @@ def test_maps_start_as_the_module_without_them_and_learn_a_similarity_the_rows_l
 
 
 def test_its_own_loss_reads_its_token_alone_in_training_and_leaves_the_prediction_alone():
-    """``attribute_attention_loss``: in training the model reports ``weight * sum_t
-    BCE(head_t(token), label_t)`` (float64 from the token captured in the forward)
-    among its auxiliary losses; its gradient reaches attribute attention and not the task
+    """``attribute_attention_loss``: in training the model reports ``weight * sum_t sum_n
+    BCE(head_t(token_n), label_t,n)`` (float64 from the token captured in the forward)
+    among its per-impression loss sums; its gradient reaches attribute attention and not the task
     heads; the logits are those of the model without it, and evaluation reports nothing."""
     schema, batch = synthetic_batch(6, max_seq_len=16, seed=2, candidates=3)
     with_loss = small_model(schema, attribute_attention=True, attribute_attention_loss=0.5,
@@ -291,13 +291,14 @@ def test_its_own_loss_reads_its_token_alone_in_training_and_leaves_the_predictio
     weight, bias = (p.detach().double() for p in (with_loss.path_loss.heads.weight,
                                                   with_loss.path_loss.heads.bias))
     want = sum(torch.nn.functional.binary_cross_entropy_with_logits(
-        token @ weight[i] + bias[i], batch.labels[task].double())
+        token @ weight[i] + bias[i], batch.labels[task].double(), reduction="sum")
         for i, task in enumerate(schema.tasks)) * 0.5
-    got = with_loss.auxiliary_losses()["learned_path"]
+    assert "learned_path" not in with_loss.auxiliary_losses()  # a sum, not a per-rank mean
+    got = with_loss.impression_loss_sums()["learned_path"]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     got.backward()
     assert with_loss.attribute_attention.proj.weight.grad.abs().sum() > 0
     assert all(head.weight.grad is None for head in with_loss.heads.values())
     with_loss.eval()
     with_loss(batch)
-    assert "learned_path" not in with_loss.auxiliary_losses()
+    assert with_loss.impression_loss_sums() == {}

@@ -52,3 +52,28 @@ def test_a_run_directory_config_reads_as_written_a_user_file_as_today(tmp_path, 
     path = tmp_path / "config.toml"
     path.write_text(to_toml(_written_before_the_keys()))
     assert load_config(path=path, stored=stored).model.numeric_scale == expected
+
+
+def test_a_removed_option_at_its_neutral_value_is_dropped_and_any_other_value_is_named(
+        tmp_path):
+    """A run written before an option was removed loads where the option left the model as
+    today's (its neutral value); at another value the error names it rather than reading
+    another model."""
+    from gem_core.config.written_before import REMOVED_KEYS
+    from gem_core.errors import GemConfigError
+
+    today = unstructure(load_config(preset="tiny"))
+    stored = copy.deepcopy(today)
+    for (section, key), neutral in REMOVED_KEYS.items():
+        stored[section][key] = neutral
+    assert as_written(stored) == today
+    assert ("model", "target_match_skip") in REMOVED_KEYS
+    path = tmp_path / "config.toml"
+    path.write_text(to_toml(stored))
+    assert unstructure(load_config(path=path, stored=True)) == {**today, "name": "tiny"}
+    with pytest.raises(GemConfigError, match="unknown key 'model.target_match_"):
+        load_config(path=path)  # a user's file: the option does not exist
+    stored["model"]["target_match_skip"] = ["category"]
+    with pytest.raises(GemConfigError, match=r"model.target_match_skip = \['category'\]: the run "
+                                             "was trained with an option"):
+        as_written(stored)

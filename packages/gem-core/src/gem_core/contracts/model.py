@@ -28,6 +28,13 @@ class RankingModel(abc.ABC):
         balancing), each a mean over this rank's rows; none by default."""
         return {}
 
+    def impression_loss_sums(self) -> dict[str, Tensor]:
+        """Losses of the last training forward with one term per impression (weighted), each
+        *summed* over this rank's impressions; none by default. The trainer divides them by the
+        global batch's impressions as it does the task losses, so one rank and several train
+        the same loss whatever share of the batch each holds."""
+        return {}
+
     def step_stats(self) -> dict[str, float]:
         """Additive per-step counts of the last training forward, summed across ranks by the
         trainer and then passed to :meth:`summarize_step_stats`; none by default."""

@@ -140,6 +140,14 @@ class AttributeAttention(nn.Module):
         self.latest_gates = nn.Linear(hidden, latest) if latest else None
         self.latest_proj = nn.Linear(latest * (hidden + dim + 1), dim) if latest else None
 
+    @staticmethod
+    def compared(vectors: Tensor, maps: Tensor | None) -> Tensor:
+        """``(n, P, d)`` attribute vectors as the scorer compares them: RMS-normalised, and
+        through each attribute's map (``query_maps`` for candidates, ``key_maps`` for events)
+        back to unit RMS where ``maps`` are on."""
+        vectors = _unit(vectors)
+        return vectors if maps is None else _unit(torch.einsum("npd,ped->npe", vectors, maps))
+
     def forward(self, candidate_vectors: Mapping[str, Tensor], event_vectors: Mapping[str, Tensor],
                 events: Tensor, history: Tensor | None, offsets: Tensor, owner: Tensor,
                 max_len: int, retrieved: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -163,11 +171,10 @@ class AttributeAttention(nn.Module):
         index, valid = recent_event_index(offsets, owner, window)  # (N, W)
         if retrieved is not None:
             index, valid = torch.cat([index, retrieved[0]], 1), torch.cat([valid, retrieved[1]], 1)
-        q = _unit(torch.stack([candidate_vectors[c] for c, _ in self.pairs], dim=1))  # (N, P, d)
-        k = _unit(torch.stack([event_vectors[e] for _, e in self.pairs], dim=1))  # (E, P, d)
-        if self.query_maps is not None and self.key_maps is not None:
-            q = _unit(torch.einsum("npd,ped->npe", q, self.query_maps))
-            k = _unit(torch.einsum("npd,ped->npe", k, self.key_maps))
+        q = self.compared(torch.stack([candidate_vectors[c] for c, _ in self.pairs], dim=1),
+                          self.query_maps)  # (N, P, d)
+        k = self.compared(torch.stack([event_vectors[e] for _, e in self.pairs], dim=1),
+                          self.key_maps)  # (E, P, d)
         per_candidate = self.candidate_terms(torch.cat([q, q * q], dim=1).flatten(1))
         per_event = self.event_terms(torch.cat([k, k * k], dim=1).flatten(1))
         unit_events = _unit(events)  # the scores' input and the values' (normalised once)

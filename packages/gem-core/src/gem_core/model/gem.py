@@ -20,7 +20,7 @@ from gem_core.contracts import (
     modules_of,
 )
 from gem_core.embedding import EmbeddingTableConfig
-from gem_core.flops import TRAIN_FACTOR, linear_layer_flops
+from gem_core.flops import TRAIN_FACTOR
 from gem_core.jagged import max_length
 from gem_core.model.actions import declared_actions
 from gem_core.model.attribute_attention import AttributeAttention
@@ -35,6 +35,7 @@ from gem_core.model.history_retrieval import engaged_events, retrieve_matching_e
 from gem_core.model.id_bias import IdBias, model_schema
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
 from gem_core.model.learned_path_loss import LearnedPathLoss
+from gem_core.model.module_flops import forward_flops_by_module
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
 from gem_core.model.pma import PooledMultiheadAttention
@@ -505,10 +506,13 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         return self._matched_user_embedding
 
     def auxiliary_losses(self) -> dict[str, Tensor]:
-        """Weighted auxiliary losses of the last training forward, to add to the training loss:
-        the MoE load-balancing losses and attribute attention's own (``learned_path``)."""
-        losses = auxiliary_losses(self)
-        return losses if self._path_loss is None else {**losses, "learned_path": self._path_loss}
+        """The MoE load-balancing losses of the last training forward, weighted."""
+        return auxiliary_losses(self)
+
+    def impression_loss_sums(self) -> dict[str, Tensor]:
+        """Attribute attention's own loss (``learned_path``) of the last training forward,
+        weighted and summed over the impressions."""
+        return {} if self._path_loss is None else {"learned_path": self._path_loss}
 
     def step_stats(self) -> dict[str, float]:
         """Additive per-step counts of the last training forward (summed across ranks by the
@@ -522,54 +526,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
 
     def flops_by_module(self, lengths: Tensor, candidates: Tensor | None = None, *,
                         dense: bool = False) -> dict[str, int]:
-        """Forward FLOPs (matmuls only, as MFU counts them) per module for a batch of requests
-        with these history lengths and ``candidates`` per request (None: one each). ``dense``:
-        attention as a backend that computes every sample's full query x key rectangle (the
-        reference backend) spends it; otherwise the masked pairs."""
-        c = self.config
-        lengths = lengths.to(torch.int64).cpu()
-        candidates = (torch.ones_like(lengths) if candidates is None
-                      else candidates.to(torch.int64).cpu())
-        batch, tokens = lengths.numel(), int(lengths.sum())
-        impressions = int(candidates.sum())
-        counts: dict[str, int] = {}
-        content = self.events.content
-        if content is not None:
-            # History events, and the candidates (the data sends their content vectors).
-            counts["events"] = linear_layer_flops(content, tokens + impressions)
-        if self.dense_proj is not None:
-            counts["dense_proj"] = linear_layer_flops(self.dense_proj, batch)
-        if self.candidate_numeric is not None:
-            counts["candidate_numeric"] = linear_layer_flops(self.candidate_numeric, impressions)
-        if self.tower is not None:
-            for key, value in self.tower.flops(lengths, self.num_context, dense).items():
-                counts[f"tower.{key}"] = value
-        if self.pma is not None:
-            for key, value in self.pma.flops(lengths).items():
-                counts[f"pma.{key}"] = value
-        if self.target_attention is not None:
-            queries = 1 + (self.num_context if c.target_queries == "all" else 0)
-            for key, value in self.target_attention.flops(lengths, queries, c.pma_queries,
-                                                          candidates).items():
-                counts[f"target_attention.{key}"] = value
-        if self.attribute_attention is not None:
-            counts["attribute_attention"] = self.attribute_attention.flops(
-                lengths, candidates, c.attribute_attention_retrieve)
-        if self.path_loss is not None:  # its head runs in every training forward
-            counts["learned_path_loss"] = linear_layer_flops(self.path_loss.heads, impressions)
-        if self.target_match is not None:
-            counts["target_match"] = self.target_match.flops(lengths, candidates)
-        if self.teacher_token is not None:
-            counts["teacher_token"] = linear_layer_flops(self.teacher_token, batch)
-        if self.teacher_match is not None:
-            counts["teacher_match"] = linear_layer_flops(self.teacher_match, batch)
-        counts["interaction"] = self.interaction.flops(impressions)
-        if self.cross_branch is not None:
-            counts["cross_branch"] = self.cross_branch.flops(impressions)
-        counts["heads"] = linear_layer_flops(self.heads, impressions)
-        if self.candidate_bias is not None:
-            counts["candidate_bias"] = linear_layer_flops(self.candidate_bias, impressions)
-        return counts
+        """Forward FLOPs per module of a training forward (:func:`forward_flops_by_module`)."""
+        return forward_flops_by_module(self, lengths, candidates, dense=dense)
 
     def flops(self, lengths: Tensor, candidates: Tensor | None = None) -> Mapping[str, int]:
         """Training FLOPs (3 x forward) of one batch of requests with these history lengths

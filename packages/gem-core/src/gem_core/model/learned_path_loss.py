@@ -13,12 +13,11 @@ passes the gradient that pulls siblings' vectors together.
 This loss gives attribute attention a reason of its own to read equality: the head sees only
 its token, so the token must carry whatever of the label the history's matches explain, exact
 ones included; the model's prediction is unchanged (the head is not part of it, and it runs in
-training only). Its weight scales a mean binary cross-entropy over the impressions, summed over
-tasks, added to the training loss as the model's other auxiliary losses are: as theirs, the
-mean is over this rank's impressions, so on several ranks (whose shares of a batch hold
-different numbers of impressions) it is not the global batch's mean the task losses use, and a
-run on two ranks does not repeat one on a single rank exactly (``tests/test_distill.py`` found
-it). Normalising it like the task losses is what the presets wait for.
+training only). The model reports its weighted binary cross-entropy *summed* over the rank's
+impressions and tasks (``impression_loss_sums``); the trainer divides it by the global batch's
+impressions as it does the task losses, so one rank and several train the same loss whatever
+share of the batch each holds (``tests/test_distill.py`` compares a run on two ranks with one on
+a single rank).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from torch import Tensor, nn
 
 
 class LearnedPathLoss(nn.Module):
-    """``weight * sum_t mean_n BCE(w_t . token_n + b_t, label_t,n)``: a logistic read of
-    attribute attention's ``(N, d)`` token per task."""
+    """``weight * sum_t sum_n BCE(w_t . token_n + b_t, label_t,n)``: a logistic read of
+    attribute attention's ``(N, d)`` token per task, summed over this rank's impressions."""
 
     def __init__(self, dim: int, tasks: Sequence[str], weight: float) -> None:
         super().__init__()
@@ -44,5 +43,6 @@ class LearnedPathLoss(nn.Module):
     def forward(self, token: Tensor, labels: Mapping[str, Tensor]) -> Tensor:
         logits = self.heads(token).float()
         return self.weight * sum(
-            F.binary_cross_entropy_with_logits(logits[:, i], labels[task].float())
+            F.binary_cross_entropy_with_logits(logits[:, i], labels[task].float(),
+                                               reduction="sum")
             for i, task in enumerate(self.tasks))

@@ -23,6 +23,10 @@ class ReducedStep:
     task_loss: list[float]
     """Per task, its loss summed over the global batch's impressions, divided by their number."""
 
+    model_loss: Mapping[str, float] = attrs.field(factory=dict)
+    """The model's per-impression losses (:meth:`RankingModel.impression_loss_sums`), each
+    summed over the global batch's impressions and divided by their number; not in ``loss``."""
+
     impressions: float
     """Samples: the candidates of the global batch's requests, each with its labels."""
 
@@ -63,11 +67,15 @@ class RunAccounting:
         self.step_times: list[float] = []
 
     def reduce(self, batch: JaggedBatch, model: RankingModel, task_sums: torch.Tensor, *,
-               impressions: float, grad_norm: float, stop_requested: float) -> ReducedStep:
-        """This rank's step (``task_sums``: its loss sums per task; ``impressions``: the global
-        batch's, already summed) summed over ranks."""
+               impressions: float, grad_norm: float, stop_requested: float,
+               model_sums: Mapping[str, torch.Tensor] | None = None) -> ReducedStep:
+        """This rank's step (``task_sums``: its loss sums per task; ``model_sums``: the model's
+        per-impression loss sums; ``impressions``: the global batch's, already summed) summed
+        over ranks."""
         flops = model.flops(batch.seq_lengths().cpu(), batch.candidate_counts().cpu())
-        local = torch.tensor([*task_sums.detach().double().cpu().tolist(), batch.batch_size,
+        names = sorted(model_sums or {})
+        own = [float(model_sums[name].detach()) for name in names] if model_sums else []
+        local = torch.tensor([*own, *task_sums.detach().double().cpu().tolist(), batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
                               flops["padded_total"], flops["padded_attention"],
                               0.0 if math.isfinite(grad_norm) else 1.0, stop_requested],
@@ -75,12 +83,15 @@ class RunAccounting:
         # One reduction gives every rank the same loss and the same "any rank non-finite" and
         # "any rank asked to stop" flags, so all ranks take or skip the step, or stop, together.
         reduced = all_reduce_sum(local, self.ctx).tolist()
+        model_loss = {name: x / max(impressions, 1.0) for name, x in zip(names, reduced)}
+        reduced = reduced[len(names):]
         num_tasks = len(self.tasks)
         (requests, tokens, total, attention, padded, padded_attention, bad,
          stops) = reduced[num_tasks:]
         busiest = all_reduce_max(torch.tensor([float(batch.num_events)]), self.ctx).item()
         return ReducedStep(
             task_loss=[x / max(impressions, 1.0) for x in reduced[:num_tasks]],
+            model_loss=model_loss,
             impressions=impressions, requests=requests, tokens=tokens,
             flops={"total": total, "attention": attention, "padded_total": padded,
                    "padded_attention": padded_attention},
@@ -106,6 +117,7 @@ class RunAccounting:
             "step": step,
             "loss": reduced.loss,
             **{f"loss_{t}": v for t, v in zip(self.tasks, reduced.task_loss)},
+            **{f"{name}_loss": v for name, v in reduced.model_loss.items()},
             # A sample is an impression (a candidate of a request, with its labels); a request
             # is one history with its candidates, encoded once.
             "samples": self.totals["samples"],

@@ -352,13 +352,18 @@ class _Trainer(RunAssembly):
             loss, distill_record = self.distiller.loss(logits, batch, task_sums, impressions,
                                                        self.engine.unwrapped)
         # The model's auxiliary losses (MoE load balancing), each a mean over this rank's rows:
-        # gradient averaging across ranks then trains their mean.
+        # gradient averaging across ranks then trains their mean. Its per-impression losses are
+        # sums, normalised like the task losses.
         aux_losses = self.engine.unwrapped.auxiliary_losses()
         if aux_losses:
             loss = loss + sum(aux_losses.values())
+        model_sums = self.engine.unwrapped.impression_loss_sums()
+        if model_sums:
+            loss = loss + sum(model_sums.values()) * (ctx.world_size / max(impressions, 1.0))
         self.engine.backward(loss)
         grad_norm = float(self.engine.clip_grad_norm(self.tc.grad_clip))
         reduced = self.accounting.reduce(batch, self.engine.unwrapped, task_sums,
+                                         model_sums=model_sums,
                                          impressions=impressions, grad_norm=grad_norm,
                                          stop_requested=self.stop.requested)
         self.stopping = reduced.stop
