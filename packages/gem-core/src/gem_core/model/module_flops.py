@@ -3,23 +3,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gem_core.flops import linear_layer_flops
 
-if TYPE_CHECKING:
-    from gem_core.model.gem import GEMModel
 
-
-def forward_flops_by_module(model: GEMModel, lengths: Tensor, candidates: Tensor | None = None,
+def forward_flops_by_module(model: nn.Module, lengths: Tensor, candidates: Tensor | None = None,
                             *, dense: bool = False) -> dict[str, int]:
-    """Forward FLOPs per module of a training forward of ``model`` for a batch of requests with
-    these history lengths and ``candidates`` per request (None: one each). ``dense``: attention
-    as a backend that computes every sample's full query x key rectangle (the reference backend)
-    spends it; otherwise the masked pairs. Modules that run in training only (the learned path's
+    """Forward FLOPs per module of a training forward of ``model`` (a ``GEMModel``, whose
+    modules it reads by name) for a batch of requests with these history lengths and
+    ``candidates`` per request (None: one each). ``dense``: attention as a backend that computes
+    every sample's full query x key rectangle (the reference backend) spends it; otherwise the
+    masked pairs. Modules that run in training only (the learned path's
     loss head) are counted: these are the FLOPs a training step spends."""
     c = model.config
     lengths = lengths.to(torch.int64).cpu()
