@@ -3,6 +3,8 @@ reads the module's weights as the docstring's formula names them, and in the mod
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -296,6 +298,8 @@ def test_its_own_loss_reads_its_token_alone_in_training_and_leaves_the_predictio
     assert "learned_path" not in with_loss.auxiliary_losses()  # a sum, not a per-rank mean
     got = with_loss.impression_loss_sums()["learned_path"]
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    # evaluation replicas and embedding sharders deep-copy a model after training forwards
+    assert copy.deepcopy(with_loss).impression_loss_sums() == {}
     got.backward()
     assert with_loss.attribute_attention.proj.weight.grad.abs().sum() > 0
     assert all(head.weight.grad is None for head in with_loss.heads.values())

@@ -14,13 +14,15 @@ from gem_core.plugins import build_plugins
 def test_bench_flops_json_puts_analytic_and_counted_side_by_side():
     result = CliRunner().invoke(bench_flops, [
         "--json", "--batch-size", "6", "--set", "data.max_seq_len=24",
-        "--set", "model.pma_queries=2", "--set", "model.interaction=wukong"])
+        "--set", "model.pma_queries=2", "--set", "model.interaction=wukong",
+        "--set", "model.attribute_attention_loss=0.5"])  # its head runs in the counted forward
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["forward"]["analytic_over_counted"] == pytest.approx(1.0, abs=0.01)
     assert report["forward_backward"]["analytic_over_counted"] == pytest.approx(1.0, abs=0.01)
     by_module = report["forward_by_module"]
-    assert set(by_module["analytic"]) == set(by_module["counted"]) >= {"tower", "pma", "heads"}
+    assert set(by_module["analytic"]) == set(by_module["counted"]) >= {"tower", "pma", "heads",
+                                                                       "path_loss"}
     for name, value in by_module["analytic"].items():
         assert value == pytest.approx(by_module["counted"][name], rel=0.01), name
 

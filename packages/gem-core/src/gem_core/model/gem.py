@@ -34,7 +34,7 @@ from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import engaged_events, retrieve_matching_events
 from gem_core.model.id_bias import IdBias, model_schema
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
-from gem_core.model.learned_path_loss import LearnedPathLoss
+from gem_core.model.learned_path_loss import LastLoss, LearnedPathLoss
 from gem_core.model.module_flops import forward_flops_by_module
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
@@ -204,7 +204,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             if config.attribute_attention else None)
         self.path_loss = (LearnedPathLoss(dim, list(schema.tasks), config.attribute_attention_loss)
                           if config.attribute_attention_loss else None)
-        self._path_loss: Tensor | None = None  # the last training forward's
+        self._path_loss = LastLoss()  # the last training forward's
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
             check_view_action(config.view_action)
@@ -416,8 +416,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             tokens += [matched[:, i] for i in range(1, self.target_match.tokens)]
         if self.attribute_attention is not None:
             attended = scale(self._attribute_attention(batch, looked_up, requests, history, owner))
-            self._path_loss = (self.path_loss(attended, batch.labels)
-                               if self.path_loss is not None and self.training else None)
+            self._path_loss.value = (self.path_loss(attended, batch.labels)
+                                     if self.path_loss is not None and self.training else None)
             tokens.append(attended)
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
@@ -512,7 +512,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def impression_loss_sums(self) -> dict[str, Tensor]:
         """Attribute attention's own loss (``learned_path``) of the last training forward,
         weighted and summed over the impressions."""
-        return {} if self._path_loss is None else {"learned_path": self._path_loss}
+        loss = self._path_loss.value
+        return {} if loss is None else {"learned_path": loss}
 
     def step_stats(self) -> dict[str, float]:
         """Additive per-step counts of the last training forward (summed across ranks by the

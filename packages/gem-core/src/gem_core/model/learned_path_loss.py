@@ -46,3 +46,15 @@ class LearnedPathLoss(nn.Module):
             F.binary_cross_entropy_with_logits(logits[:, i], labels[task].float(),
                                                reduction="sum")
             for i, task in enumerate(self.tasks))
+
+
+class LastLoss:
+    """The last training forward's loss, for the trainer to read. A copy of the model
+    (evaluation replicas and embedding sharders deep-copy it) starts empty: the loss is a
+    non-leaf tensor of a graph, which ``copy.deepcopy`` refuses."""
+
+    def __init__(self) -> None:
+        self.value: Tensor | None = None
+
+    def __deepcopy__(self, memo: dict) -> LastLoss:
+        return LastLoss()

@@ -47,7 +47,7 @@ def forward_flops_by_module(model: nn.Module, lengths: Tensor, candidates: Tenso
         counts["attribute_attention"] = model.attribute_attention.flops(
             lengths, candidates, c.attribute_attention_retrieve)
     if model.path_loss is not None:  # its head runs in every training forward
-        counts["learned_path_loss"] = linear_layer_flops(model.path_loss.heads, impressions)
+        counts["path_loss"] = linear_layer_flops(model.path_loss.heads, impressions)
     if model.target_match is not None:
         counts["target_match"] = model.target_match.flops(lengths, candidates)
     if model.teacher_token is not None:
