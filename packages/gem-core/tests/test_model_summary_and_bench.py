@@ -49,7 +49,8 @@ def test_bench_step_times_subject_and_peer_side_by_side():
     shape = ["--set", "data.max_seq_len=24", "--batch-size", "6"]
     result = CliRunner().invoke(bench_step, [
         "--json", *shape, "--repeats", "2", "--rounds", "2",
-        "--against", "model.attribute_attention=false"])
+        "--against", "model.attribute_attention=false",
+        "--against", "model.attribute_attention_loss=0"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     rounds = report["rounds_detail"]
@@ -62,7 +63,8 @@ def test_bench_step_times_subject_and_peer_side_by_side():
     assert report["subject_train_flops"] > report["peer_train_flops"] > 0
     assert report["flop_ratio"] == pytest.approx(
         report["subject_train_flops"] / report["peer_train_flops"])
-    assert report["against"] == ["model.attribute_attention=false"]
+    assert report["against"] == ["model.attribute_attention=false",
+                                 "model.attribute_attention_loss=0"]
 
 
 @pytest.mark.parametrize("against", ["data.max_seq_len=12", "train.batch_size=3", "nokey"])

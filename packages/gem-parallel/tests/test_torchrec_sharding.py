@@ -146,9 +146,14 @@ def _worker(out_path: str) -> None:
     from gem_parallel.torchrec.plan import TorchRecOptions
     from gem_parallel.torchrec.sharding import TorchRecSharding
 
-    def task_loss_sums(logits, batch, tasks):  # as gem_core.train.loss computes it
-        return torch.stack([torch.nn.functional.binary_cross_entropy_with_logits(
-            logits[t].float(), batch.labels[t], reduction="sum") for t in tasks])
+    def loss_sum(model, logits, batch, tasks):
+        """The tasks' losses (as gem_core.train.loss computes them) plus the model's own
+        per-impression losses of this forward (as the trainer adds them), summed over the
+        impressions: a loop of one's own that leaves the latter out trains a head that gets no
+        gradient, which DDP refuses."""
+        tasks_sum = sum(torch.nn.functional.binary_cross_entropy_with_logits(
+            logits[t].float(), batch.labels[t], reduction="sum") for t in tasks)
+        return tasks_sum + sum(model.impression_loss_sums().values())
 
     torch.set_num_threads(1)
     ctx = init_from_environment("cpu")
@@ -174,7 +179,7 @@ def _worker(out_path: str) -> None:
         model = copy.deepcopy(reference)
         # Reference: one process on the union of the ranks' samples, loss = global mean.
         ref_logits = reference(batch)
-        task_loss_sums(ref_logits, batch, tasks).sum().div(impressions).backward()
+        loss_sum(reference, ref_logits, batch, tasks).div(impressions).backward()
         ref_grads = {n: p.grad.clone() for n, p in reference.named_parameters()
                      if p.grad is not None}
 
@@ -189,7 +194,7 @@ def _worker(out_path: str) -> None:
             precision=Float32Recipe(), options=dense_options)
         engine.train(True)
         logits = engine(local)
-        loss = task_loss_sums(logits, local, tasks).sum() * (ctx.world_size / impressions)
+        loss = loss_sum(engine.unwrapped, logits, local, tasks) * (ctx.world_size / impressions)
         engine.backward(loss)
 
         case: dict = {"plan": strategy.plan, "data": data,

@@ -133,7 +133,7 @@ def step_report(subject_config, peer_config, *, batch_size: int, repeats: int,
                          "(repeatable).")
 @click.option("--against", multiple=True, metavar="KEY=VALUE", required=True,
               help="An override that makes the peer out of the configured model, e.g. "
-                   "--against model.attribute_attention=false (repeatable; not data keys).")
+                   "--against model.target_match=0 (repeatable; not data keys).")
 @click.option("--batch-size", type=int, default=None,
               help="Rows per step (default: the config's train.batch_size).")
 @click.option("--repeats", type=int, default=10, show_default=True,
