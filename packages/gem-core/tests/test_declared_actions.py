@@ -126,3 +126,27 @@ def test_config_show_applied_prints_what_schema_resolves_to(source):
     applied = CliRunner().invoke(cli, [*args, "--applied"])
     assert applied.exit_code == 0, (applied.output, applied.exception)
     assert {'action_feature = "action"', "view_action = 0"} <= set(applied.stdout.splitlines())
+
+
+def test_an_option_the_model_refuses_is_a_clean_error_on_the_command_line(tmp_path):
+    """The model's own checks of its options (here a latest window without the latest token)
+    reach the user as a one-line error naming the options, not as a traceback: `gem train`
+    stops with it, `gem config show` says it where the model's size would be."""
+    from click.testing import CliRunner
+
+    from gem_core.cli.main import cli
+    from gem_core.errors import GemConfigError
+
+    with pytest.raises(GemConfigError):
+        small_model(schema(action_feature="btag"), target_match=4, target_match_latest_window=8)
+    refused = ("model.target_match_latest_window is the window of the latest-match token, "
+               "and model.target_match_latest is off")
+    options = ["--preset", "tiny", "--set", "model.target_match_latest_window=5"]
+    train = CliRunner().invoke(cli, ["train", *options, "--set", "train.steps=1",
+                                     "--no-progress", "--out", str(tmp_path / "run")])
+    assert train.exit_code == 1, (train.output, train.exception)
+    assert isinstance(train.exception, SystemExit)  # click's own exit, no escaped exception
+    assert f"Error: {refused}" in train.output
+    show = CliRunner().invoke(cli, ["config", "show", *options])
+    assert show.exit_code == 0, (show.output, show.exception)
+    assert f"# Model size not computed: the model refuses these options ({refused})" in show.output

@@ -62,13 +62,19 @@ def _model_summary(resolved, source=None) -> dict:
 
 
 def _size_comments(resolved, source=None) -> str:
-    """Model size for this configuration, as TOML comments."""
+    """Model size for this configuration, as TOML comments; where it cannot be computed, why:
+    the data's schema is unavailable, or the model refuses the options on that schema."""
     from gem_core.errors import GemError
 
     try:
-        summary = _model_summary(resolved, source)
+        if source is None:
+            source, resolved = _applied(resolved)
     except GemError as error:
         return f"\n# Model size not computed: the data schema is unavailable ({error})\n"
+    try:
+        summary = _model_summary(resolved, source)
+    except GemError as error:
+        return f"\n# Model size not computed: the model refuses these options ({error})\n"
     p = summary["parameters"]
     lines = ["", "# Model size (computed from this configuration; not a setting):",
              f"# parameters: {p['total']:,} ({p['embedding']:,} embedding, {p['dense']:,} dense)"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 
 from gem_core.config import ModelConfig
+from gem_core.errors import GemConfigError
 from gem_core.schema import FeatureSchema
 
 #: The value of ``model.action_feature`` that reads the schema's declaration.
@@ -32,8 +33,8 @@ def declared_actions(config: ModelConfig, schema: FeatureSchema) -> ModelConfig:
     try:
         return attrs.evolve(config, action_feature=schema.action_feature, view_action=view)
     except ValueError as error:
-        raise ValueError(f"model.action_feature = {FROM_SCHEMA!r} reads the data's declared "
-                         f"action feature, and this data declares none: {error}") from None
+        raise GemConfigError(f"model.action_feature = {FROM_SCHEMA!r} reads the data's declared "
+                             f"action feature, and this data declares none: {error}") from None
 
 
 def latest_by_action(config: ModelConfig) -> bool:

@@ -93,6 +93,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gem_core.errors import GemConfigError
 from gem_core.flops import linear_layer_flops
 from gem_core.model.target_match import recent_event_index
 
@@ -111,8 +112,8 @@ class AttributeAttention(nn.Module):
                  maps: bool = False) -> None:
         super().__init__()
         if not pairs:
-            raise ValueError("model.attribute_attention needs a candidate feature and an event "
-                             "feature that share a table; the schema has none")
+            raise GemConfigError("model.attribute_attention needs a candidate feature and an event "
+                                 "feature that share a table; the schema has none")
         self.pairs, self.history, self.hidden, self.latest = pairs, history, hidden, latest
         num = len(pairs)
         # M_p and N_p (maps): each attribute's candidate and event vectors, from the identity.

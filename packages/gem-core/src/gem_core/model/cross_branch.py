@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.config.model_schema import CROSS_BRANCH_OPENINGS
+from gem_core.errors import GemConfigError
 from gem_core.flops import linear_layer_flops
 from gem_core.model.cross_network import CrossNetworkInteraction
 from gem_core.model.token_norm import token_norm
@@ -97,8 +98,8 @@ def cross_branch_skipped(config: ModelConfig, schema: FeatureSchema) -> list[int
     sparse = [feature.name for feature in schema.sparse_features]
     unknown = sorted(set(config.cross_branch_skip) - set(sparse))
     if unknown:
-        raise ValueError(f"model.cross_branch_skip names {unknown}, which the data does not "
-                         f"declare as sparse features; it declares {sparse}")
+        raise GemConfigError(f"model.cross_branch_skip names {unknown}, which the data does not "
+                             f"declare as sparse features; it declares {sparse}")
     limit = config.cross_branch_max_rows
     rows = {feature.name: schema.table(feature.table).num_embeddings
             for feature in schema.sparse_features}

@@ -20,6 +20,7 @@ from gem_core.contracts import (
     modules_of,
 )
 from gem_core.embedding import EmbeddingTableConfig
+from gem_core.errors import GemConfigError
 from gem_core.flops import TRAIN_FACTOR
 from gem_core.jagged import max_length
 from gem_core.model.actions import declared_actions
@@ -34,7 +35,8 @@ from gem_core.model.heads import esmm_logits
 from gem_core.model.history_retrieval import engaged_events, retrieve_matching_events
 from gem_core.model.id_bias import IdBias, model_schema
 from gem_core.model.interaction import DotInteractionMLP, log_magnitude
-from gem_core.model.learned_path_loss import LastLoss, LearnedPathLoss
+from gem_core.model.last_forward import LastForward
+from gem_core.model.learned_path_loss import LearnedPathLoss
 from gem_core.model.module_flops import forward_flops_by_module
 from gem_core.model.moe import auxiliary_losses, moe_layers, step_stats, summarize_step_stats
 from gem_core.model.numeric import scale_numbers
@@ -143,8 +145,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self.num_context = len(schema.sparse_features) + (
             schema.num_dense if per_feature else int(schema.num_dense > 0))
         if config.cross_attention and config.num_layers and not self.num_context:
-            raise ValueError("model.cross_attention needs non-sequence sparse or dense features; "
-                             "the schema has none")
+            raise GemConfigError("model.cross_attention needs non-sequence sparse or dense "
+                                 "features; the schema has none")
         moe = config.moe if config.moe.enabled else None
         # A ranker on cached user embeddings has no upstream: neither tower nor PMA.
         live = config.user_embeddings == "live"
@@ -179,7 +181,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         self.pma = (PooledMultiheadAttention(dim, config.num_heads, config.pma_queries, attention)
                     if config.pma_queries and live else None)
         if not live and self.schema.user_embedding_dim != config.pma_queries * dim:
-            raise ValueError(
+            raise GemConfigError(
                 f"model.user_embeddings = 'cached' needs data with user embeddings of "
                 f"pma_queries x embedding_dim = {config.pma_queries * dim} floats per sample; "
                 f"the data has {self.schema.user_embedding_dim} (export them with gem "
@@ -204,7 +206,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             if config.attribute_attention else None)
         self.path_loss = (LearnedPathLoss(dim, list(schema.tasks), config.attribute_attention_loss)
                           if config.attribute_attention_loss else None)
-        self._path_loss = LastLoss()  # the last training forward's
+        self._path_loss = LastForward(loss=None)  # the last training forward's
         if config.attribute_attention_retrieve_engaged:
             check_action_feature(schema, config.action_feature)
             check_view_action(config.view_action)
@@ -246,7 +248,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                                                  config.dropout)
         self.multitask = resolve_multitask(config, schema)
         if self.multitask == "esmm" and not set(config.esmm_tasks) <= set(schema.tasks):
-            raise ValueError(
+            raise GemConfigError(
                 f"model.multitask = 'esmm' combines the tasks model.esmm_tasks = "
                 f"{list(config.esmm_tasks)}, but the data's tasks are {list(schema.tasks)}: set "
                 "model.esmm_tasks to the data's (parent, child) task names, or model.multitask "
@@ -375,8 +377,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
                            if self.pma is not None else None)
             return history, user_tokens
         if batch.user_embedding is None:
-            raise ValueError("model.user_embeddings = 'cached' but the batch carries no user "
-                             "embeddings; train on a data set from gem export-user-embeddings")
+            raise GemConfigError("model.user_embeddings = 'cached' but the batch carries no user "
+                                 "embeddings; train on a data set from gem export-user-embeddings")
         return None, batch.user_embedding.view(batch.batch_size, self.config.pma_queries, -1)
 
     def _candidate_tokens(self, batch: JaggedBatch, looked_up: Any, requests: _Requests,
@@ -416,8 +418,8 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
             tokens += [matched[:, i] for i in range(1, self.target_match.tokens)]
         if self.attribute_attention is not None:
             attended = scale(self._attribute_attention(batch, looked_up, requests, history, owner))
-            self._path_loss.value = (self.path_loss(attended, batch.labels)
-                                     if self.path_loss is not None and self.training else None)
+            self._path_loss.loss = (self.path_loss(attended, batch.labels)
+                                    if self.path_loss is not None and self.training else None)
             tokens.append(attended)
         if self.config.history_mean:
             history_mean = history.new_zeros(batch.batch_size, history.shape[1]).index_add_(
@@ -430,9 +432,9 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
         tokens += context
         if self.teacher_token is not None:
             if batch.teacher_embedding is None:
-                raise ValueError("model.teacher_embedding_dim is set but the batch carries no "
-                                 "teacher embedding: train it with gem distill "
-                                 "(distill.embedding_feature)")
+                raise GemConfigError("model.teacher_embedding_dim is set but the batch carries no "
+                                     "teacher embedding: train it with gem distill "
+                                     "(distill.embedding_feature)")
             tokens.append(self.teacher_token(batch.teacher_embedding)[owner])
         return tokens
 
@@ -512,7 +514,7 @@ class GEMModel(nn.Module, StrategyModel, RankingModel):
     def impression_loss_sums(self) -> dict[str, Tensor]:
         """Attribute attention's own loss (``learned_path``) of the last training forward,
         weighted and summed over the impressions."""
-        loss = self._path_loss.value
+        loss = self._path_loss.loss
         return {} if loss is None else {"learned_path": loss}
 
     def step_stats(self) -> dict[str, float]:

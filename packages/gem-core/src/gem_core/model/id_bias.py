@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gem_core.batch import JaggedBatch
+from gem_core.errors import GemConfigError
 from gem_core.ids import map_ids
 from gem_core.schema import ContextFeature, FeatureSchema, SequenceFeature
 
@@ -67,29 +68,29 @@ def check_id_bias_features(names: Sequence[str], schema: FeatureSchema) -> list[
     for name in names:
         kind, _, bare = name.rpartition(".")
         if kind and kind not in kinds:
-            raise ValueError(f"model.id_bias: {name!r}: the kind before the dot must be "
-                             f"'candidate' or 'sparse', not {kind!r}")
+            raise GemConfigError(f"model.id_bias: {name!r}: the kind before the dot must be "
+                                 f"'candidate' or 'sparse', not {kind!r}")
         found = [k for k in ([kind] if kind else kinds) if bare in kinds[k]]
         if not found:
-            raise ValueError(
+            raise GemConfigError(
                 f"model.id_bias names {[name]}, which the data does not declare as candidate "
                 f"features or sparse (request) features; it declares candidate features "
                 f"{sorted(kinds['candidate'])} and sparse features {sorted(kinds['sparse'])}")
         if len(found) > 1:
-            raise ValueError(f"model.id_bias: the data declares {name!r} both as a candidate "
-                             f"feature and as a sparse feature: name 'candidate.{name}' or "
-                             f"'sparse.{name}'")
+            raise GemConfigError(f"model.id_bias: the data declares {name!r} both as a candidate "
+                                 f"feature and as a sparse feature: name 'candidate.{name}' or "
+                                 f"'sparse.{name}'")
         resolved.append(IdBiasFeature(name=name, kind=found[0], feature=kinds[found[0]][bare]))
     seen = [(f.kind, f.feature.name) for f in resolved]
     if len(set(seen)) != len(seen):
-        raise ValueError(f"model.id_bias names a feature twice: {list(names)}")
+        raise GemConfigError(f"model.id_bias names a feature twice: {list(names)}")
     for item in resolved:
         if item.kind == "candidate" and item.feature.multi_valued:
-            raise ValueError(f"model.id_bias: candidate feature {item.name!r} is multi-valued; an "
-                             "offset per id needs one id per candidate")
+            raise GemConfigError(f"model.id_bias: candidate feature {item.name!r} is "
+                                 "multi-valued; an offset per id needs one id per candidate")
         table = schema.table(item.feature.table)
         if table.id_policy == "managed":
-            raise ValueError(
+            raise GemConfigError(
                 f"model.id_bias: {item.kind} feature {item.name!r} indexes table {table.name!r}, "
                 "whose id_policy 'managed' gets its rows from the embedding backend's remapper; "
                 "give the table id_policy 'hash' (or 'modulo', 'dense') to use it here")
@@ -153,13 +154,14 @@ def model_schema(config: ModelConfig, schema: FeatureSchema) -> FeatureSchema:
     if not config.id_bias_only:
         return schema
     if not config.id_bias:
-        raise ValueError("model.id_bias_only leaves the id_bias features out of the tokens; "
-                         "model.id_bias names none")
+        raise GemConfigError("model.id_bias_only leaves the id_bias features out of the tokens; "
+                             "model.id_bias names none")
     named = {(f.kind, f.feature.name) for f in check_id_bias_features(config.id_bias, schema)}
     candidates = tuple(f for f in schema.candidate_features if ("candidate", f.name) not in named)
     if not candidates:
-        raise ValueError(f"model.id_bias_only would leave the candidate no embedded feature "
-                         f"(model.id_bias = {list(config.id_bias)} names all of them): keep one")
+        raise GemConfigError(f"model.id_bias_only would leave the candidate no embedded "
+                             f"feature (model.id_bias = {list(config.id_bias)} names all of "
+                             "them): keep one")
     sparse = tuple(f for f in schema.sparse_features if ("sparse", f.name) not in named)
     read = {f.table for f in (*schema.event_features, *candidates, *sparse)}
     return attrs.evolve(schema, candidate_features=candidates, sparse_features=sparse,

@@ -27,6 +27,8 @@ from typing import Mapping, Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gem_core.errors import GemConfigError
+
 
 class LearnedPathLoss(nn.Module):
     """``weight * sum_t sum_n BCE(w_t . token_n + b_t, label_t,n)``: a logistic read of
@@ -35,8 +37,8 @@ class LearnedPathLoss(nn.Module):
     def __init__(self, dim: int, tasks: Sequence[str], weight: float) -> None:
         super().__init__()
         if weight <= 0:
-            raise ValueError(f"model.attribute_attention_loss must be > 0 to build its head; "
-                             f"got {weight}")
+            raise GemConfigError(f"model.attribute_attention_loss must be > 0 to build its head; "
+                                 f"got {weight}")
         self.tasks, self.weight = list(tasks), weight
         self.heads = nn.Linear(dim, len(self.tasks))
 
@@ -46,15 +48,3 @@ class LearnedPathLoss(nn.Module):
             F.binary_cross_entropy_with_logits(logits[:, i], labels[task].float(),
                                                reduction="sum")
             for i, task in enumerate(self.tasks))
-
-
-class LastLoss:
-    """The last training forward's loss, for the trainer to read. A copy of the model
-    (evaluation replicas and embedding sharders deep-copy it) starts empty: the loss is a
-    non-leaf tensor of a graph, which ``copy.deepcopy`` refuses."""
-
-    def __init__(self) -> None:
-        self.value: Tensor | None = None
-
-    def __deepcopy__(self, memo: dict) -> LastLoss:
-        return LastLoss()

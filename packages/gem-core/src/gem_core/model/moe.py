@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from gem_core.config import MoeConfig
 from gem_core.flops import linear_layer_flops
+from gem_core.model.last_forward import LastForward
 from gem_core.model.moe_experts import ExpertMLPs
 from gem_core.model.moe_router import Routing, TopKRouter, load_balancing_loss
 
@@ -32,18 +33,6 @@ IMPLS = ("reference", "grouped")
 class Dispatcher(Protocol):
     def run(self, rows: Tensor, counts: Tensor, experts: ExpertMLPs, impl: str) -> Tensor:
         """Expert outputs for ``rows`` sorted by global expert (``counts[e]`` rows each)."""
-
-
-class LastForward:
-    """What the last training forward left for the trainer. A copy of the model (evaluation
-    replicas deep-copy it) starts empty: the loss is a non-leaf tensor of a graph."""
-
-    def __init__(self) -> None:
-        self.aux_loss: Tensor | None = None
-        self.stats: dict[str, Tensor] = {}
-
-    def __deepcopy__(self, memo: dict) -> "LastForward":
-        return LastForward()
 
 
 class MixtureOfExperts(nn.Module):
@@ -67,7 +56,7 @@ class MixtureOfExperts(nn.Module):
         self.experts = ExpertMLPs(kind, num_experts, in_dim, hidden, out_dim)
         self.shared = ExpertMLPs(kind, 1, in_dim, hidden, out_dim) if shared_expert else None
         self.dispatcher: Dispatcher | None = None
-        self._last = LastForward()
+        self._last = LastForward(aux_loss=None, stats={})
 
     @property
     def last_aux_loss(self) -> Tensor | None:

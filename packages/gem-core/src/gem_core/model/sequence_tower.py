@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from gem_core.attention import AttentionParams, RelativeBias
 from gem_core.config import MoeConfig
 from gem_core.contracts import AttentionBackend
+from gem_core.errors import GemConfigError
 from gem_core.flops import attention_flops, linear_layer_flops, self_attention_pairs
 from gem_core.model.cross_attention import CrossFeatureAttention
 from gem_core.model.moe import build_moe, mlp_flops
@@ -73,7 +74,7 @@ class JaggedSelfAttentionBlock(nn.Module):
         bias = None
         if self.position_bias is not None:
             if timestamps is None:
-                raise ValueError("model.relative_bias needs the events' timestamps")
+                raise GemConfigError("model.relative_bias needs the events' timestamps")
             bias = RelativeBias(position_weights=self.position_bias, time_weights=self.time_bias,
                                 timestamps=timestamps)
         attended = self.attention(q, k, v, offsets, offsets, params=self.params,

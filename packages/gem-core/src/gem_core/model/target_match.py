@@ -201,31 +201,31 @@ class TargetMatch(nn.Module):
                  max_age_s: float = 0.0, latest: bool = False, latest_window: int = 0) -> None:
         super().__init__()
         if not pairs:
-            raise ValueError("model.target_match needs a candidate feature and an event feature "
-                             "that share a table; the schema has none")
+            raise GemConfigError("model.target_match needs a candidate feature and an event "
+                                 "feature that share a table; the schema has none")
         if overlap not in OVERLAPS:
-            raise ValueError(f"model.target_match_overlap must be one of {', '.join(OVERLAPS)}; "
-                             f"got {overlap!r}")
+            raise GemConfigError(f"model.target_match_overlap must be one of "
+                                 f"{', '.join(OVERLAPS)}; got {overlap!r}")
         if action_window and not action_feature:
-            raise ValueError("model.target_match_action_window needs model.action_feature: "
-                             "the event feature holding each event's action")
+            raise GemConfigError("model.target_match_action_window needs model.action_feature: "
+                                 "the event feature holding each event's action")
         if action_feature and not (action_window or latest):
             raise ValueError("target match reads model.action_feature in its action window "
                              "(model.target_match_action_window) or its latest matches "
                              "(model.target_match_latest); neither is on")
         if window < 1 or min(action_window, max_age_s, engaged_limit, latest_window) < 0:
-            raise ValueError("model.target_match must be >= 1, target_match_action_window, "
-                             "target_match_engaged_limit, target_match_max_age_s and "
-                             "target_match_latest_window >= 0")
+            raise GemConfigError("model.target_match must be >= 1, target_match_action_window, "
+                                 "target_match_engaged_limit, target_match_max_age_s and "
+                                 "target_match_latest_window >= 0")
         if latest_window and not latest:
-            raise ValueError("model.target_match_latest_window needs model.target_match_latest")
+            raise GemConfigError("model.target_match_latest_window needs model.target_match_latest")
         if engaged_rank not in ENGAGED_RANKS:
-            raise ValueError(f"model.target_match_engaged_rank must be one of "
-                             f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
+            raise GemConfigError(f"model.target_match_engaged_rank must be one of "
+                                 f"{', '.join(ENGAGED_RANKS)}; got {engaged_rank!r}")
         if (engaged_limit or engaged_rank != "none") and not action_window:
-            raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
-                             "count the engaged events of the action window: they need "
-                             "model.target_match_action_window")
+            raise GemConfigError("model.target_match_engaged_limit and target_match_engaged_rank "
+                                 "count the engaged events of the action window: they need "
+                                 "model.target_match_action_window")
         if action_feature:
             check_view_action(view_action)
         self.pairs, self.window = pairs, window
@@ -286,7 +286,7 @@ class TargetMatch(nn.Module):
         index, valid = recent_event_index(offsets, torch.arange(requests, device=device), span)
         if self.max_age_s:
             if ages is None:
-                raise ValueError("model.target_match_max_age_s needs the events' ages")
+                raise GemConfigError("model.target_match_max_age_s needs the events' ages")
             valid = valid & younger_than(ages[index], self.max_age_s)
         # Overlaps of each candidate with its request's events, then laid out per request:
         # (R, K, span, P), K the candidates of the widest request.
@@ -304,8 +304,8 @@ class TargetMatch(nn.Module):
         if self.action_feature:
             actions = event_ids[self.action_feature]
             if isinstance(actions, Jagged):
-                raise ValueError(f"model.action_feature {self.action_feature!r} "
-                                 "must be single-valued (one action per event)")
+                raise GemConfigError(f"model.action_feature {self.action_feature!r} "
+                                     "must be single-valued (one action per event)")
             engaged = valid & (actions[index] != self.view_action)
         latest = None
         if self.latest is not None:
@@ -368,12 +368,12 @@ def check_action_feature(schema: FeatureSchema, name: str) -> None:
     feature of ``schema``."""
     features = {feature.name: feature for feature in schema.event_features}
     if name not in features:
-        raise ValueError(f"model.action_feature = {name!r} is not an event "
-                         f"feature of the data; its event features: {', '.join(features)}")
+        raise GemConfigError(f"model.action_feature = {name!r} is not an event "
+                             f"feature of the data; its event features: {', '.join(features)}")
     if features[name].multi_valued:
-        raise ValueError(f"model.action_feature = {name!r} is multi-valued; "
-                         "engaged events are told by a single-valued event feature (one action "
-                         "per event)")
+        raise GemConfigError(f"model.action_feature = {name!r} is multi-valued; "
+                             "engaged events are told by a single-valued event feature (one action "
+                             "per event)")
 
 
 def check_view_action(view_action: int | str) -> None:
@@ -398,21 +398,21 @@ def target_match_from_config(dim: int, config: ModelConfig,
     latest = latest_by_action(config)
     if not config.target_match:
         if config.target_match_engaged_limit or config.target_match_engaged_rank != "none":
-            raise ValueError("model.target_match_engaged_limit and target_match_engaged_rank "
-                             "shape target match's action window, and model.target_match is 0 "
-                             "(off)")
+            raise GemConfigError("model.target_match_engaged_limit and target_match_engaged_rank "
+                                 "shape target match's action window, and model.target_match is 0 "
+                                 "(off)")
         # "with_actions" is a preset's "where it applies", and it does not apply here.
         if config.target_match_latest is True:
-            raise ValueError("model.target_match_latest is part of target match, and "
-                             "model.target_match is 0 (off)")
+            raise GemConfigError("model.target_match_latest is part of target match, and "
+                                 "model.target_match is 0 (off)")
         return None
     if window and not name:
-        raise ValueError(f"model.target_match_action_window = {window} needs "
-                         "model.action_feature: the event feature holding each "
-                         "event's action type")
+        raise GemConfigError(f"model.target_match_action_window = {window} needs "
+                             "model.action_feature: the event feature holding each "
+                             "event's action type")
     if config.target_match_latest_window and not config.target_match_latest:
-        raise ValueError("model.target_match_latest_window is the window of the latest-match "
-                         "token, and model.target_match_latest is off")
+        raise GemConfigError("model.target_match_latest_window is the window of the latest-match "
+                             "token, and model.target_match_latest is off")
     by_action = window or (latest and name)
     if by_action:
         check_action_feature(schema, name)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from gem_core.config.model_schema import TOKEN_NORMS
+from gem_core.errors import GemConfigError
 
 
 class TokenRMSNorm(nn.Module):
@@ -93,4 +94,4 @@ def token_norm(kind: str, num_tokens: int) -> nn.Module | None:
         return SampleTokenCap()
     if kind == "none":
         return None
-    raise ValueError(f"model.token_norm = {kind!r}: expected one of {list(TOKEN_NORMS)}")
+    raise GemConfigError(f"model.token_norm = {kind!r}: expected one of {list(TOKEN_NORMS)}")

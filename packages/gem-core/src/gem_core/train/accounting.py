@@ -74,8 +74,10 @@ class RunAccounting:
         over ranks."""
         flops = model.flops(batch.seq_lengths().cpu(), batch.candidate_counts().cpu())
         names = sorted(model_sums or {})
-        own = [float(model_sums[name].detach()) for name in names] if model_sums else []
-        local = torch.tensor([*own, *task_sums.detach().double().cpu().tolist(), batch.batch_size,
+        # The model's and the tasks' loss sums leave the device together: one sync, not one each.
+        losses = torch.cat([*(model_sums[name].detach().double().reshape(1) for name in names),
+                            task_sums.detach().double().reshape(-1)]).cpu().tolist()
+        local = torch.tensor([*losses, batch.batch_size,
                               batch.num_events, flops["total"], flops["attention"],
                               flops["padded_total"], flops["padded_attention"],
                               0.0 if math.isfinite(grad_norm) else 1.0, stop_requested],
