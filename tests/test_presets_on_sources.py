@@ -1,9 +1,11 @@
 """Every preset on every bundled data source: the model builds from the source's declared
-schema and takes a training step on one of its batches, or the run refuses at start-up with a
-message naming the setting to change."""
+schema and takes a training step on one of its batches, with every trainable parameter in the
+trainer's loss, and survives the deep copy evaluation replicas and embedding sharders make; or
+the run refuses at start-up with a message naming the setting to change."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -75,8 +77,25 @@ def test_every_preset_trains_on_every_source(preset, source, data_dirs):
         return
     batch = next(iter(data.eval_batches(batch_size=4)))
     batch.validate(data.schema)
+    model.train()
     logits = model(batch)
-    loss = task_loss_sums(logits, batch, data.schema.tasks).sum() / batch.num_candidates
+    # The loss as the trainer builds it: the tasks', the model's per-impression losses (the
+    # learned path's), its auxiliary losses (MoE load balancing).
+    loss = (task_loss_sums(logits, batch, data.schema.tasks).sum()
+            + sum(model.impression_loss_sums().values())) / batch.num_candidates
+    loss = loss + sum(model.auxiliary_losses().values())
     loss.backward()
     assert torch.isfinite(loss)
     assert all(v.shape == (batch.num_candidates,) for v in logits.values())
+    # Every trainable parameter takes part in that loss: DDP refuses one that does not.
+    idle = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not idle, f"{preset} on {source}: parameters outside the loss: {idle}"
+    # Evaluation replicas and embedding sharders deep-copy a model after training forwards:
+    # the copy must work and predict as the model does.
+    replica = copy.deepcopy(model)
+    model.eval()
+    replica.eval()
+    with torch.no_grad():
+        expected, copied = model(batch), replica(batch)
+    for task in expected:
+        torch.testing.assert_close(copied[task], expected[task])
