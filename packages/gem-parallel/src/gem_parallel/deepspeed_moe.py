@@ -42,8 +42,7 @@ from gem_core.config.validators import at_least, choice
 from gem_core.contracts import DenseSharding, require_strategy_model
 from gem_core.distributed import ParallelContext, single_process_group
 from gem_core.errors import GemConfigError
-from gem_core.model.last_forward import LastForward
-from gem_core.model.moe import MixtureOfExperts
+from gem_core.model.moe import MixtureOfExperts, moe_last_forward
 from gem_core.model.moe_experts import ExpertMLPs
 from gem_core.plan_estimate import (
     Estimate,
@@ -171,7 +170,7 @@ class DeepSpeedMoeAdapter(nn.Module):
             _load_expert(module, experts, ep_rank * local + i)
         self.shared = layer.shared
         self._flops_per_row = layer.flops(1)  # router + active experts, as gem counts them
-        self._last = LastForward(aux_loss=None, stats={})
+        self._last = moe_last_forward()
         self._dropped: Tensor | None = None
         self.moe.deepspeed_moe.gate.register_forward_hook(self._count_dropped)
         if dropping:

@@ -35,6 +35,12 @@ class Dispatcher(Protocol):
         """Expert outputs for ``rows`` sorted by global expert (``counts[e]`` rows each)."""
 
 
+def moe_last_forward() -> LastForward:
+    """What an MoE layer's training forward leaves: its weighted load-balancing loss and its
+    routing counts (``last_aux_loss``, ``last_stats``); shared by every MoE implementation."""
+    return LastForward(aux_loss=None, stats={})
+
+
 class MixtureOfExperts(nn.Module):
     """``(N, in_dim) -> (N, out_dim)``: the gated sum of each row's kept experts, plus the shared
     expert. Rows are tokens of the sequence layers or samples of a Wukong layer."""
@@ -56,7 +62,7 @@ class MixtureOfExperts(nn.Module):
         self.experts = ExpertMLPs(kind, num_experts, in_dim, hidden, out_dim)
         self.shared = ExpertMLPs(kind, 1, in_dim, hidden, out_dim) if shared_expert else None
         self.dispatcher: Dispatcher | None = None
-        self._last = LastForward(aux_loss=None, stats={})
+        self._last = moe_last_forward()
 
     @property
     def last_aux_loss(self) -> Tensor | None:
